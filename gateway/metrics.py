@@ -1,0 +1,131 @@
+"""The gateway's Prometheus metrics: every name in one place (CONTRACT), all prefixed gateway_.
+
+Engine series are never re-exported under their vllm: names: Prometheus scrapes the engines
+too, and a sum over both would count everything twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from replica.state import Fleet
+from router_policies.autoscale import desired_replicas
+
+REQUESTS = "gateway_requests"  # exposed as gateway_requests_total
+RETRIES = "gateway_retries"
+TTFT = "gateway_ttft_seconds"
+DURATION = "gateway_request_duration_seconds"
+REPLICA_INFLIGHT = "gateway_replica_inflight"
+REPLICA_HEALTHY = "gateway_replica_healthy"
+REPLICA_ENGINE_WAITING = "gateway_replica_engine_waiting"
+REPLICA_KV_USAGE = "gateway_replica_kv_usage"
+POOL_GATEWAY_WAITING = "gateway_pool_gateway_waiting"
+POOL_QUEUE_DEPTH = "gateway_pool_queue_depth"
+POOL_HEALTHY_REPLICAS = "gateway_pool_healthy_replicas"
+POOL_DESIRED_REPLICAS = "gateway_pool_desired_replicas"
+
+NO_POOL = "none"
+"""Pool and route label of requests rejected before a pool was chosen."""
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+
+
+class FleetCollector(Collector):
+    """Pool and replica gauges read from live state at scrape time, never updated per request."""
+
+    def __init__(self, current: Callable[[], Fleet]) -> None:
+        self._current = current
+
+    def collect(self) -> Iterator[Metric]:
+        fleet = self._current()
+        inflight = GaugeMetricFamily(
+            REPLICA_INFLIGHT, "Requests the gateway has in flight on the replica.",
+            labels=["pool", "replica"],
+        )  # fmt: skip
+        healthy = GaugeMetricFamily(
+            REPLICA_HEALTHY, "1 if the replica passes health checks, else 0.",
+            labels=["pool", "replica"],
+        )  # fmt: skip
+        engine_waiting = GaugeMetricFamily(
+            REPLICA_ENGINE_WAITING,
+            "The replica's own waiting queue, as last scraped (vllm:num_requests_waiting).",
+            labels=["pool", "replica"],
+        )
+        kv_usage = GaugeMetricFamily(
+            REPLICA_KV_USAGE,
+            "The replica's KV-cache usage 0-1, as last scraped (vllm:kv_cache_usage_perc).",
+            labels=["pool", "replica"],
+        )
+        gateway_waiting = GaugeMetricFamily(
+            POOL_GATEWAY_WAITING,
+            "Requests for the pool waiting inside the gateway for a replica.",
+            labels=["pool"],
+        )
+        queue = GaugeMetricFamily(
+            POOL_QUEUE_DEPTH,
+            "Requests waiting in the gateway plus the healthy replicas' waiting queues.",
+            labels=["pool"],
+        )
+        healthy_count = GaugeMetricFamily(
+            POOL_HEALTHY_REPLICAS, "Healthy replicas in the pool.", labels=["pool"]
+        )
+        desired = GaugeMetricFamily(
+            POOL_DESIRED_REPLICAS,
+            "Replicas the pool should have (the autoscaling signal).",
+            labels=["pool"],
+        )
+        for pool in fleet.pools.values():
+            healthy_replicas = pool.healthy()
+            for replica in pool.replicas.values():
+                labels = [pool.name, replica.name]
+                inflight.add_metric(labels, replica.inflight)
+                healthy.add_metric(labels, 1.0 if replica.healthy else 0.0)
+                engine_waiting.add_metric(labels, replica.engine.waiting)
+                kv_usage.add_metric(labels, replica.engine.kv_usage)
+            depth = pool.gateway_waiting + pool.engine_waiting()
+            mean_kv = (
+                sum(r.engine.kv_usage for r in healthy_replicas) / len(healthy_replicas)
+                if healthy_replicas
+                else 0.0
+            )
+            gateway_waiting.add_metric([pool.name], pool.gateway_waiting)
+            queue.add_metric([pool.name], depth)
+            healthy_count.add_metric([pool.name], len(healthy_replicas))
+            desired.add_metric(
+                [pool.name],
+                desired_replicas(len(healthy_replicas), depth, mean_kv, pool.policy.autoscale),
+            )
+        yield from (
+            inflight, healthy, engine_waiting, kv_usage, gateway_waiting, queue, healthy_count,
+            desired,
+        )  # fmt: skip
+
+
+class GatewayMetrics:
+    """Per-request instruments, in a registry of the gateway's own (one per app)."""
+
+    def __init__(self, current: Callable[[], Fleet]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            REQUESTS, "Requests answered, by pool, route and HTTP status.",
+            ["pool", "route", "code"], registry=self.registry,
+        )  # fmt: skip
+        self.retries = Counter(
+            RETRIES, "Attempts moved to another replica after a failure before the first byte.",
+            ["pool"], registry=self.registry,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            TTFT, "Time from request arrival to the first streamed byte relayed to the client.",
+            ["pool"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.duration = Histogram(
+            DURATION, "Time from request arrival to the end of the response.",
+            ["pool"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.registry.register(FleetCollector(current))

@@ -1,0 +1,227 @@
+"""Forwarding a request to a replica: retries before the first byte, then a byte-for-byte relay.
+
+TCP_NODELAY is on for both sides: aiohttp sets it on every server and client connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from gateway import headers
+from gateway.errors import GatewayError, error_body, no_healthy_replica
+from gateway.metrics import GatewayMetrics
+from gateway.request_body import ParsedRequest
+from gateway.settings import Settings
+from replica.state import PoolState, ReplicaState
+from router_policies.decision import Decision
+from router_policies.fingerprint import RequestFeatures
+
+log = logging.getLogger(__name__)
+
+_FORWARDED_REQUEST_HEADERS = ("authorization", "traceparent", "tracestate", "accept")
+_SSE = "text/event-stream"
+CLIENT_CLOSED = 499
+"""Status recorded for a request whose client went away first (nginx's convention)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A request with its pool and features, ready to forward."""
+
+    parsed: ParsedRequest
+    pool: PoolState
+    features: RequestFeatures
+    request_id: str
+    started: float
+
+
+@dataclass(slots=True)
+class _Failure:
+    status: int
+    body: bytes
+    content_type: str
+
+
+class Forwarder:
+    def __init__(
+        self, session: aiohttp.ClientSession, settings: Settings, metrics: GatewayMetrics
+    ) -> None:
+        self._session = session
+        self._settings = settings
+        self._metrics = metrics
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=settings.connect_timeout_s,
+            sock_read=settings.first_byte_timeout_s,
+        )
+
+    async def forward(self, request: web.Request, routed: Routed) -> web.StreamResponse:
+        pool = routed.pool
+        tried: list[str] = []
+        failure: _Failure | None = None
+        for attempt in range(self._settings.retries + 1):
+            decision = pool.decide(routed.features, exclude=tried)
+            if decision is None:
+                break
+            if attempt:
+                self._metrics.retries.labels(pool.name).inc()
+            replica = pool.begin(decision, routed.features)
+            tried.append(replica.name)
+            try:
+                upstream = await self._send(replica, routed)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                pool.end(replica)
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    replica.mark_down()
+                log.warning("replica %s failed before the first byte: %r", replica.name, exc)
+                failure = _Failure(502, _upstream_error(replica, exc), "application/json")
+                continue
+            if upstream.status >= 500 and attempt < self._settings.retries:
+                body = await _drain(upstream)
+                pool.end(replica)
+                log.warning("replica %s answered %d; retrying", replica.name, upstream.status)
+                failure = _Failure(upstream.status, body, upstream.content_type)
+                continue
+            try:
+                return await self._relay(request, routed, decision, replica, upstream)
+            finally:
+                pool.end(replica)
+        return self._give_up(routed, failure)
+
+    async def _send(self, replica: ReplicaState, routed: Routed) -> aiohttp.ClientResponse:
+        out = CIMultiDict({"Content-Type": "application/json", "X-Request-Id": routed.request_id})
+        return await self._session.post(
+            f"{replica.url}{routed.parsed.endpoint.value}",
+            data=routed.parsed.raw,
+            headers=out,
+            timeout=self._timeout,
+            compress=None,
+            auto_decompress=False,
+        )
+
+    def _give_up(self, routed: Routed, failure: _Failure | None) -> web.Response:
+        pool = routed.pool
+        hdrs = {headers.REQUEST_ID: routed.request_id, headers.POOL: pool.name}
+        if failure is None:
+            error = no_healthy_replica(pool.name)
+            self._record(pool.name, "none", error.status, routed.started)
+            return error.response(hdrs)
+        self._record(pool.name, "none", failure.status, routed.started)
+        return web.Response(
+            status=failure.status, body=failure.body, content_type=failure.content_type,
+            headers=hdrs,
+        )  # fmt: skip
+
+    async def _relay(
+        self,
+        request: web.Request,
+        routed: Routed,
+        decision: Decision,
+        replica: ReplicaState,
+        upstream: aiohttp.ClientResponse,
+    ) -> web.StreamResponse:
+        out = {
+            headers.REQUEST_ID: routed.request_id,
+            headers.POOL: routed.pool.name,
+            headers.REPLICA: replica.name,
+            headers.ROUTE: decision.route.value,
+            "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+        }
+        response: web.StreamResponse | None = None
+        try:
+            if upstream.content_type == _SSE:
+                response = await self._relay_stream(request, routed, out, upstream)
+            else:
+                response = await self._relay_body(out, upstream)
+            return response
+        finally:
+            # On a client disconnect (the handler is cancelled) or any error, closing the
+            # connection rather than returning it to the pool makes vLLM abort the request
+            # and free its KV cache.
+            if response is None:
+                upstream.close()
+            else:
+                upstream.release()
+            status = response.status if response is not None else CLIENT_CLOSED
+            self._record(routed.pool.name, decision.route.value, status, routed.started)
+
+    @staticmethod
+    async def _relay_body(out: dict[str, str], upstream: aiohttp.ClientResponse) -> web.Response:
+        try:
+            body = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            error = GatewayError(
+                502, f"The replica failed while answering: {type(exc).__name__}.",
+                type_="server_error", code="upstream_error",
+            )  # fmt: skip
+            return error.response(out)
+        return web.Response(status=upstream.status, body=body, headers=out)
+
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        routed: Routed,
+        out: dict[str, str],
+        upstream: aiohttp.ClientResponse,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, headers=out)
+        response.headers["Cache-Control"] = "no-cache"
+        await response.prepare(request)
+        content = upstream.content
+        first = True
+        while True:
+            try:
+                chunk = await content.readany()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.warning(
+                    "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
+                )
+                await response.write(_sse_error(exc))
+                break
+            if not chunk:
+                break
+            await response.write(chunk)
+            if first:
+                first = False
+                self._metrics.ttft.labels(routed.pool.name).observe(
+                    time.perf_counter() - routed.started
+                )
+        await response.write_eof()
+        return response
+
+    def _record(self, pool: str, route: str, status: int, started: float) -> None:
+        self._metrics.requests.labels(pool, route, str(status)).inc()
+        self._metrics.duration.labels(pool).observe(time.perf_counter() - started)
+
+
+def _upstream_error(replica: ReplicaState, exc: BaseException) -> bytes:
+    return error_body(
+        f"Replica {replica.name} could not be reached: {type(exc).__name__}.",
+        "server_error",
+        "upstream_unavailable",
+    )
+
+
+def _sse_error(exc: BaseException) -> bytes:
+    # The stream already has a 200 status: the failure can only be reported in-band. The
+    # OpenAI SDKs raise on an event carrying an "error" object.
+    body = error_body(
+        f"The replica failed mid-stream: {type(exc).__name__}.", "server_error", "upstream_error"
+    )
+    return b"data: " + body + b"\n\ndata: [DONE]\n\n"
+
+
+async def _drain(upstream: aiohttp.ClientResponse) -> bytes:
+    """The body of a failed attempt, kept in case no other replica can take the request."""
+    try:
+        return await upstream.read()
+    except (aiohttp.ClientError, TimeoutError):
+        return b""
+    finally:
+        upstream.release()

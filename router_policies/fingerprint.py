@@ -1,0 +1,98 @@
+"""Request features for routing: a chained block fingerprint of the canonical prompt.
+
+The canonical text puts system and developer messages (and tool definitions) first, then the
+turns in order, so that requests sharing a system prompt and earlier turns share a fingerprint
+prefix. Each block's digest is seeded by the previous one, so a digest identifies the whole
+prefix up to and including its block; the chain is seeded by the model name (and cache_salt),
+because replicas never share KV cache across models or salts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import xxhash
+
+_ROLE_SEP = b"\x1f"
+_MSG_END = b"\x1e"
+_LEADING_ROLES = frozenset(("system", "developer"))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What the router knows of a request: computed once, before any decision."""
+
+    model: str
+    block_hashes: tuple[int, ...]
+    """Chained digests of the fingerprinted blocks (the last one may be partial)."""
+    hashed_bytes: int
+    """How many bytes of canonical text the blocks cover (the prompt, capped)."""
+
+    @property
+    def home_key(self) -> int:
+        """Key of the prompt's cold-start home: the first block, i.e. the system prompt's start."""
+        return self.block_hashes[0] if self.block_hashes else _model_seed(self.model, "")
+
+
+def _model_seed(model: str, salt: str) -> int:
+    return xxhash.xxh3_64_intdigest(f"{model}\x00{salt}".encode())
+
+
+def _content_bytes(content: Any) -> bytes:
+    if isinstance(content, str):
+        return content.encode()
+    if content is None:
+        return b""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "text":
+                parts.append(str(part.get("text", "")).encode())
+            else:
+                parts.append(orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
+        return b"".join(parts)
+    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS)
+
+
+def _message_bytes(message: Mapping[str, Any]) -> bytes:
+    role = str(message.get("role", "")).encode()
+    return role + _ROLE_SEP + _content_bytes(message.get("content")) + _MSG_END
+
+
+def canonical_chat(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> bytes:
+    leading = [m for m in messages if m.get("role") in _LEADING_ROLES]
+    turns = [m for m in messages if m.get("role") not in _LEADING_ROLES]
+    chunks = [_message_bytes(m) for m in leading]
+    if tools:
+        chunks.append(b"tools" + _ROLE_SEP + orjson.dumps(tools, option=orjson.OPT_SORT_KEYS))
+    chunks.extend(_message_bytes(m) for m in turns)
+    return b"".join(chunks)
+
+
+def canonical_prompt(prompt: Any) -> bytes:
+    """/v1/completions prompt: a string, a list of strings, or token ids."""
+    if isinstance(prompt, str):
+        return prompt.encode()
+    return orjson.dumps(prompt)
+
+
+def block_hashes(text: bytes, seed: int, block_bytes: int, max_blocks: int) -> tuple[int, ...]:
+    digest = xxhash.xxh3_64_intdigest
+    hashes = []
+    prev = seed
+    end = min(len(text), block_bytes * max_blocks)
+    for start in range(0, end, block_bytes):
+        prev = digest(text[start : min(start + block_bytes, end)], prev)
+        hashes.append(prev)
+    return tuple(hashes)
+
+
+def fingerprint(
+    model: str, text: bytes, block_bytes: int, max_blocks: int, salt: str = ""
+) -> RequestFeatures:
+    seed = _model_seed(model, salt)
+    hashes = block_hashes(text, seed, block_bytes, max_blocks)
+    return RequestFeatures(model, hashes, min(len(text), block_bytes * max_blocks))

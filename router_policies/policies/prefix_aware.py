@@ -1,0 +1,50 @@
+"""Prefix-aware routing with bounded load.
+
+1. prefix-hit: among replicas under the load cap, the one holding the longest useful match.
+2. prefix-home: no useful match anywhere under the cap; the prompt's rendezvous home, if under it.
+3. least-loaded: otherwise, so a hot prefix or a busy home never piles work onto one replica.
+"""
+
+from __future__ import annotations
+
+from router_policies.decision import Candidate, Decision, PoolSnapshot, Route
+from router_policies.fingerprint import RequestFeatures
+from router_policies.load import least_loaded, load_cap, under_cap
+from router_policies.rendezvous import home, hrw_score
+from router_policies.schema import PoolPolicy, PrefixSettings
+
+
+def _useful(matched_blocks: int, features: RequestFeatures, prefix: PrefixSettings) -> bool:
+    if matched_blocks < prefix.min_match_blocks:
+        return False
+    matched_bytes = min(matched_blocks * prefix.block_bytes, features.hashed_bytes)
+    return matched_bytes >= prefix.min_match_ratio * features.hashed_bytes
+
+
+class PrefixAware:
+    uses_prefix = True
+
+    def select(
+        self, features: RequestFeatures, snapshot: PoolSnapshot, policy: PoolPolicy
+    ) -> Decision | None:
+        candidates = snapshot.candidates
+        if not candidates:
+            return None
+        cap = load_cap(candidates, policy.load.balance_eps)
+        eligible = [c for c in candidates if under_cap(c, cap)]
+        key = features.home_key
+        if eligible:
+            best = max(eligible, key=lambda c: _rank(c, key))
+            if _useful(best.matched_blocks, features, policy.prefix):
+                return Decision(best.name, Route.PREFIX_HIT, best.matched_blocks)
+            home_name = home(key, (c.name for c in candidates))
+            chosen = next((c for c in eligible if c.name == home_name), None)
+            if chosen is not None:
+                return Decision(chosen.name, Route.PREFIX_HOME, chosen.matched_blocks)
+        fallback = least_loaded(candidates, key)
+        return Decision(fallback.name, Route.LEAST_LOADED, fallback.matched_blocks)
+
+
+def _rank(c: Candidate, key: int) -> tuple[int, float, int]:
+    # Longest match first; among equal matches the less loaded, then the rendezvous order.
+    return (c.matched_blocks, -c.load, hrw_score(key, c.name))

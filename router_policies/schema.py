@@ -1,0 +1,123 @@
+"""The routing policy file: its schema, and the one place every routing default lives.
+
+Operators edit YAML; everything the router reads comes out of these models, already
+validated and with defaults filled in, so code never carries a second copy of a default.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class PolicyName(StrEnum):
+    PREFIX_AWARE = "prefix-aware"
+    LEAST_LOADED = "least-loaded"
+    ROUND_ROBIN = "round-robin"
+
+
+class _Strict(BaseModel):
+    # A typo in an operator's file must be an error, not a silently ignored key.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrefixSettings(_Strict):
+    """How prompts are fingerprinted and how much of a match is worth pinning for."""
+
+    block_bytes: Annotated[int, Field(ge=16, le=65536)] = 128
+    """Block size of the fingerprint, in bytes of canonical prompt text (~32 tokens)."""
+    max_blocks: Annotated[int, Field(ge=1, le=65536)] = 256
+    """Cap on fingerprint length: prompts beyond max_blocks * block_bytes are not hashed further."""
+    min_match_blocks: Annotated[int, Field(ge=1)] = 1
+    """A match shorter than this is not worth pinning for."""
+    min_match_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    """Pin only when the cached share of the (capped) prompt is at least this. 0.5 follows
+    Preble: a match pays off when the cached part is longer than the part left to prefill."""
+    index_blocks: Annotated[int, Field(ge=1)] = 65536
+    """Per-replica index capacity (blocks) until the replica's KV size is known from its metrics."""
+    chars_per_token: Annotated[float, Field(gt=0)] = 4.0
+    """Converts a replica's KV capacity in tokens into index blocks."""
+
+
+class LoadSettings(_Strict):
+    balance_eps: Annotated[float, Field(ge=0.0, le=10.0)] = 0.25
+    """Bounded load: a replica takes pinned work only while its load stays within
+    (1 + balance_eps) x the pool's mean load + 1 (Mirrokni et al.; HAProxy hash-balance-factor)."""
+
+
+class AutoscaleSettings(_Strict):
+    """Inputs of gateway_pool_desired_replicas (see router_policies/autoscale.py)."""
+
+    target_queue_per_replica: Annotated[float, Field(gt=0)] = 4.0
+    """Waiting requests per replica the pool should run at; vLLM's production stack scales
+    on an engine waiting queue of 5 per replica."""
+    kv_usage_ceiling: Annotated[float, Field(gt=0, le=1)] = 0.9
+    """Mean KV-cache usage above which the pool needs more replicas even with no queue."""
+    min_replicas: Annotated[int, Field(ge=0)] = 1
+    max_replicas: Annotated[int, Field(ge=1)] = 64
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleSettings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas is above max_replicas")
+        return self
+
+
+class PoolPolicy(_Strict):
+    model: Annotated[str, Field(min_length=1)]
+    """The served model name clients ask for."""
+    replicas: Annotated[list[str], Field(min_length=1)]
+    """Base URLs of the pool's vLLM replicas, e.g. http://10.0.0.5:8000."""
+    policy: PolicyName = PolicyName.PREFIX_AWARE
+    prefix: PrefixSettings = PrefixSettings()
+    load: LoadSettings = LoadSettings()
+    autoscale: AutoscaleSettings = AutoscaleSettings()
+
+    @field_validator("replicas")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        cleaned = [u.strip().rstrip("/") for u in urls]
+        for url in cleaned:
+            scheme, sep, rest = url.partition("://")
+            if not sep or scheme not in ("http", "https") or not rest or "/" in rest:
+                raise ValueError(f"{url!r} is not a base URL like http://host:port")
+        if len(set(cleaned)) != len(cleaned):
+            raise ValueError("a replica is listed twice")
+        return cleaned
+
+
+class Policy(_Strict):
+    pools: Annotated[dict[str, PoolPolicy], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _one_pool_per_model(self) -> Policy:
+        seen: dict[str, str] = {}
+        for name, pool in self.pools.items():
+            if pool.model in seen:
+                raise ValueError(
+                    f"pools {seen[pool.model]!r} and {name!r} both serve model {pool.model!r}"
+                )
+            seen[pool.model] = name
+        return self
+
+    def pool_for_model(self, model: str) -> str | None:
+        return next((n for n, p in self.pools.items() if p.model == model), None)
+
+
+def parse_policy(data: Any) -> Policy:
+    return Policy.model_validate(data)
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Reads and validates a policy file; raises pydantic.ValidationError or yaml.YAMLError."""
+    text = Path(path).read_text(encoding="utf-8")
+    return parse_policy(yaml.safe_load(text))
+
+
+def effective_policy_yaml(policy: Policy) -> str:
+    """The policy with every default filled in, as operators would write it."""
+    return yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,29 @@
+"""The desired-replica signal an HPA scales on."""
+
+from __future__ import annotations
+
+from router_policies.autoscale import desired_replicas
+from router_policies.schema import AutoscaleSettings
+
+S = AutoscaleSettings(
+    target_queue_per_replica=4, kv_usage_ceiling=0.8, min_replicas=1, max_replicas=10
+)
+
+
+def test_an_idle_pool_shrinks_to_the_minimum() -> None:
+    assert desired_replicas(4, queue_depth=0, mean_kv_usage=0.0, settings=S) == 1
+
+
+def test_queue_above_target_grows_the_pool_in_proportion() -> None:
+    # 32 waiting on 4 replicas is 8 each, twice the target.
+    assert desired_replicas(4, queue_depth=32, mean_kv_usage=0.1, settings=S) == 8
+
+
+def test_kv_pressure_alone_grows_the_pool() -> None:
+    assert desired_replicas(4, queue_depth=0, mean_kv_usage=0.8, settings=S) == 4
+    assert desired_replicas(4, queue_depth=0, mean_kv_usage=1.0, settings=S) == 5
+
+
+def test_bounds_hold() -> None:
+    assert desired_replicas(4, queue_depth=10_000, mean_kv_usage=1.0, settings=S) == 10
+    assert desired_replicas(0, queue_depth=50, mean_kv_usage=0.0, settings=S) == 1

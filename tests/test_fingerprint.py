@@ -1,0 +1,94 @@
+"""Prompt fingerprints: shared prefixes share leading digests, and nothing else does."""
+
+from __future__ import annotations
+
+from router_policies.fingerprint import canonical_chat, canonical_prompt, fingerprint
+from router_policies.prefix_index import PrefixIndex
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}
+
+
+def chat_features(messages: list[dict[str, object]], model: str = "m", salt: str = ""):  # type: ignore[no-untyped-def]
+    return fingerprint(model, canonical_chat(messages), 128, 256, salt)
+
+
+def test_requests_sharing_a_system_prompt_share_leading_blocks() -> None:
+    a = chat_features([SYSTEM, {"role": "user", "content": "What is 2+2?"}])
+    b = chat_features([SYSTEM, {"role": "user", "content": "Name a prime."}])
+    shared = len(canonical_chat([SYSTEM])) // 128
+    assert shared > 5
+    assert a.block_hashes[:shared] == b.block_hashes[:shared]
+    assert a.block_hashes[-1] != b.block_hashes[-1]
+
+
+def test_a_later_turn_extends_the_earlier_turns_fingerprint() -> None:
+    turn1 = [SYSTEM, {"role": "user", "content": "Tell me about tides. " * 10}]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": "Tides are..."},
+        {"role": "user", "content": "And?"},
+    ]
+    f1, f2 = chat_features(turn1), chat_features(turn2)
+    full_blocks = len(canonical_chat(turn1)) // 128
+    assert f2.block_hashes[:full_blocks] == f1.block_hashes[:full_blocks]
+
+
+def test_system_messages_come_first_wherever_they_appear() -> None:
+    user = {"role": "user", "content": "hi"}
+    assert canonical_chat([user, SYSTEM]) == canonical_chat([SYSTEM, user])
+
+
+def test_model_and_cache_salt_seed_the_chain() -> None:
+    messages = [SYSTEM]
+    base = chat_features(messages)
+    assert chat_features(messages, model="other").block_hashes[0] != base.block_hashes[0]
+    assert chat_features(messages, salt="tenant-1").block_hashes[0] != base.block_hashes[0]
+
+
+def test_fingerprint_length_is_capped() -> None:
+    features = fingerprint("m", b"x" * 100_000, 128, 16)
+    assert len(features.block_hashes) == 16
+    assert features.hashed_bytes == 128 * 16
+
+
+def test_text_parts_fingerprint_like_plain_content() -> None:
+    parts = {"role": "user", "content": [{"type": "text", "text": "hello"}]}
+    plain = {"role": "user", "content": "hello"}
+    assert canonical_chat([parts]) == canonical_chat([plain])
+
+
+def test_completion_prompts_of_every_shape_are_accepted() -> None:
+    assert canonical_prompt("abc") == b"abc"
+    assert canonical_prompt(["a", "b"]) != canonical_prompt(["ab"])
+    assert canonical_prompt([1, 2, 3]) == b"[1,2,3]"
+
+
+def test_index_matches_the_longest_held_prefix() -> None:
+    index = PrefixIndex(capacity=100)
+    a = chat_features([SYSTEM, {"role": "user", "content": "question one " * 30}])
+    b = chat_features([SYSTEM, {"role": "user", "content": "question two " * 30}])
+    index.insert(a.block_hashes)
+    shared = len(canonical_chat([SYSTEM])) // 128
+    assert index.match_length(a.block_hashes) == len(a.block_hashes)
+    assert shared <= index.match_length(b.block_hashes) < len(b.block_hashes)
+
+
+def test_index_evicts_extensions_before_their_prefixes() -> None:
+    index = PrefixIndex(capacity=12)
+    long = fingerprint("m", b"y" * 128 * 10, 128, 256)
+    other = fingerprint("m", b"z" * 128 * 4, 128, 256)
+    index.insert(long.block_hashes)
+    index.insert(other.block_hashes)  # 14 blocks: the two deepest of `long` must go
+    assert len(index) == 12
+    assert index.match_length(long.block_hashes) == 8
+    assert index.match_length(other.block_hashes) == 4
+
+
+def test_index_resize_and_clear() -> None:
+    index = PrefixIndex(capacity=100)
+    f = fingerprint("m", b"q" * 128 * 10, 128, 256)
+    index.insert(f.block_hashes)
+    index.resize(3)
+    assert index.match_length(f.block_hashes) == 3
+    index.clear()
+    assert index.match_length(f.block_hashes) == 0

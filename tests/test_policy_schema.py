@@ -1,0 +1,54 @@
+"""The policy file: defaults filled in from one place, mistakes named by field."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from router_policies.schema import PolicyName, effective_policy_yaml, parse_policy
+
+MINIMAL = {"pools": {"small": {"model": "llama-3.1-8b", "replicas": ["http://127.0.0.1:9001/"]}}}
+
+
+def test_minimal_policy_gets_every_default() -> None:
+    policy = parse_policy(MINIMAL)
+    pool = policy.pools["small"]
+    assert pool.policy is PolicyName.PREFIX_AWARE
+    assert pool.replicas == ["http://127.0.0.1:9001"]
+    text = effective_policy_yaml(policy)
+    for key in ("block_bytes", "min_match_ratio", "balance_eps", "target_queue_per_replica"):
+        assert key in text
+
+
+def _error_fields(data: object) -> list[str]:
+    with pytest.raises(ValidationError) as info:
+        parse_policy(data)
+    return [".".join(str(p) for p in e["loc"]) for e in info.value.errors()]
+
+
+@pytest.mark.parametrize(
+    ("pool", "field"),
+    [
+        ({"model": "m", "replicas": []}, "pools.small.replicas"),
+        ({"model": "m", "replicas": ["ftp://x"]}, "pools.small.replicas"),
+        ({"model": "m", "replicas": ["http://a:1", "http://a:1/"]}, "pools.small.replicas"),
+        ({"model": "m", "replicas": ["http://a:1"], "policy": "random"}, "pools.small.policy"),
+        ({"model": "m", "replicas": ["http://a:1"], "polcy": "x"}, "pools.small.polcy"),
+        ({"replicas": ["http://a:1"]}, "pools.small.model"),
+        (
+            {"model": "m", "replicas": ["http://a:1"], "load": {"balance_eps": -1}},
+            "pools.small.load.balance_eps",
+        ),
+    ],
+)
+def test_invalid_pools_name_the_field(pool: dict[str, object], field: str) -> None:
+    assert field in _error_fields({"pools": {"small": pool}})
+
+
+def test_two_pools_cannot_serve_one_model() -> None:
+    pool = {"model": "m", "replicas": ["http://a:1"]}
+    assert _error_fields({"pools": {"a": pool, "b": pool}}) == [""]
+
+
+def test_a_policy_needs_a_pool() -> None:
+    assert "pools" in _error_fields({"pools": {}})

@@ -1,0 +1,64 @@
+"""Reading a vLLM /metrics page the way the gateway's scraper does."""
+
+from __future__ import annotations
+
+from replica.scrape import parse_engine_stats
+from replica.state import ReplicaState
+from router_policies.prefix_index import PrefixIndex
+from router_policies.schema import PoolPolicy
+
+# Shaped like vLLM 0.x output: colons in names, a model_name label, histograms around.
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="llama"} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="llama"} 7.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.42
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",enable_prefix_caching="True",num_gpu_blocks="2000"} 1.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="llama"} 4.0
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="llama"} 5.0
+vllm:time_to_first_token_seconds_count{model_name="llama"} 5.0
+vllm:time_to_first_token_seconds_sum{model_name="llama"} 0.6
+"""
+
+
+def test_engine_figures_are_read() -> None:
+    stats = parse_engine_stats(VLLM_METRICS)
+    assert (stats.running, stats.waiting, stats.kv_usage) == (3.0, 7.0, 0.42)
+    assert stats.kv_capacity_tokens == 32_000
+
+
+def test_missing_families_leave_defaults() -> None:
+    stats = parse_engine_stats("# nothing here\n")
+    assert (stats.running, stats.waiting, stats.kv_capacity_tokens) == (0.0, 0.0, None)
+
+
+def test_kv_capacity_sizes_the_prefix_index() -> None:
+    pool = PoolPolicy(model="m", replicas=["http://a:1"])
+    replica = ReplicaState("http://a:1", PrefixIndex(pool.prefix.index_blocks))
+    replica.apply_engine_stats(parse_engine_stats(VLLM_METRICS), pool)
+    # 32,000 tokens x 4 chars per token / 128-byte blocks
+    assert replica.index.capacity == 1000
+    assert replica.load == 7.0  # nothing in flight from us yet, 7 waiting on the engine
+
+
+def test_health_needs_consecutive_evidence_after_the_first_probe() -> None:
+    replica = ReplicaState("http://a:1", PrefixIndex(10))
+    replica.record_probe(False, unhealthy_after=2, healthy_after=2)
+    assert not replica.healthy  # the first probe is taken at its word
+    replica.record_probe(True, 2, 2)
+    assert not replica.healthy
+    replica.record_probe(True, 2, 2)
+    assert replica.healthy
+    replica.record_probe(False, 2, 2)
+    assert replica.healthy
+    replica.record_probe(False, 2, 2)
+    assert not replica.healthy
