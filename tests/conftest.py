@@ -1,0 +1,79 @@
+"""Shared fixtures: real subprocesses for replicas and gateways, real clients against them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gateway.launcher import start_gateway
+from replica.processes import ManagedProcess
+
+MODEL = "sim-model"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+FAST_PROBES = {
+    "GATEWAY_HEALTH_INTERVAL_S": "0.2",
+    "GATEWAY_SCRAPE_INTERVAL_S": "0.2",
+    "GATEWAY_UNHEALTHY_AFTER": "1",
+    "GATEWAY_HEALTHY_AFTER": "1",
+}
+
+
+def pool_policy(urls: Sequence[str], policy: str = "prefix-aware", **extra: Any) -> dict[str, Any]:
+    return {"pools": {"small": {"model": MODEL, "replicas": list(urls), "policy": policy, **extra}}}
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    urls: Sequence[str],
+    policy: str = "prefix-aware",
+    env: dict[str, str] | None = None,
+    **extra: Any,
+) -> AsyncIterator[ManagedProcess]:
+    gateway = await start_gateway(
+        pool_policy(urls, policy, **extra), env={**FAST_PROBES, **(env or {})}
+    )
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+async def _alive(_: web.Request) -> web.Response:
+    return web.Response()
+
+
+@contextlib.asynccontextmanager
+async def fake_replica(chat_handler: Handler) -> AsyncIterator[str]:
+    """A tiny misbehaving upstream with a passing health check, on the test's own event loop."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat_handler)
+    app.router.add_get("/health", _alive)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def get_text(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()
+
+
+def chat(system: str, user: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": 8,
+        **extra,
+    }

@@ -1,0 +1,109 @@
+"""Bad input gets an OpenAI error body and the right status; never a stack trace or a hang."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from gateway import headers
+from gateway.launcher import start_gateway
+from replica.processes import ManagedProcess, free_port, start_sim_replicas
+from tests.conftest import MODEL
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+BODY_LIMIT = 4096
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def gateway() -> AsyncIterator[ManagedProcess]:
+    replicas = await start_sim_replicas(1, MODEL)
+    dead = f"http://127.0.0.1:{free_port()}"
+    policy = {
+        "pools": {
+            "small": {"model": MODEL, "replicas": [replicas[0].url]},
+            "down": {"model": "nobody-home", "replicas": [dead]},
+        }
+    }
+    gw = await start_gateway(
+        policy, env={"GATEWAY_MAX_BODY_BYTES": str(BODY_LIMIT)}, wait_path="/health"
+    )
+    yield gw
+    await gw.stop()
+    await replicas[0].stop()
+
+
+async def post(url: str, path: str, data: bytes) -> tuple[int, dict[str, Any], str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{url}{path}", data=data, headers={"Content-Type": "application/json"}
+        ) as response,
+    ):
+        body = await response.json(content_type=None)
+        return response.status, body, response.headers.get(headers.REQUEST_ID, "")
+
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+# fmt: off
+CASES = [
+    ("invalid JSON", CHAT, b'{"model": "sim-model", "messages": [', 400, None),
+    ("a JSON array, not an object", CHAT, b"[1, 2]", 400, None),
+    ("no model", CHAT, b'{"messages": [{"role": "user", "content": "hi"}]}', 400, "model"),
+    ("no messages", CHAT, b'{"model": "sim-model"}', 400, "messages"),
+    ("empty messages", CHAT, b'{"model": "sim-model", "messages": []}', 400, "messages"),
+    ("a message without a role", CHAT, b'{"model": "sim-model", "messages": [{"content": "hi"}]}', 400, "messages[0]"),
+    ("content of the wrong type", CHAT, b'{"model": "sim-model", "messages": [{"role": "user", "content": 5}]}', 400, "messages[0].content"),
+    ("stream not a boolean", CHAT, b'{"model": "sim-model", "stream": "yes", "messages": [{"role": "user", "content": "hi"}]}', 400, "stream"),
+    ("no prompt", COMPLETIONS, b'{"model": "sim-model"}', 400, "prompt"),
+    ("a prompt of the wrong type", COMPLETIONS, b'{"model": "sim-model", "prompt": {"a": 1}}', 400, "prompt"),
+    ("unknown model", CHAT, b'{"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}', 404, "model"),
+    ("a pool with no healthy replica", CHAT, b'{"model": "nobody-home", "messages": [{"role": "user", "content": "hi"}]}', 503, None),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("case", "path", "data", "status", "param"), CASES)
+async def test_bad_requests_get_openai_errors(
+    gateway: ManagedProcess, case: str, path: str, data: bytes, status: int, param: str | None
+) -> None:
+    got, body, request_id = await post(gateway.url, path, data)
+    assert got == status, case
+    assert set(body["error"]) == {"message", "type", "param", "code"}, case
+    assert body["error"]["message"], case
+    assert body["error"]["param"] == param, case
+    assert request_id, case
+
+
+async def test_unknown_model_has_the_model_not_found_code(gateway: ManagedProcess) -> None:
+    _, body, _ = await post(gateway.url, CHAT, CASES[10][2])
+    assert body["error"]["code"] == "model_not_found"
+
+
+async def test_a_body_over_the_limit_is_413(gateway: ManagedProcess) -> None:
+    big = b'{"model": "sim-model", "prompt": "' + b"x" * BODY_LIMIT + b'"}'
+    status, body, _ = await post(gateway.url, COMPLETIONS, big)
+    assert status == 413
+    assert body["error"]["code"] == "request_too_large"
+
+
+async def test_unknown_paths_and_methods_are_openai_errors(gateway: ManagedProcess) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{gateway.url}/v1/nothing-here") as response:
+            assert response.status == 404
+            assert "error" in await response.json()
+        async with session.get(f"{gateway.url}{CHAT}") as response:
+            assert response.status == 405
+            assert "error" in await response.json()
+
+
+async def test_ready_names_the_pool_without_replicas(gateway: ManagedProcess) -> None:
+    async with aiohttp.ClientSession() as session, session.get(f"{gateway.url}/ready") as response:
+        assert response.status == 503
+        assert (await response.json())["healthy_replicas"] == {"small": 1, "down": 0}

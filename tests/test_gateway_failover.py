@@ -1,0 +1,173 @@
+"""Failures: a dead replica, a replica answering 5xx, a stream that breaks, a client that leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from openai import APIError, AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway import headers
+from replica.processes import ManagedProcess, sim_replica_argv, start_sim_replicas
+from tests.conftest import MODEL, chat, fake_replica, get_text, running_gateway
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
+
+
+async def eventually(check, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.1)
+
+
+async def post_chat(session: aiohttp.ClientSession, url: str, i: int) -> tuple[int, str]:
+    body = orjson.dumps(chat(f"Tenant {i} system prompt. " * 20, "hi", max_tokens=2))
+    async with session.post(f"{url}/v1/chat/completions", data=body) as response:
+        await response.read()
+        return response.status, response.headers.get(headers.REPLICA, "")
+
+
+async def test_a_killed_replica_is_routed_around_and_used_again_when_back() -> None:
+    replicas = await start_sim_replicas(3, MODEL)
+    victim = replicas[0]
+    victim_name = victim.url.removeprefix("http://")
+    try:
+        async with (
+            running_gateway([r.url for r in replicas]) as gw,
+            aiohttp.ClientSession() as session,
+        ):
+            await victim.kill()
+            results = [await post_chat(session, gw.url, i) for i in range(30)]
+            assert [status for status, _ in results] == [200] * 30
+            assert victim_name not in {replica for _, replica in results}
+
+            async def victim_marked_down() -> bool:
+                _, text = await get_text(f"{gw.url}/metrics")
+                healthy = metric(text, "gateway_replica_healthy", replica=victim_name)
+                status, ready = await get_text(f"{gw.url}/ready")
+                return healthy == 0.0 and status == 200 and '"small":2' in ready
+
+            await eventually(victim_marked_down)
+
+            port = int(victim_name.rsplit(":", 1)[1])
+            revived = ManagedProcess(sim_replica_argv(port, MODEL), victim.url, name="revived")
+            await revived.start()
+            replicas[0] = revived
+
+            async def victim_healthy_again() -> bool:
+                _, text = await get_text(f"{gw.url}/metrics")
+                return metric(text, "gateway_replica_healthy", replica=victim_name) == 1.0
+
+            await eventually(victim_healthy_again)
+            again = Counter(
+                replica
+                for _, replica in [await post_chat(session, gw.url, i) for i in range(100, 130)]
+            )
+            assert again[victim_name] > 0
+    finally:
+        for replica in replicas:
+            await replica.stop()
+
+
+async def test_a_5xx_before_the_first_byte_is_retried_on_another_replica() -> None:
+    failures = 0
+
+    async def broken(request: web.Request) -> web.Response:
+        nonlocal failures
+        failures += 1
+        return web.json_response({"error": {"message": "boom"}}, status=500)
+
+    [good] = await start_sim_replicas(1, MODEL)
+    try:
+        async with fake_replica(broken) as bad_url, running_gateway([bad_url, good.url]) as gw:
+            async with aiohttp.ClientSession() as session:
+                statuses = [
+                    status for status, _ in [await post_chat(session, gw.url, i) for i in range(12)]
+                ]
+            _, text = await get_text(f"{gw.url}/metrics")
+        assert statuses == [200] * 12
+        assert failures > 0
+        assert metric(text, "gateway_retries_total", pool="small") == failures
+    finally:
+        await good.stop()
+
+
+async def test_with_retries_off_the_5xx_reaches_the_client_unchanged() -> None:
+    async def broken(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "engine died", "code": "boom"}}, status=500)
+
+    async with (
+        fake_replica(broken) as bad_url,
+        running_gateway([bad_url], env={"GATEWAY_RETRIES": "0"}) as gw,
+    ):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{gw.url}/v1/chat/completions", data=orjson.dumps(chat("s", "q"))
+            ) as response,
+        ):
+            assert response.status == 500
+            assert (await response.json())["error"]["code"] == "boom"
+
+
+async def test_a_stream_that_breaks_ends_with_an_error_not_a_hang() -> None:
+    async def breaks_mid_stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                 "choices": [{"index": 0, "delta": {"content": "partial "}, "finish_reason": None}]}  # fmt: skip
+        await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()  # the replica dies after the first byte
+        return response
+
+    async with fake_replica(breaks_mid_stream) as url, running_gateway([url]) as gw:
+        client = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0, timeout=10)
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        received = []
+        with pytest.raises(APIError, match="mid-stream"):
+            async for chunk in stream:
+                received.extend(c.delta.content or "" for c in chunk.choices)
+        assert received == ["partial "]
+
+
+async def test_a_client_that_disconnects_mid_stream_aborts_the_request_on_the_replica() -> None:
+    [replica] = await start_sim_replicas(1, MODEL, decode_step_s=0.05)
+    try:
+        async with running_gateway([replica.url]) as gw:
+            body = orjson.dumps(
+                chat("s " * 50, "tell me a long story", max_tokens=400, stream=True)
+            )
+            async with aiohttp.ClientSession() as session:
+                response = await session.post(f"{gw.url}/v1/chat/completions", data=body)
+                await response.content.readline()  # the stream has started
+                _, text = await get_text(f"{replica.url}/metrics")
+                assert metric(text, "vllm:num_requests_running") == 1.0
+                response.close()  # 400 tokens x 50 ms = 20 s left; the client leaves now
+
+            async def replica_aborted() -> bool:
+                _, text = await get_text(f"{replica.url}/metrics")
+                return (
+                    metric(text, "vllm:num_requests_running") == 0.0
+                    and metric(text, "sim_requests_aborted_total") == 1.0
+                )
+
+            await eventually(replica_aborted, timeout_s=5)
+    finally:
+        await replica.stop()

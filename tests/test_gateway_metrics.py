@@ -1,0 +1,59 @@
+"""/metrics: real Prometheus text, the CONTRACT names, figures that follow the traffic."""
+
+from __future__ import annotations
+
+import aiohttp
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway import metrics as names
+from replica.processes import start_sim_replicas
+from tests.conftest import MODEL, chat, get_text, running_gateway
+
+CONTRACT = {
+    "gateway_requests_total",
+    "gateway_ttft_seconds_bucket",
+    "gateway_request_duration_seconds_bucket",
+    "gateway_replica_inflight",
+    "gateway_replica_healthy",
+    "gateway_pool_queue_depth",
+    "gateway_pool_desired_replicas",
+}
+
+
+async def test_metrics_parse_and_carry_the_contract_names() -> None:
+    replicas = await start_sim_replicas(2, MODEL)
+    try:
+        async with (
+            running_gateway([r.url for r in replicas]) as gw,
+            aiohttp.ClientSession() as session,
+        ):
+            for stream in (False, True):
+                body = orjson.dumps(chat("metrics test system prompt " * 10, "q", stream=stream))
+                async with session.post(f"{gw.url}/v1/chat/completions", data=body) as response:
+                    assert response.status == 200
+                    await response.read()
+            async with session.post(f"{gw.url}/v1/chat/completions", data=b"{") as response:
+                assert response.status == 400
+            _, text = await get_text(f"{gw.url}/metrics")
+    finally:
+        for replica in replicas:
+            await replica.stop()
+
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    assert CONTRACT <= {s.name for s in samples}
+    assert not [s.name for s in samples if s.name.startswith("vllm:")]
+
+    def value(name: str, **labels: str) -> float:
+        return sum(
+            s.value for s in samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        )  # fmt: skip
+
+    assert value("gateway_requests_total", pool="small", code="200") == 2
+    assert value("gateway_requests_total", pool=names.NO_POOL, code="400") == 1
+    assert value("gateway_ttft_seconds_count", pool="small") == 1  # only the streamed one
+    assert value("gateway_request_duration_seconds_count", pool="small") == 2
+    assert value("gateway_replica_healthy", pool="small") == 2
+    assert value("gateway_replica_inflight", pool="small") == 0
+    assert value("gateway_pool_desired_replicas", pool="small") >= 1
