@@ -24,7 +24,9 @@ from router_policies.fingerprint import RequestFeatures
 
 log = logging.getLogger(__name__)
 
-_FORWARDED_REQUEST_HEADERS = ("authorization", "traceparent", "tracestate", "accept")
+# The replica sees the client's credentials (vLLM's --api-key) and trace context, nothing else:
+# hop-by-hop and gateway-specific headers stay here.
+_FORWARDED_REQUEST_HEADERS = ("Authorization", "traceparent", "tracestate", "Accept")
 _SSE = "text/event-stream"
 CLIENT_CLOSED = 499
 """Status recorded for a request whose client went away first (nginx's convention)."""
@@ -63,6 +65,10 @@ class Forwarder:
 
     async def forward(self, request: web.Request, routed: Routed) -> web.StreamResponse:
         pool = routed.pool
+        out = CIMultiDict({"Content-Type": "application/json", "X-Request-Id": routed.request_id})
+        for name in _FORWARDED_REQUEST_HEADERS:
+            if name in request.headers:
+                out[name] = request.headers[name]
         tried: list[str] = []
         failure: _Failure | None = None
         for attempt in range(self._settings.retries + 1):
@@ -74,7 +80,7 @@ class Forwarder:
             replica = pool.begin(decision, routed.features)
             tried.append(replica.name)
             try:
-                upstream = await self._send(replica, routed)
+                upstream = await self._send(replica, routed, out)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 pool.end(replica)
                 if isinstance(exc, aiohttp.ClientConnectorError):
@@ -94,8 +100,9 @@ class Forwarder:
                 pool.end(replica)
         return self._give_up(routed, failure)
 
-    async def _send(self, replica: ReplicaState, routed: Routed) -> aiohttp.ClientResponse:
-        out = CIMultiDict({"Content-Type": "application/json", "X-Request-Id": routed.request_id})
+    async def _send(
+        self, replica: ReplicaState, routed: Routed, out: CIMultiDict[str]
+    ) -> aiohttp.ClientResponse:
         return await self._session.post(
             f"{replica.url}{routed.parsed.endpoint.value}",
             data=routed.parsed.raw,

@@ -32,5 +32,3 @@ class Settings(BaseSettings):
     healthy_after: Annotated[int, Field(ge=1)] = 2
     scrape_interval_s: Annotated[float, Field(gt=0)] = 1.0
     log_level: str = "INFO"
-    log_prompts: bool = False
-    """Prompts are user data: they reach the logs only when an operator turns this on."""
