@@ -1,1 +1,1 @@
-"""A simulated vLLM replica: OpenAI-compatible API, a prefix cache, continuous batching and a timing model."""
+"""A simulated vLLM replica: OpenAI API, prefix cache, continuous batching and a timing model."""

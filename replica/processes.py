@@ -1,0 +1,217 @@
+"""Servers as real subprocesses, for tests, the demo and benchmarks.
+
+Each child writes stdout and stderr to a log file of its own (a pipe nobody reads would fill
+up and stall it), and is only ever signalled through its own PID.
+"""
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import aiohttp
+
+from replica.sim.config import SimConfig
+
+_STOP_GRACE_S = 5.0
+_POLL_S = 0.05
+_CLEAN_EXITS = (0, -signal.SIGTERM)
+_PR_SET_PDEATHSIG = 1
+# Loaded in the parent: after fork, the child should do as little as possible.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGTERM the child when the parent dies, however it dies.
+
+    A test run killed by a timeout would otherwise leave its servers running. Linux ties
+    this to the spawning THREAD: start children from a thread that outlives them.
+    """
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it; a race remains until bound)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ProcessStartError(RuntimeError):
+    """The child exited or never became healthy; the message ends with its log tail."""
+
+
+class ManagedProcess:
+    """One child process serving HTTP at ``url``."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        url: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        name: str = "server",
+        keep_log: bool = False,
+        exit_with_parent: bool = True,
+    ) -> None:
+        self.argv = list(argv)
+        self.url = url.rstrip("/")
+        self.name = name
+        self.keep_log = keep_log
+        self.exit_with_parent = exit_with_parent
+        self._env = None if env is None else {**os.environ, **env}
+        self._proc: asyncio.subprocess.Process | None = None
+        self.log_path: Path | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.returncode
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def start(self, health_path: str = "/health", timeout_s: float = 30.0) -> None:
+        """Spawn the child and wait until ``health_path`` answers 200."""
+        if self._proc is not None:
+            raise RuntimeError(f"{self.name} was already started")
+        fd, path = tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")
+        self.log_path = Path(path)
+        parent_pid = os.getpid()
+        preexec = (lambda: _exit_with_parent(parent_pid)) if self.exit_with_parent else None
+        with os.fdopen(fd, "wb") as log:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self._env,
+                preexec_fn=preexec,
+            )
+        try:
+            await self._wait_healthy(self.url + health_path, timeout_s)
+        except BaseException:
+            # Timed out, or the caller gave up (cancelled): never leave the child behind.
+            await self.kill()
+            raise
+
+    async def _wait_healthy(self, health_url: str, timeout_s: float) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
+            while True:
+                if self._proc.returncode is not None:
+                    raise ProcessStartError(
+                        f"{self.name} exited with {self._proc.returncode} before it was healthy"
+                        f"\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with session.get(health_url) as response:
+                        if response.status == 200:
+                            return
+                if time.monotonic() > deadline:
+                    raise ProcessStartError(
+                        f"{self.name} not healthy at {health_url} after {timeout_s} s"
+                        f"\n{self.log_tail()}"
+                    )
+                await asyncio.sleep(_POLL_S)
+
+    async def stop(self, grace_s: float = _STOP_GRACE_S) -> int | None:
+        """SIGTERM this child, SIGKILL it if it outlives ``grace_s``; returns its exit status."""
+        if self._proc is None:
+            return None
+        # asyncio only signals a child it has not reaped, so a recycled PID is never hit.
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.send_signal(signal.SIGTERM)
+        try:
+            code = await asyncio.wait_for(self._proc.wait(), grace_s)
+        except TimeoutError:
+            await self.kill()
+            code = await self._proc.wait()
+        if code in _CLEAN_EXITS and not self.keep_log and self.log_path is not None:
+            # A clean stop leaves nothing to read; failed ones keep their log for a post-mortem.
+            self.log_path.unlink(missing_ok=True)
+        return code
+
+    async def kill(self) -> None:
+        """SIGKILL this child at once and wait until it is reaped."""
+        if self._proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.kill()
+        await self._proc.wait()
+
+    def log_tail(self, max_bytes: int = 4000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as log:
+            log.seek(max(self.log_path.stat().st_size - max_bytes, 0))
+            return log.read().decode(errors="replace")
+
+    def __repr__(self) -> str:
+        pid = self._proc.pid if self._proc is not None else None
+        return f"ManagedProcess(name={self.name!r}, url={self.url!r}, pid={pid})"
+
+
+def sim_replica_argv(port: int, model: str, **config_overrides: object) -> list[str]:
+    """The command line of one simulated replica; overrides are SimConfig field names."""
+    argv = [sys.executable, "-m", "replica.sim", "--port", str(port), "--model", model]
+    for name, value in config_overrides.items():
+        if name not in SimConfig.model_fields or name in ("port", "model"):
+            raise ValueError(f"not a SimConfig field to override: {name}")
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
+
+
+async def _start_sim_replica(
+    index: int, model: str, config_overrides: dict[str, object], attempts: int = 3
+) -> ManagedProcess:
+    host = str(config_overrides.get("host", SimConfig.model_fields["host"].default))
+    for attempt in range(attempts):
+        port = free_port(host)
+        process = ManagedProcess(
+            sim_replica_argv(port, model, **config_overrides),
+            f"http://{host}:{port}",
+            name=f"sim-replica-{index}",
+        )
+        try:
+            await process.start()
+            return process
+        except ProcessStartError:
+            # Most likely another process took the port between free_port() and bind().
+            await process.stop()
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def start_sim_replicas(
+    n: int, model: str = "sim-model", **config_overrides: object
+) -> list[ManagedProcess]:
+    """Start ``n`` simulated replicas concurrently on free ports; all healthy, or none left."""
+    results = await asyncio.gather(
+        *(_start_sim_replica(i, model, config_overrides) for i in range(n)),
+        return_exceptions=True,
+    )
+    started = [r for r in results if isinstance(r, ManagedProcess)]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        await asyncio.gather(*(process.stop() for process in started))
+        raise errors[0]
+    return started

@@ -1,0 +1,16 @@
+"""``python -m replica.sim``: the simulated replica without the gateway's CLI."""
+
+import argparse
+import sys
+
+from replica.sim.cli import add_arguments, run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m replica.sim", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

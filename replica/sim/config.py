@@ -1,0 +1,42 @@
+"""Every knob of the simulated replica, with its default, in one place."""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SimConfig(BaseModel):
+    """Configuration of one simulated vLLM replica.
+
+    The timing defaults model an 8B model on one H100-class GPU: prefill runs at about
+    20k tokens/s (5e-5 s per uncached prompt token) and a decode step takes about 8 ms at
+    batch size 1, rising by 0.2 ms per sequence in the batch. The KV defaults (1,024 blocks
+    of 16 tokens) are deliberately small so that cache pressure, eviction and queueing show
+    up in tests and benchmarks without thousands of requests.
+
+    Setting ``prefill_s_per_token``, ``decode_step_s`` and ``decode_s_per_seq`` all to 0
+    gives a zero-delay replica: what remains is HTTP and scheduling overhead, which is what
+    a benchmark of the gateway's own cost wants to sit on top of.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on (vLLM's default)")
+    model: str = Field("sim-model", min_length=1, description="served model name")
+    max_num_seqs: int = Field(16, ge=1, description="most requests running at once")
+    num_blocks: int = Field(1024, ge=1, description="KV cache size in blocks")
+    block_size: int = Field(16, ge=1, description="tokens per KV block")
+    max_num_batched_tokens: int = Field(
+        2048, ge=1, description="prefill token budget per engine step (chunked prefill)"
+    )
+    prefill_s_per_token: float = Field(
+        5e-5, ge=0, description="seconds of prefill per uncached prompt token"
+    )
+    decode_step_s: float = Field(0.008, ge=0, description="fixed seconds per decode step")
+    decode_s_per_seq: float = Field(
+        0.0002, ge=0, description="extra decode-step seconds per decoding sequence"
+    )
+    default_max_tokens: int = Field(
+        16, ge=1, description="completion length when the request sets no max_tokens"
+    )
+    max_model_len: int = Field(32768, ge=1, description="longest prompt + completion in tokens")
+    chars_per_token: int = Field(4, ge=1, description="characters per simulated token")

@@ -1,0 +1,318 @@
+"""Continuous batching over the simulated KV cache, with a step-time model.
+
+One asyncio task plays the GPU. Requests wait in a FCFS queue and are admitted while fewer
+than ``max_num_seqs`` run and the KV cache can hold prompt + max_tokens (no preemption, so
+an admitted request always finishes). Each step, prefilling requests share the
+``max_num_batched_tokens`` budget over their uncached tokens (chunked prefill) and every
+decoding request emits one token; the step then takes as long as the timing model says.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from replica.sim.config import SimConfig
+from replica.sim.kv_cache import Allocation, KVCache
+from replica.sim.tokenizer import output_token, prompt_hash
+
+logger = logging.getLogger(__name__)
+
+_NO_TOKEN = -1  # queued alone when a request ends without a token (abort, failure)
+_MAX_LAG_S = 0.05
+
+
+class RequestRejected(ValueError):
+    """The request can never run on this replica (it would not fit the KV cache)."""
+
+
+class EngineFailed(RuntimeError):
+    """The engine loop died; the request will never finish."""
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request inside the engine; the HTTP handler reads its tokens with ``stream()``."""
+
+    request_id: str
+    prompt_tokens: list[int]
+    max_tokens: int
+    arrival_s: float
+    seed: int
+    allocation: Allocation | None = None
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    first_token_s: float | None = None
+    finish_reason: str | None = None  # "length" or "abort" once finished
+    failed: bool = False
+    _tokens: asyncio.Queue[tuple[int, str | None]] = field(default_factory=asyncio.Queue)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache; known once admitted."""
+        return 0 if self.allocation is None else self.allocation.num_cached_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    async def stream(self) -> AsyncIterator[tuple[int, str | None]]:
+        """(token id, finish reason) as the engine produces them; the last token has a reason.
+
+        Ends without a reason-carrying token when the request is aborted.
+        """
+        while True:
+            token, reason = await self._tokens.get()
+            if token == _NO_TOKEN:
+                if self.failed:
+                    raise EngineFailed("the simulated engine stopped")
+                return
+            yield token, reason
+            if reason is not None:
+                return
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    """What the metrics need from a request that ran to its end."""
+
+    request_id: str
+    finish_reason: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    ttft_s: float
+    e2e_s: float
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters, read at scrape time; prefix-cache figures count tokens."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    aborted: int = 0
+    steps: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+class Engine:
+    """The scheduler and step loop of one simulated replica."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.kv_cache = KVCache(config.num_blocks, config.block_size)
+        self.stats = EngineStats()
+        self._waiting: deque[SimRequest] = deque()
+        self._running: list[SimRequest] = []
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self._listeners: list[Callable[[FinishedRequest], None]] = []
+        self._step_end = 0.0
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def kv_usage(self) -> float:
+        return self.kv_cache.usage()
+
+    def add_finish_listener(self, listener: Callable[[FinishedRequest], None]) -> None:
+        """Call ``listener`` for every request that finishes normally (not aborted)."""
+        self._listeners.append(listener)
+
+    def submit(self, request_id: str, prompt_tokens: list[int], max_tokens: int) -> SimRequest:
+        """Queue a request; its tokens arrive through ``SimRequest.stream()``."""
+        if max_tokens < 1:
+            raise RequestRejected("max_tokens must be at least 1")
+        needed = self.kv_cache.blocks_needed(len(prompt_tokens) + max_tokens)
+        if needed > self.kv_cache.num_blocks:
+            raise RequestRejected(
+                f"prompt + max_tokens need {needed} KV blocks of {self.config.block_size} "
+                f"tokens; this replica has {self.kv_cache.num_blocks}"
+            )
+        request = SimRequest(
+            request_id=request_id,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            arrival_s=time.monotonic(),
+            seed=prompt_hash(prompt_tokens),
+        )
+        self._waiting.append(request)
+        self._idle.clear()
+        self._ensure_loop()
+        self._wakeup.set()
+        return request
+
+    def abort(self, request: SimRequest) -> None:
+        """Drop a request (its client went away) and release its KV blocks now."""
+        if request.finished:
+            return
+        if request.allocation is None:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(request)
+        else:
+            with contextlib.suppress(ValueError):
+                self._running.remove(request)
+            self.kv_cache.free(request.allocation)
+        request.finish_reason = "abort"
+        request._tokens.put_nowait((_NO_TOKEN, "abort"))
+        self.stats.aborted += 1
+        # Freed blocks may let the head of the queue in.
+        self._wakeup.set()
+
+    def reset_prefix_cache(self) -> int:
+        return self.kv_cache.reset()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every queued and running request to finish."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Stop the loop task and abort whatever is still queued or running."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for request in [*self._running, *self._waiting]:
+            self.abort(request)
+
+    def _ensure_loop(self) -> None:
+        if self._task is None or self._task.done():
+            # Started lazily so that an Engine can be built outside a running event loop.
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+            self._task.add_done_callback(self._on_loop_done)
+
+    def _on_loop_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        logger.error("simulated engine loop failed", exc_info=task.exception())
+        for request in [*self._running, *self._waiting]:
+            request.failed = True
+            self.abort(request)
+
+    async def _loop(self) -> None:
+        self._step_end = time.monotonic()
+        while True:
+            self._admit()
+            if not self._running:
+                # Idle (or, impossibly, blocked with nothing running): sleep until submit/abort.
+                if not self._waiting:
+                    self._idle.set()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                self._step_end = time.monotonic()
+                continue
+            await self._step()
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.config.max_num_seqs:
+            request = self._waiting[0]
+            allocation = self.kv_cache.lookup_and_allocate(
+                request.prompt_tokens, request.max_tokens
+            )
+            if allocation is None:
+                break  # FCFS: the head waits for blocks, nobody overtakes it
+            self._waiting.popleft()
+            request.allocation = allocation
+            request.num_computed_tokens = allocation.num_cached_tokens
+            self._running.append(request)
+            self.stats.prefix_cache_queries += request.num_prompt_tokens
+            self.stats.prefix_cache_hits += allocation.num_cached_tokens
+            self.stats.prompt_tokens += request.num_prompt_tokens
+
+    async def _step(self) -> None:
+        config = self.config
+        budget = config.max_num_batched_tokens
+        prefill: list[tuple[SimRequest, int]] = []
+        decode: list[SimRequest] = []
+        for request in self._running:
+            remaining = request.num_prompt_tokens - request.num_computed_tokens
+            if remaining == 0:
+                decode.append(request)
+            elif budget > 0:
+                chunk = min(remaining, budget)
+                budget -= chunk
+                prefill.append((request, chunk))
+        prefill_tokens = config.max_num_batched_tokens - budget
+        duration = prefill_tokens * config.prefill_s_per_token
+        if decode:
+            duration += config.decode_step_s + config.decode_s_per_seq * len(decode)
+        await self._sleep(duration)
+        self.stats.steps += 1
+
+        # Requests aborted during the step are finished already: skip them.
+        now = time.monotonic()
+        for request, chunk in prefill:
+            if request.finished:
+                continue
+            request.num_computed_tokens += chunk
+            assert request.allocation is not None
+            self.kv_cache.commit(request.allocation, request.num_computed_tokens)
+            if request.num_computed_tokens == request.num_prompt_tokens:
+                request.first_token_s = now
+                self._emit(request, now)
+        for request in decode:
+            if not request.finished:
+                self._emit(request, now)
+        if any(request.finished for request in self._running):
+            self._running = [request for request in self._running if not request.finished]
+
+    async def _sleep(self, duration: float) -> None:
+        if duration <= 0:
+            # Zero-delay mode must still let the HTTP side run between steps.
+            await asyncio.sleep(0)
+            return
+        # Busy steps run back to back on a virtual clock, so event-loop lateness in one step
+        # is made up in the next ones instead of slowing the simulated GPU down; the lag that
+        # can be made up is bounded so that a stalled process does not answer in a burst.
+        now = time.monotonic()
+        if self._step_end < now - _MAX_LAG_S:
+            self._step_end = now
+        self._step_end += duration
+        await asyncio.sleep(max(self._step_end - now, 0.0))
+
+    def _emit(self, request: SimRequest, now: float) -> None:
+        token = output_token(request.seed, request.num_output_tokens)
+        request.num_output_tokens += 1
+        self.stats.generation_tokens += 1
+        done = request.num_output_tokens >= request.max_tokens
+        request._tokens.put_nowait((token, "length" if done else None))
+        if done:
+            self._finish(request, "length", now)
+
+    def _finish(self, request: SimRequest, reason: str, now: float) -> None:
+        request.finish_reason = reason
+        assert request.allocation is not None
+        self.kv_cache.free(request.allocation)
+        self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
+        first = request.first_token_s if request.first_token_s is not None else now
+        record = FinishedRequest(
+            request_id=request.request_id,
+            finish_reason=reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            ttft_s=first - request.arrival_s,
+            e2e_s=now - request.arrival_s,
+        )
+        for listener in self._listeners:
+            listener(record)

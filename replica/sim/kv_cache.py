@@ -1,0 +1,171 @@
+"""A block-level prefix cache with the semantics of vLLM's automatic prefix caching.
+
+A prompt is cut into blocks of ``block_size`` tokens. Only FULL blocks can be shared, and a
+block is identified by a hash chained through every block before it, so a hit on block i
+implies the whole prefix up to i matches. Blocks used by running requests are pinned by a
+reference count; blocks freed by finished requests keep their contents and stay findable
+until an allocation needs the space, then the least recently used one is evicted.
+"""
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import xxhash
+
+from replica.sim.tokenizer import token_bytes
+
+_TOKEN_WIDTH = 8  # bytes per token id in token_bytes()
+
+
+def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of the full blocks of ``tokens``: block i is seeded by block i-1."""
+    data = memoryview(token_bytes(tokens))
+    stride = block_size * _TOKEN_WIDTH
+    hashes: list[int] = []
+    parent = 0
+    for start in range(0, (len(tokens) // block_size) * stride, stride):
+        parent = xxhash.xxh3_64_intdigest(data[start : start + stride], seed=parent)
+        hashes.append(parent)
+    return hashes
+
+
+@dataclass(eq=False)
+class Allocation:
+    """The blocks held by one request, first the prompt's (in order), then room to decode."""
+
+    block_ids: list[int]
+    prompt_hashes: list[int]  # hashes of the prompt's full blocks
+    num_hit_blocks: int
+    num_cached_tokens: int
+    num_committed_blocks: int = 0
+    freed: bool = field(default=False)
+
+
+class KVCache:
+    """A fixed pool of KV blocks with reference counts, a hash index and LRU eviction."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        # Unpinned blocks: those holding nothing are handed out before any cached one is evicted.
+        self._empty: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def lookup_and_allocate(self, tokens: Sequence[int], extra_tokens: int) -> Allocation | None:
+        """Pin the cached prefix of ``tokens`` and allocate the rest of prompt + extra_tokens.
+
+        Returns None, changing nothing, when the free and evictable blocks do not suffice.
+        """
+        hashes = block_hashes(tokens, self.block_size)
+        hits = self._hits(hashes, len(tokens))
+
+        num_new = self.blocks_needed(len(tokens) + extra_tokens) - len(hits)
+        hits_unpinned = sum(1 for block_id in hits if self._ref[block_id] == 0)
+        if num_new > len(self._empty) + len(self._evictable) - hits_unpinned:
+            return None
+
+        for block_id in hits:
+            if self._ref[block_id] == 0:
+                del self._evictable[block_id]
+            self._ref[block_id] += 1
+        new_blocks = [self._take_block() for _ in range(num_new)]
+        return Allocation(
+            block_ids=hits + new_blocks,
+            prompt_hashes=hashes,
+            num_hit_blocks=len(hits),
+            num_cached_tokens=len(hits) * self.block_size,
+            num_committed_blocks=len(hits),
+        )
+
+    def cached_prefix_tokens(self, tokens: Sequence[int]) -> int:
+        """How many prompt tokens would hit the cache now; changes nothing."""
+        hits = self._hits(block_hashes(tokens, self.block_size), len(tokens))
+        return len(hits) * self.block_size
+
+    def _hits(self, hashes: list[int], num_tokens: int) -> list[int]:
+        # vLLM always recomputes at least the last prompt token, to get its logits.
+        max_hit_blocks = max(num_tokens - 1, 0) // self.block_size
+        hits: list[int] = []
+        for block_hash in hashes[:max_hit_blocks]:
+            block_id = self._cached.get(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def _take_block(self) -> int:
+        if self._empty:
+            block_id = self._empty.pop()
+        else:
+            block_id, _ = self._evictable.popitem(last=False)
+            old_hash = self._hash[block_id]
+            if old_hash is not None and self._cached.get(old_hash) == block_id:
+                del self._cached[old_hash]
+            self._hash[block_id] = None
+        self._ref[block_id] = 1
+        return block_id
+
+    def commit(self, allocation: Allocation, num_computed_tokens: int | None = None) -> None:
+        """Make the prompt's full blocks findable once their KV has been computed.
+
+        Registering earlier would let a concurrent request "hit" blocks still being filled.
+        ``num_computed_tokens`` limits this to the blocks done so far (chunked prefill).
+        """
+        if allocation.freed:
+            return
+        done = len(allocation.prompt_hashes)
+        if num_computed_tokens is not None:
+            done = min(done, num_computed_tokens // self.block_size)
+        for i in range(allocation.num_committed_blocks, done):
+            block_hash = allocation.prompt_hashes[i]
+            # A concurrent request may have committed the same content first: keep that one.
+            if block_hash not in self._cached:
+                block_id = allocation.block_ids[i]
+                self._cached[block_hash] = block_id
+                self._hash[block_id] = block_hash
+        allocation.num_committed_blocks = max(allocation.num_committed_blocks, done)
+
+    def free(self, allocation: Allocation) -> None:
+        """Unpin a request's blocks; cached ones stay findable until evicted. Idempotent."""
+        if allocation.freed:
+            return
+        allocation.freed = True
+        # Tail blocks first, so that the least recently used end of a prefix goes first and
+        # shared heads (system prompts) survive longest, as in vLLM.
+        for block_id in reversed(allocation.block_ids):
+            self._ref[block_id] -= 1
+            if self._ref[block_id] > 0:
+                continue
+            if self._hash[block_id] is None:
+                self._empty.append(block_id)
+            else:
+                self._evictable[block_id] = None
+
+    def usage(self) -> float:
+        """Fraction of blocks pinned by running requests (vllm:kv_cache_usage_perc)."""
+        free = len(self._empty) + len(self._evictable)
+        return (self.num_blocks - free) / self.num_blocks
+
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    def reset(self) -> int:
+        """Forget every cached block (vLLM's /reset_prefix_cache); returns how many.
+
+        Pinned blocks stay allocated to their requests but are no longer findable, and
+        return to the empty pool when freed.
+        """
+        dropped = len(self._cached)
+        for block_id in self._cached.values():
+            self._hash[block_id] = None
+        self._cached.clear()
+        self._empty.extend(reversed(self._evictable))
+        self._evictable.clear()
+        return dropped

@@ -1,0 +1,233 @@
+"""The OpenAI wire format as vLLM speaks it: request validation and response bodies.
+
+Kept apart from the HTTP handlers so that the bodies can be read, and checked, in one place.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from replica.sim.config import SimConfig
+from replica.sim.tokenizer import TemplateError, render_chat, tokenize
+
+Kind = Literal["chat", "completion"]
+Body = dict[str, Any]
+
+
+class ApiError(Exception):
+    """An error answered with OpenAI's error body and an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+
+    def body(self) -> bytes:
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return orjson.dumps({"error": error})
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """What the engine and the response need from a validated request body."""
+
+    kind: Kind
+    prompt_tokens: list[int]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def _prompt_tokens(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> list[int]:
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("'messages' must be a non-empty list", "messages")
+        if not all(isinstance(message, Mapping) for message in messages):
+            raise _bad("each message must be an object", "messages")
+        try:
+            return tokenize(render_chat(messages), config.chars_per_token)
+        except TemplateError as exc:
+            raise _bad(str(exc), "messages") from exc
+    prompt = body.get("prompt")
+    # A batch of one prompt is accepted; larger batches are not simulated.
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return tokenize(prompt, config.chars_per_token)
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+    ):
+        return list(prompt)
+    raise _bad("'prompt' must be a non-empty string or list of token ids", "prompt")
+
+
+def _max_tokens(body: Mapping[str, Any], kind: Kind) -> int | None:
+    value = body.get("max_completion_tokens") if kind == "chat" else None
+    param = "max_completion_tokens"
+    if value is None:
+        value, param = body.get("max_tokens"), "max_tokens"
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _bad(f"'{param}' must be an integer >= 1", param)
+    return value
+
+
+def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> ParsedRequest:
+    """Validate a completions or chat completions body the way vLLM would."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _bad(f"invalid JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object")
+    model = body.get("model")
+    # vLLM serves its one model when the field is left out.
+    if model is not None and model != config.model:
+        raise ApiError(
+            404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+        )
+    if body.get("n") not in (None, 1):
+        raise _bad("only n=1 is supported", "n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean", "stream")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, Mapping):
+        raise _bad("'stream_options' must be an object", "stream_options")
+
+    tokens = _prompt_tokens(body, kind, config)
+    max_tokens = _max_tokens(body, kind)
+    room = config.max_model_len - len(tokens)
+    if max_tokens is None:
+        max_tokens = min(config.default_max_tokens, room)
+    if room < 1 or max_tokens > room:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {config.max_model_len} tokens. However, "
+            f"you requested {len(tokens) + max(max_tokens, 1)} tokens ({len(tokens)} in the "
+            f"prompt, {max(max_tokens, 1)} in the completion). Please reduce the length of "
+            "the prompt or completion.",
+            code="context_length_exceeded",
+        )
+    return ParsedRequest(
+        kind=kind,
+        prompt_tokens=tokens,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=bool(stream and stream_options.get("include_usage")),
+    )
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Body:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+class ResponseFormat:
+    """Builds the bodies of one response; one subclass per endpoint."""
+
+    id_prefix = ""
+    object_whole = ""
+    object_chunk = ""
+
+    def __init__(self, request_id: str, model: str, created: int, include_usage: bool) -> None:
+        self.id = f"{self.id_prefix}{request_id}"
+        self.model = model
+        self.created = created
+        self.include_usage = include_usage
+
+    def _envelope(self, object_: str, choices: list[Body]) -> Body:
+        return {
+            "id": self.id,
+            "object": object_,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def whole(self, text: str, finish_reason: str, usage_: Body) -> Body:
+        body = self._envelope(self.object_whole, [self._whole_choice(text, finish_reason)])
+        body["usage"] = usage_
+        return body
+
+    def opening_chunks(self) -> list[Body]:
+        return []
+
+    def chunk(self, text: str, finish_reason: str | None) -> Body:
+        return self._chunk([self._chunk_choice(text, finish_reason)])
+
+    def usage_chunk(self, usage_: Body) -> Body:
+        body = self._envelope(self.object_chunk, [])
+        body["usage"] = usage_
+        return body
+
+    def _chunk(self, choices: list[Body]) -> Body:
+        body = self._envelope(self.object_chunk, choices)
+        if self.include_usage:
+            # OpenAI sends "usage": null on every chunk but the last when usage is asked for.
+            body["usage"] = None
+        return body
+
+    def _whole_choice(self, text: str, finish_reason: str) -> Body:
+        raise NotImplementedError
+
+    def _chunk_choice(self, text: str, finish_reason: str | None) -> Body:
+        raise NotImplementedError
+
+
+class ChatFormat(ResponseFormat):
+    id_prefix = "chatcmpl-"
+    object_whole = "chat.completion"
+    object_chunk = "chat.completion.chunk"
+
+    def opening_chunks(self) -> list[Body]:
+        role = {"role": "assistant", "content": ""}
+        return [self._chunk([{"index": 0, "delta": role, "logprobs": None, "finish_reason": None}])]
+
+    def _whole_choice(self, text: str, finish_reason: str) -> Body:
+        message = {"role": "assistant", "content": text}
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+
+    def _chunk_choice(self, text: str, finish_reason: str | None) -> Body:
+        delta = {"content": text}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+class CompletionFormat(ResponseFormat):
+    id_prefix = "cmpl-"
+    object_whole = "text_completion"
+    object_chunk = "text_completion"
+
+    def _whole_choice(self, text: str, finish_reason: str) -> Body:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def _chunk_choice(self, text: str, finish_reason: str | None) -> Body:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+FORMATS: dict[Kind, type[ResponseFormat]] = {"chat": ChatFormat, "completion": CompletionFormat}

@@ -1,0 +1,210 @@
+"""The HTTP face of the simulated replica: vLLM's OpenAI server routes over the engine.
+
+Run the app with ``handler_cancellation=True`` (``make_runner`` does): a client that goes
+away then cancels its handler, which aborts the request in the engine and frees its KV
+blocks, as vLLM does. Streams also notice a dead client on their next write.
+"""
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
+
+from gateway.headers import REQUEST_ID
+from replica.sim.config import SimConfig
+from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest
+from replica.sim.metrics import SimMetrics
+from replica.sim.protocol import FORMATS, ApiError, Kind, ResponseFormat, parse_request, usage
+from replica.sim.tokenizer import detokenize
+
+ENGINE_KEY = web.AppKey("sim_engine", Engine)
+CONFIG_KEY = web.AppKey("sim_config", SimConfig)
+_MAX_BODY_BYTES = 64 * 1024 * 1024
+# On SIGTERM, requests still running after this long are aborted, as a real server's are
+# when its pod is deleted; aiohttp's default (60 s) would make every stop slow.
+_SHUTDOWN_GRACE_S = 2.0
+
+
+def _json(body: Any, headers: dict[str, str], status: int = 200) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
+    )
+
+
+def _error(error: ApiError, headers: dict[str, str]) -> web.Response:
+    return web.Response(
+        body=error.body(), status=error.status, content_type="application/json", headers=headers
+    )
+
+
+class _Handlers:
+    def __init__(self, config: SimConfig, engine: Engine, metrics: SimMetrics) -> None:
+        self.config = config
+        self.engine = engine
+        self.metrics = metrics
+        self.created = int(time.time())
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        given_id = request.headers.get(REQUEST_ID)
+        headers = {REQUEST_ID: given_id} if given_id else {}
+        # vLLM builds the response id from the caller's request id when there is one.
+        request_id = given_id or uuid.uuid4().hex
+        try:
+            parsed = parse_request(await request.read(), kind, self.config)
+            sim_request = self.engine.submit(request_id, parsed.prompt_tokens, parsed.max_tokens)
+        except ApiError as exc:
+            return _error(exc, headers)
+        except RequestRejected as exc:
+            return _error(ApiError(400, str(exc)), headers)
+
+        fmt = FORMATS[kind](request_id, self.config.model, int(time.time()), parsed.include_usage)
+        try:
+            if parsed.stream:
+                return await self._stream(request, sim_request, fmt, headers)
+            return await self._whole(request, sim_request, fmt, headers)
+        except EngineFailed as exc:
+            return _error(ApiError(500, str(exc), type_="internal_server_error"), headers)
+        finally:
+            # No-op when it finished; otherwise the client is gone (cancelled or write failed).
+            self.engine.abort(sim_request)
+
+    async def _whole(
+        self,
+        request: web.Request,
+        sim_request: SimRequest,
+        fmt: ResponseFormat,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        pieces: list[str] = []
+        async for token, _ in sim_request.stream():
+            pieces.append(detokenize(token))
+            if request.transport is None or request.transport.is_closing():
+                # Client gone; handler cancellation usually gets here first.
+                return web.Response(status=499)
+        reason = sim_request.finish_reason
+        if reason is None or reason == "abort":
+            # Only the server shutting down aborts a request whose client is still there.
+            return _error(ApiError(503, "request aborted", type_="service_unavailable"), headers)
+        return _json(fmt.whole("".join(pieces), reason, _usage(sim_request)), headers)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        sim_request: SimRequest,
+        fmt: ResponseFormat,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                **headers,
+            }
+        )
+        await response.prepare(request)
+        try:
+            opening = fmt.opening_chunks()
+            async for token, reason in sim_request.stream():
+                body = _sse(fmt.chunk(detokenize(token), reason))
+                if opening:
+                    # Like vLLM, the role chunk goes out with the first token, not before it:
+                    # a client timing its first byte measures time to first token.
+                    body = b"".join(_sse(chunk) for chunk in opening) + body
+                    opening = []
+                await response.write(body)
+            if sim_request.finish_reason == "abort":
+                # Only a shutdown aborts a live stream: end it without [DONE], as a cut.
+                response.force_close()
+                return response
+            if fmt.include_usage:
+                await response.write(_sse(fmt.usage_chunk(_usage(sim_request))))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionError:
+            # The client went away mid-stream; the caller's finally aborts the request.
+            pass
+        except EngineFailed:
+            # Headers are out, so no error status can follow: cut the stream instead.
+            response.force_close()
+        return response
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.config.model,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.config.max_model_len,
+        }
+        return _json({"object": "list", "data": [card]}, {})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        self.engine.reset_prefix_cache()
+        return web.Response(status=200)
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4}
+        )
+
+
+def _sse(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def _usage(sim_request: SimRequest) -> dict[str, Any]:
+    return usage(
+        sim_request.num_prompt_tokens,
+        sim_request.num_output_tokens,
+        sim_request.num_cached_tokens,
+    )
+
+
+def build_app(config: SimConfig) -> web.Application:
+    """A simulated vLLM OpenAI server; its engine and metrics registry belong to this app."""
+    # Long prompts (or token-id lists) easily pass aiohttp's 1 MiB default; vLLM has no cap.
+    app = web.Application(client_max_size=_MAX_BODY_BYTES)
+    engine = Engine(config)
+    handlers = _Handlers(config, engine, SimMetrics(engine))
+    app[ENGINE_KEY] = engine
+    app[CONFIG_KEY] = config
+    app.router.add_post("/v1/chat/completions", handlers.chat)
+    app.router.add_post("/v1/completions", handlers.completions)
+    app.router.add_get("/health", handlers.health)
+    app.router.add_get("/v1/models", handlers.models)
+    app.router.add_post("/reset_prefix_cache", handlers.reset_prefix_cache)
+    app.router.add_get("/metrics", handlers.metrics_page)
+
+    async def finish_then_abort(app: web.Application) -> None:
+        # Runs before aiohttp waits on open handlers: aborting ends their streams at once.
+        await app[ENGINE_KEY].drain(_SHUTDOWN_GRACE_S)
+        await app[ENGINE_KEY].close()
+
+    app.on_shutdown.append(finish_then_abort)
+    # Apps started without a runner shutdown (some test servers) still stop the engine task.
+    app.on_cleanup.append(lambda app: app[ENGINE_KEY].close())
+    return app
+
+
+def make_runner(config: SimConfig) -> web.AppRunner:
+    """An AppRunner for ``build_app`` with the settings the replica relies on."""
+    return web.AppRunner(
+        build_app(config),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=_SHUTDOWN_GRACE_S,
+    )
