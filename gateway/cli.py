@@ -8,11 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
-
 from gateway.settings import Settings
-from router_policies.schema import Policy, effective_policy_yaml, load_policy
+from router_policies.schema import InvalidPolicy, Policy, effective_policy_yaml, load_policy
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -43,13 +40,10 @@ def _load_or_explain(path: Path) -> Policy | None:
         return load_policy(path)
     except OSError as exc:
         print(f"error: cannot read policy file {path}: {exc.strerror}", file=sys.stderr)
-    except yaml.YAMLError as exc:
-        print(f"error: {path} is not valid YAML: {exc}", file=sys.stderr)
-    except ValidationError as exc:
+    except InvalidPolicy as exc:
         print(f"error: {path} is not a valid policy:", file=sys.stderr)
-        for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            print(f"  {field}: {err['msg']}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
     return None
 
 

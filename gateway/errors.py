@@ -56,3 +56,12 @@ def no_healthy_replica(pool: str) -> GatewayError:
         type_="service_unavailable_error",
         code="no_healthy_replica",
     )
+
+
+def pool_saturated(pool: str, waited_s: float) -> GatewayError:
+    return GatewayError(
+        503,
+        f"Every replica of pool {pool!r} stayed busy for {waited_s:g} s.",
+        type_="service_unavailable_error",
+        code="pool_saturated",
+    )

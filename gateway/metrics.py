@@ -27,6 +27,8 @@ POOL_GATEWAY_WAITING = "gateway_pool_gateway_waiting"
 POOL_QUEUE_DEPTH = "gateway_pool_queue_depth"
 POOL_HEALTHY_REPLICAS = "gateway_pool_healthy_replicas"
 POOL_DESIRED_REPLICAS = "gateway_pool_desired_replicas"
+POLICY_RELOADS = "gateway_policy_reloads"
+TIER_THRESHOLD = "gateway_tier_threshold"
 
 NO_POOL = "none"
 """Pool and route label of requests rejected before a pool was chosen."""
@@ -101,9 +103,16 @@ class FleetCollector(Collector):
                 [pool.name],
                 desired_replicas(len(healthy_replicas), depth, mean_kv, pool.policy.autoscale),
             )
+        threshold = GaugeMetricFamily(
+            TIER_THRESHOLD,
+            "Score from which a tiered request goes to the large pool (calibrated or fixed).",
+            labels=["model"],
+        )
+        for model, tier in fleet.tiers.items():
+            threshold.add_metric([model], tier.threshold)
         yield from (
             inflight, healthy, engine_waiting, kv_usage, gateway_waiting, queue, healthy_count,
-            desired,
+            desired, threshold,
         )  # fmt: skip
 
 
@@ -128,4 +137,10 @@ class GatewayMetrics:
             DURATION, "Time from request arrival to the end of the response.",
             ["pool"], buckets=_LATENCY_BUCKETS, registry=self.registry,
         )  # fmt: skip
+        self.policy_reloads = Counter(
+            POLICY_RELOADS, "Policy reloads by result (ok, error); an error keeps the old policy.",
+            ["result"], registry=self.registry,
+        )  # fmt: skip
+        for result in ("ok", "error"):
+            self.policy_reloads.labels(result)
         self.registry.register(FleetCollector(current))

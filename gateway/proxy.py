@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway import headers
-from gateway.errors import GatewayError, error_body, no_healthy_replica
+from gateway.errors import GatewayError, error_body, no_healthy_replica, pool_saturated
 from gateway.metrics import GatewayMetrics
 from gateway.request_body import ParsedRequest
 from gateway.settings import Settings
-from replica.state import PoolState, ReplicaState
-from router_policies.decision import Decision
+from replica.state import PoolSaturated, PoolState, ReplicaState
+from router_policies.decision import Decision, Route
 from router_policies.fingerprint import RequestFeatures
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,10 @@ class Routed:
     features: RequestFeatures
     request_id: str
     started: float
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
+    """Headers the response carries besides the routing ones (e.g. the tier)."""
+    route: Route | None = None
+    """Overrides the replica decision's route in x-gateway-route (e.g. overflow)."""
 
 
 @dataclass(slots=True)
@@ -72,12 +77,17 @@ class Forwarder:
         tried: list[str] = []
         failure: _Failure | None = None
         for attempt in range(self._settings.retries + 1):
-            decision = pool.decide(routed.features, exclude=tried)
-            if decision is None:
+            try:
+                acquired = await pool.acquire(routed.features, exclude=tried)
+            except PoolSaturated:
+                error = pool_saturated(pool.name, pool.policy.queue_timeout_s)
+                self._record(pool.name, "none", error.status, routed.started)
+                return error.response({headers.REQUEST_ID: routed.request_id})
+            if acquired is None:
                 break
+            decision, replica = acquired
             if attempt:
                 self._metrics.retries.labels(pool.name).inc()
-            replica = pool.begin(decision, routed.features)
             tried.append(replica.name)
             try:
                 upstream = await self._send(replica, routed, out)
@@ -133,11 +143,13 @@ class Forwarder:
         replica: ReplicaState,
         upstream: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
+        route = (routed.route or decision.route).value
         out = {
+            **routed.extra_headers,
             headers.REQUEST_ID: routed.request_id,
             headers.POOL: routed.pool.name,
             headers.REPLICA: replica.name,
-            headers.ROUTE: decision.route.value,
+            headers.ROUTE: route,
             "Content-Type": upstream.headers.get("Content-Type", "application/json"),
         }
         response: web.StreamResponse | None = None
@@ -156,7 +168,7 @@ class Forwarder:
             else:
                 upstream.release()
             status = response.status if response is not None else CLIENT_CLOSED
-            self._record(routed.pool.name, decision.route.value, status, routed.started)
+            self._record(routed.pool.name, route, status, routed.started)
 
     @staticmethod
     async def _relay_body(out: dict[str, str], upstream: aiohttp.ClientResponse) -> web.Response:

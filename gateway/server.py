@@ -9,7 +9,7 @@ import signal
 import uvloop
 from aiohttp import web
 
-from gateway.app import build_app
+from gateway.app import POLICY, build_app
 from gateway.settings import Settings
 from router_policies.schema import Policy
 
@@ -29,6 +29,7 @@ async def serve(settings: Settings, policy: Policy) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app[POLICY].reload)
     try:
         await stop.wait()
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -31,4 +31,8 @@ class Settings(BaseSettings):
     unhealthy_after: Annotated[int, Field(ge=1)] = 2
     healthy_after: Annotated[int, Field(ge=1)] = 2
     scrape_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    policy_watch_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    """How often the policy file is checked for changes (it is also reloaded on SIGHUP)."""
+    admin_token: SecretStr | None = None
+    """Bearer token for /admin/*; with none set, the admin endpoints are disabled."""
     log_level: str = "INFO"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -11,6 +14,11 @@ from router_policies.fingerprint import RequestFeatures
 from router_policies.policies import REGISTRY
 from router_policies.prefix_index import PrefixIndex
 from router_policies.schema import Policy, PoolPolicy
+from router_policies.tier_router import TierRouter
+from router_policies.tiers import PoolLoad
+
+_RECHECK_S = 0.25
+"""A waiting request re-checks at least this often: replicas also free up by turning healthy."""
 
 
 @dataclass(slots=True)
@@ -73,27 +81,77 @@ class ReplicaState:
             self.index.resize(int(blocks))
 
 
-class PoolState:
-    """A pool's replicas and the dispatch bookkeeping the routing decision reads."""
+class PoolSaturated(Exception):
+    """No replica slot freed up within the pool's queue timeout."""
 
-    def __init__(self, name: str, policy: PoolPolicy) -> None:
+
+class PoolQueue:
+    """Requests waiting in the gateway for a replica slot, first come first served."""
+
+    def __init__(self) -> None:
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    async def wait(self, timeout_s: float) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
+class PoolState:
+    """A pool's replicas and the dispatch bookkeeping the routing decision reads.
+
+    Built anew on every policy reload; replica state (health, in-flight counts, prefix
+    indexes) and the waiting queue carry over from the previous generation, so a reload
+    neither forgets caches nor strands the requests in flight or in line.
+    """
+
+    def __init__(self, name: str, policy: PoolPolicy, previous: PoolState | None = None) -> None:
         self.name = name
         self.policy = policy
+        old = previous.replicas if previous is not None else {}
+        same_fingerprint = previous is not None and previous.policy.prefix == policy.prefix
         self.replicas: dict[str, ReplicaState] = {}
         for url in policy.replicas:
-            replica = ReplicaState(url, PrefixIndex(policy.prefix.index_blocks))
+            replica = next((r for r in old.values() if r.url == url), None)
+            if replica is None:
+                replica = ReplicaState(url, PrefixIndex(policy.prefix.index_blocks))
+            elif not same_fingerprint:
+                replica.index.clear()  # digests of the old block size match nothing now
             self.replicas[replica.name] = replica
-        self.dispatched = 0
-        self.gateway_waiting = 0
-        """Requests held in the gateway before dispatch (none yet: no per-replica limits)."""
+        self.dispatched: int = previous.dispatched if previous is not None else 0
+        self.queue: PoolQueue = previous.queue if previous is not None else PoolQueue()
         self.selector = REGISTRY[policy.policy]
 
     @property
     def model(self) -> str:
         return self.policy.model
 
+    @property
+    def gateway_waiting(self) -> int:
+        return len(self.queue)
+
     def healthy(self) -> list[ReplicaState]:
         return [r for r in self.replicas.values() if r.healthy]
+
+    def _has_slot(self, replica: ReplicaState) -> bool:
+        limit = self.policy.max_inflight_per_replica
+        return limit is None or replica.inflight < limit
 
     def snapshot(self, features: RequestFeatures, exclude: Iterable[str] = ()) -> PoolSnapshot:
         skip = set(exclude)
@@ -105,12 +163,37 @@ class PoolState:
                 r.index.match_length(features.block_hashes) if with_prefix else 0,
             )
             for r in self.replicas.values()
-            if r.healthy and r.name not in skip
+            if r.healthy and r.name not in skip and self._has_slot(r)
         )
         return PoolSnapshot(candidates, self.dispatched)
 
     def decide(self, features: RequestFeatures, exclude: Iterable[str] = ()) -> Decision | None:
         return self.selector.select(features, self.snapshot(features, exclude), self.policy)
+
+    async def acquire(
+        self, features: RequestFeatures, exclude: Iterable[str] = ()
+    ) -> tuple[Decision, ReplicaState] | None:
+        """A decision and its dispatched replica; waits in line while every replica is full.
+
+        None when no healthy replica is left to try; PoolSaturated when the wait times out.
+        """
+        skip = set(exclude)
+        deadline = time.monotonic() + self.policy.queue_timeout_s
+        # Newcomers queue behind those already waiting rather than jump the line.
+        if not len(self.queue):
+            decision = self.decide(features, skip)
+            if decision is not None:
+                return decision, self.begin(decision, features)
+        while True:
+            if not any(r.healthy and r.name not in skip for r in self.replicas.values()):
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PoolSaturated(self.name)
+            await self.queue.wait(min(remaining, _RECHECK_S))
+            decision = self.decide(features, skip)
+            if decision is not None:
+                return decision, self.begin(decision, features)
 
     def begin(self, decision: Decision, features: RequestFeatures) -> ReplicaState:
         replica = self.replicas[decision.replica]
@@ -120,27 +203,41 @@ class PoolState:
             replica.index.insert(features.block_hashes)
         return replica
 
-    @staticmethod
-    def end(replica: ReplicaState) -> None:
+    def end(self, replica: ReplicaState) -> None:
         replica.inflight -= 1
+        self.queue.wake_one()
 
     def engine_waiting(self) -> float:
         return sum(r.engine.waiting for r in self.replicas.values() if r.healthy)
 
+    def load(self) -> PoolLoad:
+        return PoolLoad(
+            len(self.healthy()),
+            self.gateway_waiting + self.engine_waiting(),
+            self.policy.saturation_queue_per_replica,
+        )
+
 
 class Fleet:
-    """All pools of the current policy, found by name or by the model clients ask for."""
+    """All pools and tiers of one policy generation, found by the model clients ask for."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, previous: Fleet | None = None) -> None:
         self.policy = policy
-        self.pools = {name: PoolState(name, p) for name, p in policy.pools.items()}
+        old_pools: dict[str, PoolState] = previous.pools if previous is not None else {}
+        old_tiers: dict[str, TierRouter] = previous.tiers if previous is not None else {}
+        self.pools: dict[str, PoolState] = {
+            name: PoolState(name, p, old_pools.get(name)) for name, p in policy.pools.items()
+        }
+        self.tiers: dict[str, TierRouter] = {
+            model: TierRouter(model, t, old_tiers.get(model)) for model, t in policy.tiers.items()
+        }
         self._by_model = {p.model: p for p in self.pools.values()}
 
     def pool_for_model(self, model: str) -> PoolState | None:
         return self._by_model.get(model)
 
     def models(self) -> list[str]:
-        return list(self._by_model)
+        return [*self._by_model, *self.tiers]
 
     def replicas(self) -> Iterable[tuple[PoolState, ReplicaState]]:
         for pool in self.pools.values():

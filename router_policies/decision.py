@@ -13,6 +13,8 @@ class Route(StrEnum):
     PREFIX_HOME = "prefix-home"
     LEAST_LOADED = "least-loaded"
     ROUND_ROBIN = "round-robin"
+    OVERFLOW = "overflow"
+    """A tiered request sent to the other pool because its own was saturated."""
 
 
 @dataclass(frozen=True, slots=True)

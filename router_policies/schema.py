@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from router_policies.yaml_locations import line_of
 
 
 class PolicyName(StrEnum):
@@ -73,6 +82,15 @@ class PoolPolicy(_Strict):
     replicas: Annotated[list[str], Field(min_length=1)]
     """Base URLs of the pool's vLLM replicas, e.g. http://10.0.0.5:8000."""
     policy: PolicyName = PolicyName.PREFIX_AWARE
+    tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
+    """GPUs per replica (2 for a 70B model on 80 GB GPUs); used by deployment recipes."""
+    max_inflight_per_replica: Annotated[int, Field(ge=1)] | None = None
+    """Requests the gateway sends one replica at once; beyond it they wait in the gateway
+    (counted in gateway_pool_gateway_waiting). None: no gateway-side limit."""
+    queue_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    """Longest a request waits in the gateway for a replica slot before a 503."""
+    saturation_queue_per_replica: Annotated[float, Field(gt=0)] = 8.0
+    """Queue depth per healthy replica at which the pool counts as saturated (tier overflow)."""
     prefix: PrefixSettings = PrefixSettings()
     load: LoadSettings = LoadSettings()
     autoscale: AutoscaleSettings = AutoscaleSettings()
@@ -90,8 +108,54 @@ class PoolPolicy(_Strict):
         return cleaned
 
 
+class TierWeights(_Strict):
+    """Classifier weights (router_policies/tier_classifier.py); every feature is in [0, 1]."""
+
+    bias: float = -3.0
+    length: float = 2.0
+    code: float = 2.0
+    math: float = 2.5
+    reasoning: float = 2.5
+    turns: float = 1.0
+    max_tokens: float = 1.0
+    tools: float = 1.0
+    structured_output: float = 0.5
+
+
+class Calibration(_Strict):
+    target_large_share: Annotated[float, Field(ge=0.0, le=1.0)]
+    """Share of recent tiered traffic to send to the large pool."""
+    window: Annotated[int, Field(ge=10)] = 1000
+    """Recent scores the quantile is taken over."""
+    min_samples: Annotated[int, Field(ge=1)] = 100
+    """Below this many scores the fixed threshold applies."""
+
+
+class OverflowSettings(_Strict):
+    enabled: bool = True
+    """Easy requests may use the large pool when the small one is saturated."""
+    allow_degrade: bool = False
+    """Hard requests may use the small pool when the large one is saturated."""
+
+
+class TierSettings(_Strict):
+    small: str
+    """Pool for easy requests."""
+    large: str
+    """Pool for hard requests."""
+    threshold: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    """Scores at or above go large (the starting point when calibration is on)."""
+    calibration: Calibration | None = None
+    weights: TierWeights = TierWeights()
+    allow_header_override: bool = False
+    """Lets clients force a tier with the x-gateway-tier request header."""
+    overflow: OverflowSettings = OverflowSettings()
+
+
 class Policy(_Strict):
     pools: Annotated[dict[str, PoolPolicy], Field(min_length=1)]
+    tiers: dict[str, TierSettings] = {}
+    """Virtual model names (e.g. `auto`) whose requests are classified into a pool."""
 
     @model_validator(mode="after")
     def _one_pool_per_model(self) -> Policy:
@@ -102,6 +166,14 @@ class Policy(_Strict):
                     f"pools {seen[pool.model]!r} and {name!r} both serve model {pool.model!r}"
                 )
             seen[pool.model] = name
+        for virtual, tier in self.tiers.items():
+            if virtual in seen:
+                raise ValueError(f"tier model {virtual!r} is also pool {seen[virtual]!r}'s model")
+            for role in ("small", "large"):
+                if getattr(tier, role) not in self.pools:
+                    raise ValueError(
+                        f"tiers.{virtual}.{role}: no pool named {getattr(tier, role)!r}"
+                    )
         return self
 
     def pool_for_model(self, model: str) -> str | None:
@@ -113,9 +185,33 @@ def parse_policy(data: Any) -> Policy:
 
 
 def load_policy(path: str | Path) -> Policy:
-    """Reads and validates a policy file; raises pydantic.ValidationError or yaml.YAMLError."""
+    """Reads and validates a policy file; raises OSError, InvalidPolicy."""
     text = Path(path).read_text(encoding="utf-8")
-    return parse_policy(yaml.safe_load(text))
+    try:
+        return parse_policy(yaml.safe_load(text))
+    except yaml.YAMLError as exc:
+        raise InvalidPolicy([f"not valid YAML: {exc}"]) from None
+    except ValidationError as exc:
+        raise InvalidPolicy(describe_errors(exc, text)) from None
+
+
+class InvalidPolicy(ValueError):
+    """A policy file that does not validate; `problems` name the line, the field and the issue."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def describe_errors(exc: ValidationError, text: str) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        loc = err["loc"]
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        line = line_of(text, loc)
+        where = f"line {line}: " if line is not None else ""
+        problems.append(f"{where}{field}: {err['msg']}")
+    return problems
 
 
 def effective_policy_yaml(policy: Policy) -> str:

@@ -1,0 +1,116 @@
+"""An explainable easy/hard score for a request, from features a person can read.
+
+score = sigmoid(bias + sum(weight_i * feature_i)), every feature in [0, 1]. The weights live in
+the policy file; the dry-run endpoint shows each feature's contribution, so an operator can
+see why a request went where it went and tune one number at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from router_policies.schema import TierWeights
+
+_SCAN_CHARS = 6000
+"""Cues are searched in the head and tail of the last user message: long pastes add cost,
+not signal."""
+
+_CODE = re.compile(
+    r"```|^\s*(def |class |import |#include|public static|fn |func )|[;{}]\s*$|=>|\w+\(\)",
+    re.MULTILINE,
+)
+_MATH = re.compile(
+    r"\$[^$]+\$|\\(frac|int|sum|sqrt|lim)|\b(integral|derivative|theorem|lemma|prove|proof|"
+    r"equation|matrix|eigen\w*|probability|polynomial)\b|\d\s*[\^*/=]\s*\d",
+    re.IGNORECASE,
+)
+_REASONING = re.compile(
+    r"\b(step[- ]by[- ]step|explain why|why does|trade-?offs?|compare|contrast|analy[sz]e|"
+    r"design|architect\w*|plan|evaluate|justify|derive|optimi[sz]e|debug|refactor|"
+    r"pros and cons|in depth|detailed)\b",
+    re.IGNORECASE,
+)
+_LENGTH_SATURATION = 8000
+"""Characters of the last user message at which the length feature reaches 1 (log scale)."""
+_TURNS_SATURATION = 6
+_MAX_TOKENS_SATURATION = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class TierScore:
+    score: float
+    features: Mapping[str, float]
+    contributions: Mapping[str, float]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+def _scan_window(text: str) -> str:
+    if len(text) <= _SCAN_CHARS:
+        return text
+    half = _SCAN_CHARS // 2
+    return text[:half] + "\n" + text[-half:]
+
+
+def _saturating(value: float, saturation: float) -> float:
+    return min(1.0, math.log1p(max(value, 0.0)) / math.log1p(saturation))
+
+
+def _cue_density(pattern: re.Pattern[str], text: str) -> float:
+    # Two or three cues say as much as twenty: saturate quickly.
+    hits = sum(1 for _ in zip(range(3), pattern.finditer(text), strict=False))
+    return hits / 3
+
+
+def extract_features(body: Mapping[str, Any]) -> dict[str, float]:
+    messages: Sequence[Mapping[str, Any]] = body.get("messages") or []
+    if messages:
+        user_turns = [m for m in messages if m.get("role") == "user"]
+        last = _text(user_turns[-1].get("content")) if user_turns else ""
+        turns = len(user_turns)
+    else:
+        prompt = body.get("prompt")
+        last = prompt if isinstance(prompt, str) else " ".join(map(str, prompt or []))
+        turns = 1
+    window = _scan_window(last)
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+    if not isinstance(max_tokens, int):
+        max_tokens = 0
+    response_format = body.get("response_format")
+    structured = isinstance(response_format, dict) and response_format.get("type") in (
+        "json_schema",
+        "json_object",
+    )
+    return {
+        "length": _saturating(len(last), _LENGTH_SATURATION),
+        "code": _cue_density(_CODE, window),
+        "math": _cue_density(_MATH, window),
+        "reasoning": _cue_density(_REASONING, window),
+        "turns": min(1.0, (turns - 1) / (_TURNS_SATURATION - 1)) if turns > 1 else 0.0,
+        "max_tokens": _saturating(
+            max_tokens if isinstance(max_tokens, int) else 0, _MAX_TOKENS_SATURATION
+        ),
+        "tools": 1.0 if body.get("tools") else 0.0,
+        "structured_output": 1.0 if structured else 0.0,
+    }
+
+
+def score(body: Mapping[str, Any], weights: TierWeights) -> TierScore:
+    features = extract_features(body)
+    contributions = {name: getattr(weights, name) * value for name, value in features.items()}
+    logit = weights.bias + sum(contributions.values())
+    return TierScore(1.0 / (1.0 + math.exp(-logit)), features, contributions)

@@ -1,0 +1,56 @@
+"""Which pool a tiered request goes to: the classifier's tier, then overflow under saturation.
+
+Pure, like the replica decision: it sees each pool's load as plain numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from router_policies.schema import TierSettings
+
+
+class Tier(StrEnum):
+    SMALL = "small"
+    LARGE = "large"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLoad:
+    healthy: int
+    queue_depth: float
+    saturation_queue_per_replica: float
+
+    @property
+    def saturated(self) -> bool:
+        return (
+            self.healthy == 0
+            or self.queue_depth >= self.saturation_queue_per_replica * self.healthy
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PoolChoice:
+    pool: str
+    overflow: bool
+
+
+def choose_pool(tier: Tier, settings: TierSettings, small: PoolLoad, large: PoolLoad) -> PoolChoice:
+    """The tier's own pool, unless it is saturated and the policy lets the other one help.
+
+    Easy work may always climb to the large pool (it answers easy questions too, at a higher
+    cost); hard work goes down to the small pool only when the policy allows degrading.
+    """
+    overflow = settings.overflow
+    if tier is Tier.SMALL:
+        if overflow.enabled and small.saturated and not large.saturated:
+            return PoolChoice(settings.large, overflow=True)
+        return PoolChoice(settings.small, overflow=False)
+    if overflow.enabled and overflow.allow_degrade and large.saturated and not small.saturated:
+        return PoolChoice(settings.small, overflow=True)
+    return PoolChoice(settings.large, overflow=False)
+
+
+def tier_for(score: float, threshold: float) -> Tier:
+    return Tier.LARGE if score >= threshold else Tier.SMALL
