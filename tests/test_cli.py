@@ -31,7 +31,18 @@ def test_an_invalid_policy_names_the_field_and_fails(tmp_path: Path) -> None:
     )
     result = llm_gateway("check-policy", str(bad))
     assert result.returncode != 0
-    assert "pools.small.policy" in result.stderr
+    assert "line 5: pools.small.policy" in result.stderr
+
+
+def test_a_tier_naming_a_missing_pool_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "pools:\n  small:\n    model: m\n    replicas: [http://a:1]\n"
+        "tiers:\n  auto:\n    small: small\n    large: huge\n"
+    )
+    result = llm_gateway("check-policy", str(bad))
+    assert result.returncode != 0
+    assert "tiers.auto.large: no pool named 'huge'" in result.stderr
 
 
 def test_a_missing_policy_file_is_a_clear_error(tmp_path: Path) -> None:

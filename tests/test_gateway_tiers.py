@@ -1,0 +1,148 @@
+"""Model tiers end to end: classification into pools, forcing a tier, overflow under saturation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import pytest_asyncio
+
+from gateway import headers
+from gateway.launcher import start_gateway
+from replica.processes import ManagedProcess, start_sim_replicas
+from tests.conftest import FAST_PROBES
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+EASY = {
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "max_tokens": 4,
+}
+HARD = {
+    "messages": [
+        {
+            "role": "user",
+            "content": "Prove step by step that the integral of $e^{-x^2}$ over the real line is "
+            "$\\sqrt{\\pi}$, then compare two derivations and justify which is more rigorous.",
+        }
+    ],
+    "max_tokens": 4,
+}
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def pools() -> AsyncIterator[dict[str, ManagedProcess]]:
+    small = (await start_sim_replicas(1, "small-model", decode_step_s=0.05))[0]
+    large = (await start_sim_replicas(1, "large-model", decode_step_s=0.01))[0]
+    yield {"small": small, "large": large}
+    await small.stop()
+    await large.stop()
+
+
+def tiered_policy(pools: dict[str, ManagedProcess], **tier: Any) -> dict[str, Any]:
+    return {
+        "pools": {
+            "small": {
+                "model": "small-model",
+                "replicas": [pools["small"].url],
+                "max_inflight_per_replica": 1,
+                "saturation_queue_per_replica": 1,
+            },
+            "large": {
+                "model": "large-model",
+                "replicas": [pools["large"].url],
+                "tensor_parallel_size": 2,
+            },
+        },
+        "tiers": {"auto": {"small": "small", "large": "large", **tier}},
+    }
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def gateway(pools: dict[str, ManagedProcess]) -> AsyncIterator[ManagedProcess]:
+    gw = await start_gateway(tiered_policy(pools, allow_header_override=True), env=FAST_PROBES)
+    yield gw
+    await gw.stop()
+
+
+async def ask(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], **hdrs: str
+) -> tuple[dict[str, str], dict[str, Any]]:
+    async with session.post(
+        f"{url}/v1/chat/completions", data=orjson.dumps({"model": "auto", **body}), headers=hdrs
+    ) as response:
+        assert response.status == 200, await response.text()
+        return dict(response.headers), await response.json()
+
+
+async def test_easy_and_hard_requests_reach_their_pools_with_the_reason(
+    gateway: ManagedProcess,
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        easy_headers, easy_body = await ask(session, gateway.url, EASY)
+        hard_headers, hard_body = await ask(session, gateway.url, HARD)
+    assert (easy_headers[headers.POOL], easy_headers[headers.TIER]) == ("small", "small")
+    assert (hard_headers[headers.POOL], hard_headers[headers.TIER]) == ("large", "large")
+    assert float(easy_headers[headers.TIER_SCORE]) < 0.5 <= float(hard_headers[headers.TIER_SCORE])
+    # The replica was asked for its own model name, not the virtual one.
+    assert (easy_body["model"], hard_body["model"]) == ("small-model", "large-model")
+
+
+async def test_models_lists_the_virtual_model_too(gateway: ManagedProcess) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{gateway.url}/v1/models") as response,
+    ):
+        ids = [m["id"] for m in (await response.json())["data"]]
+    assert ids == ["small-model", "large-model", "auto"]
+
+
+async def test_naming_a_pools_model_skips_classification(gateway: ManagedProcess) -> None:
+    body = orjson.dumps({"model": "small-model", **HARD})
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{gateway.url}/v1/chat/completions", data=body) as response,
+    ):
+        assert response.status == 200
+        assert response.headers[headers.POOL] == "small"
+        assert headers.TIER not in response.headers
+
+
+async def test_a_header_may_force_the_tier_when_the_policy_allows(gateway: ManagedProcess) -> None:
+    async with aiohttp.ClientSession() as session:
+        forced, _ = await ask(session, gateway.url, EASY, **{headers.TIER: "large"})
+    assert (forced[headers.POOL], forced[headers.TIER]) == ("large", "large")
+
+
+async def test_the_header_is_ignored_when_the_policy_does_not_allow_it(
+    pools: dict[str, ManagedProcess],
+) -> None:
+    gw = await start_gateway(tiered_policy(pools), env=FAST_PROBES)
+    try:
+        async with aiohttp.ClientSession() as session:
+            got, _ = await ask(session, gw.url, EASY, **{headers.TIER: "large"})
+        assert got[headers.POOL] == "small"
+    finally:
+        await gw.stop()
+
+
+async def test_overflow_starts_when_the_small_pool_saturates_and_stops_when_it_recovers(
+    gateway: ManagedProcess,
+) -> None:
+    slow_easy = {**EASY, "max_tokens": 20}  # 20 tokens x 50 ms: each holds the small replica ~1 s
+    async with aiohttp.ClientSession() as session:
+        burst = await asyncio.gather(*(ask(session, gateway.url, slow_easy) for _ in range(5)))
+        after, _ = await ask(session, gateway.url, EASY)
+    pools = Counter(h[headers.POOL] for h, _ in burst)
+    routes = Counter(h[headers.ROUTE] for h, _ in burst)
+    # One request runs on the small replica and one waits in line (the saturation point);
+    # the rest climb to the large pool, and say so.
+    assert pools["small"] >= 1 and pools["large"] >= 2
+    assert routes["overflow"] == pools["large"]
+    assert {h[headers.TIER] for h, _ in burst} == {"small"}
+    assert after[headers.POOL] == "small" and after[headers.ROUTE] != "overflow"
