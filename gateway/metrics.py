@@ -13,7 +13,6 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from replica.state import Fleet
-from router_policies.autoscale import desired_replicas
 
 REQUESTS = "gateway_requests"  # exposed as gateway_requests_total
 RETRIES = "gateway_retries"
@@ -27,6 +26,8 @@ POOL_GATEWAY_WAITING = "gateway_pool_gateway_waiting"
 POOL_QUEUE_DEPTH = "gateway_pool_queue_depth"
 POOL_HEALTHY_REPLICAS = "gateway_pool_healthy_replicas"
 POOL_DESIRED_REPLICAS = "gateway_pool_desired_replicas"
+POOL_DESIRED_REPLICAS_RAW = "gateway_pool_desired_replicas_unstabilized"
+POOL_KV_USAGE = "gateway_pool_kv_usage"
 POLICY_RELOADS = "gateway_policy_reloads"
 TIER_THRESHOLD = "gateway_tier_threshold"
 
@@ -79,30 +80,31 @@ class FleetCollector(Collector):
         )
         desired = GaugeMetricFamily(
             POOL_DESIRED_REPLICAS,
-            "Replicas the pool should have (the autoscaling signal).",
+            "Replicas the pool should have (the autoscaling signal, scale-down stabilised).",
             labels=["pool"],
         )
+        raw_desired = GaugeMetricFamily(
+            POOL_DESIRED_REPLICAS_RAW,
+            "The desired replica count before scale-down stabilisation.",
+            labels=["pool"],
+        )
+        pool_kv = GaugeMetricFamily(
+            POOL_KV_USAGE, "Mean KV-cache usage 0-1 over the healthy replicas.", labels=["pool"]
+        )
         for pool in fleet.pools.values():
-            healthy_replicas = pool.healthy()
             for replica in pool.replicas.values():
                 labels = [pool.name, replica.name]
                 inflight.add_metric(labels, replica.inflight)
                 healthy.add_metric(labels, 1.0 if replica.healthy else 0.0)
                 engine_waiting.add_metric(labels, replica.engine.waiting)
                 kv_usage.add_metric(labels, replica.engine.kv_usage)
-            depth = pool.gateway_waiting + pool.engine_waiting()
-            mean_kv = (
-                sum(r.engine.kv_usage for r in healthy_replicas) / len(healthy_replicas)
-                if healthy_replicas
-                else 0.0
-            )
+            load = pool.load()
             gateway_waiting.add_metric([pool.name], pool.gateway_waiting)
-            queue.add_metric([pool.name], depth)
-            healthy_count.add_metric([pool.name], len(healthy_replicas))
-            desired.add_metric(
-                [pool.name],
-                desired_replicas(len(healthy_replicas), depth, mean_kv, pool.policy.autoscale),
-            )
+            queue.add_metric([pool.name], load.queue_depth)
+            healthy_count.add_metric([pool.name], load.healthy)
+            pool_kv.add_metric([pool.name], pool.mean_kv_usage())
+            desired.add_metric([pool.name], pool.desired)
+            raw_desired.add_metric([pool.name], pool.raw_desired)
         threshold = GaugeMetricFamily(
             TIER_THRESHOLD,
             "Score from which a tiered request goes to the large pool (calibrated or fixed).",
@@ -112,7 +114,7 @@ class FleetCollector(Collector):
             threshold.add_metric([model], tier.threshold)
         yield from (
             inflight, healthy, engine_waiting, kv_usage, gateway_waiting, queue, healthy_count,
-            desired, threshold,
+            pool_kv, desired, raw_desired, threshold,
         )  # fmt: skip
 
 

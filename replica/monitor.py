@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -71,6 +72,9 @@ class ReplicaMonitor:
     async def scrape_once(self) -> None:
         fleet = self._current()
         await asyncio.gather(*(self._scrape(pool, r) for pool, r in fleet.replicas() if r.healthy))
+        now = time.monotonic()
+        for pool in fleet.pools.values():
+            pool.update_desired(now)
 
     async def _check(self, pool: PoolState, replica: ReplicaState) -> None:
         probes = self._probes

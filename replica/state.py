@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from router_policies.autoscale import ScaleDownStabilizer, desired_replicas
 from router_policies.decision import Candidate, Decision, PoolSnapshot
 from router_policies.fingerprint import RequestFeatures
 from router_policies.policies import REGISTRY
@@ -137,6 +138,17 @@ class PoolState:
         self.dispatched: int = previous.dispatched if previous is not None else 0
         self.queue: PoolQueue = previous.queue if previous is not None else PoolQueue()
         self.selector = REGISTRY[policy.policy]
+        window = policy.autoscale.scale_down_stabilization_s
+        keep_history = previous is not None and previous.stabilizer.window_s == window
+        self.stabilizer: ScaleDownStabilizer = (
+            previous.stabilizer
+            if previous is not None and keep_history
+            else ScaleDownStabilizer(window)
+        )
+        self.raw_desired: int = (
+            previous.raw_desired if previous is not None else policy.autoscale.min_replicas
+        )
+        self.desired: int = previous.desired if previous is not None else self.raw_desired
 
     @property
     def model(self) -> str:
@@ -209,6 +221,18 @@ class PoolState:
 
     def engine_waiting(self) -> float:
         return sum(r.engine.waiting for r in self.replicas.values() if r.healthy)
+
+    def mean_kv_usage(self) -> float:
+        healthy = self.healthy()
+        return sum(r.engine.kv_usage for r in healthy) / len(healthy) if healthy else 0.0
+
+    def update_desired(self, now: float) -> None:
+        """Called once per scrape round, so the stabilisation window counts real time."""
+        depth = self.gateway_waiting + self.engine_waiting()
+        self.raw_desired = desired_replicas(
+            len(self.healthy()), depth, self.mean_kv_usage(), self.policy.autoscale
+        )
+        self.desired = self.stabilizer.recommend(now, self.raw_desired)
 
     def load(self) -> PoolLoad:
         return PoolLoad(

@@ -3,14 +3,17 @@
 HPA-style proportional scaling on two utilisations, whichever is higher:
   queue: queue_depth / (target_queue_per_replica x healthy replicas)
   KV:    mean KV-cache usage / kv_usage_ceiling
-desired = clamp(ceil(healthy x max(queue, KV)), min_replicas, max_replicas).
+raw = clamp(ceil(healthy x max(queue, KV)), min_replicas, max_replicas)
+desired = raw when it rises; when it falls, the highest raw value of the last
+scale_down_stabilization_s (the Kubernetes HPA's own scale-down rule), so a brief lull does not
+shed replicas that a cold start would take minutes to bring back.
 An HPA reading it as an external metric with target averageValue 1 lands on exactly this count.
-Scale-down stabilisation belongs to the HPA's behavior section, which already implements it.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from router_policies.schema import AutoscaleSettings
 
@@ -25,3 +28,17 @@ def desired_replicas(
     kv_util = mean_kv_usage / settings.kv_usage_ceiling
     wanted = math.ceil(healthy * max(queue_util, kv_util) - 1e-9)
     return min(max(wanted, settings.min_replicas), settings.max_replicas)
+
+
+class ScaleDownStabilizer:
+    """Rises at once, falls only to the highest recommendation of the trailing window."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._history: deque[tuple[float, int]] = deque()
+
+    def recommend(self, now: float, raw: int) -> int:
+        self._history.append((now, raw))
+        while self._history and self._history[0][0] < now - self.window_s:
+            self._history.popleft()
+        return max(value for _, value in self._history)

@@ -68,6 +68,9 @@ class AutoscaleSettings(_Strict):
     """Mean KV-cache usage above which the pool needs more replicas even with no queue."""
     min_replicas: Annotated[int, Field(ge=0)] = 1
     max_replicas: Annotated[int, Field(ge=1)] = 64
+    scale_down_stabilization_s: Annotated[float, Field(ge=0)] = 300.0
+    """Scale down only to the highest recommendation of this trailing window (the HPA's
+    default scale-down stabilisation is also 300 s)."""
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscaleSettings:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router_policies.autoscale import desired_replicas
+from router_policies.autoscale import ScaleDownStabilizer, desired_replicas
 from router_policies.schema import AutoscaleSettings
 
 S = AutoscaleSettings(
@@ -27,3 +27,12 @@ def test_kv_pressure_alone_grows_the_pool() -> None:
 def test_bounds_hold() -> None:
     assert desired_replicas(4, queue_depth=10_000, mean_kv_usage=1.0, settings=S) == 10
     assert desired_replicas(0, queue_depth=50, mean_kv_usage=0.0, settings=S) == 1
+
+
+def test_scale_down_waits_for_the_stabilization_window() -> None:
+    stabilizer = ScaleDownStabilizer(window_s=300)
+    assert stabilizer.recommend(0, 8) == 8
+    assert stabilizer.recommend(10, 12) == 12  # up at once
+    assert stabilizer.recommend(20, 3) == 12  # down only after the window
+    assert stabilizer.recommend(309, 3) == 12
+    assert stabilizer.recommend(311, 3) == 3
