@@ -22,6 +22,7 @@ REPLICA_INFLIGHT = "gateway_replica_inflight"
 REPLICA_HEALTHY = "gateway_replica_healthy"
 REPLICA_ENGINE_WAITING = "gateway_replica_engine_waiting"
 REPLICA_KV_USAGE = "gateway_replica_kv_usage"
+REPLICA_INDEX_BLOCKS = "gateway_replica_prefix_index_blocks"
 POOL_GATEWAY_WAITING = "gateway_pool_gateway_waiting"
 POOL_QUEUE_DEPTH = "gateway_pool_queue_depth"
 POOL_HEALTHY_REPLICAS = "gateway_pool_healthy_replicas"
@@ -65,6 +66,12 @@ class FleetCollector(Collector):
             "The replica's KV-cache usage 0-1, as last scraped (vllm:kv_cache_usage_perc).",
             labels=["pool", "replica"],
         )
+        index_blocks = GaugeMetricFamily(
+            REPLICA_INDEX_BLOCKS,
+            "Capacity of the gateway's prefix index for the replica, in fingerprint blocks "
+            "(sized from the replica's KV cache once scraped).",
+            labels=["pool", "replica"],
+        )
         gateway_waiting = GaugeMetricFamily(
             POOL_GATEWAY_WAITING,
             "Requests for the pool waiting inside the gateway for a replica.",
@@ -98,6 +105,7 @@ class FleetCollector(Collector):
                 healthy.add_metric(labels, 1.0 if replica.healthy else 0.0)
                 engine_waiting.add_metric(labels, replica.engine.waiting)
                 kv_usage.add_metric(labels, replica.engine.kv_usage)
+                index_blocks.add_metric(labels, replica.index.capacity)
             load = pool.load()
             gateway_waiting.add_metric([pool.name], pool.gateway_waiting)
             queue.add_metric([pool.name], load.queue_depth)
@@ -113,8 +121,8 @@ class FleetCollector(Collector):
         for model, tier in fleet.tiers.items():
             threshold.add_metric([model], tier.threshold)
         yield from (
-            inflight, healthy, engine_waiting, kv_usage, gateway_waiting, queue, healthy_count,
-            pool_kv, desired, raw_desired, threshold,
+            inflight, healthy, engine_waiting, kv_usage, index_blocks, gateway_waiting, queue,
+            healthy_count, pool_kv, desired, raw_desired, threshold,
         )  # fmt: skip
 
 

@@ -1,0 +1,297 @@
+"""End to end against two real vLLM replicas on the CPU, through the real gateway process.
+
+Needs replica/vllm_cpu/install.sh and the tiny model (see replica/vllm_cpu/README.md); skipped
+with the reason otherwise. Run with ``pytest -m vllm -rs``; the default run deselects it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway import headers
+from gateway.launcher import start_gateway
+from replica.processes import ManagedProcess
+from replica.scrape import parse_engine_stats
+from replica.vllm_cpu.fleet import start_vllm_cpu_replicas, vllm_cpu_available
+from replica.vllm_cpu.tiny_model import default_dir
+from replica.vllm_launch import CPU_BLOCK_SIZE, CPU_NUM_BLOCKS
+from router_policies.schema import PrefixSettings
+from tests.conftest import FAST_PROBES
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.asyncio(loop_scope="module"),
+    # The first test also pays for the fixture: two replicas take 20-60 s to start.
+    pytest.mark.timeout(360),
+]
+
+SERVED = "tiny-llama"
+POOL = "tiny"
+
+
+@dataclass
+class RealFleet:
+    gateway: str
+    replicas: dict[str, str]
+    """Replica name as in x-gateway-replica -> its base URL."""
+
+    def client(self) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=f"{self.gateway}/v1", api_key="unused", max_retries=0)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def fleet() -> AsyncIterator[RealFleet]:
+    model_dir = default_dir("tiny")
+    reason = await asyncio.to_thread(vllm_cpu_available, None, model_dir)
+    if reason is not None:
+        pytest.skip(f"real vLLM on the CPU is not usable: {reason}")
+    replicas = await start_vllm_cpu_replicas(2, model_dir, SERVED)
+    gateway: ManagedProcess | None = None
+    try:
+        policy = {
+            "pools": {
+                POOL: {
+                    "model": SERVED,
+                    "replicas": [r.url for r in replicas],
+                    "policy": "prefix-aware",
+                }
+            }
+        }
+        gateway = await start_gateway(policy, env=FAST_PROBES)
+        yield RealFleet(gateway.url, {r.url.split("://", 1)[1]: r.url for r in replicas})
+    finally:
+        if gateway is not None:
+            await gateway.stop()
+        await asyncio.gather(*(r.stop() for r in replicas))
+
+
+async def metric_samples(url: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of ``url``/metrics, read with prometheus_client's own parser."""
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    return [
+        (s.name, s.labels, s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+async def engine_value(url: str, name: str, **labels: str) -> float:
+    """A replica's sample ``name`` summed over label sets matching ``labels``."""
+    return sum(
+        value
+        for sample, sample_labels, value in await metric_samples(url)
+        if sample == name and labels.items() <= sample_labels.items()
+    )
+
+
+async def wait_for(probe: Any, predicate: Any, timeout_s: float, interval_s: float = 0.1) -> Any:
+    """Polls ``await probe()`` until ``predicate(value)``; returns the last value either way."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await probe()
+        if predicate(value) or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(interval_s)
+
+
+def long_system_prompt(rules: int = 40) -> str:
+    """A system prompt of ~900 tiny-tokenizer tokens, unique to the call (so it starts cold)."""
+    colours = ("red", "blue", "green")
+    body = " ".join(f"rule {i} says the {colours[i % 3]} thing matters most" for i in range(rules))
+    return f"You are assistant {uuid.uuid4().hex}. Follow these rules. {body}"
+
+
+async def test_openai_chat_streamed_text_equals_unstreamed(fleet: RealFleet) -> None:
+    request: dict[str, Any] = {
+        "model": SERVED,
+        "messages": [
+            {"role": "system", "content": "You are a terse assistant."},
+            {"role": "user", "content": "Name three colours."},
+        ],
+        "max_tokens": 24,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},  # a random model may end at once; fix the length
+    }
+    async with fleet.client() as client:
+        whole = await client.chat.completions.create(**request)
+        stream = await client.chat.completions.create(
+            **request, stream=True, stream_options={"include_usage": True}
+        )
+        parts: list[str] = []
+        usage = None
+        async for chunk in stream:
+            parts.extend(choice.delta.content or "" for choice in chunk.choices)
+            usage = chunk.usage or usage
+    text = whole.choices[0].message.content
+    assert text and "".join(parts) == text
+    assert whole.model == SERVED
+    assert whole.usage is not None and whole.usage.completion_tokens == 24
+    assert usage is not None and usage.completion_tokens == 24
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+async def test_openai_completions_streamed_text_equals_unstreamed(fleet: RealFleet) -> None:
+    request: dict[str, Any] = {
+        "model": SERVED,
+        "prompt": "Once upon a time, in a land of tiny models,",
+        "max_tokens": 32,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    async with fleet.client() as client:
+        whole = await client.completions.create(**request)
+        stream = await client.completions.create(**request, stream=True)
+        parts = [choice.text async for chunk in stream for choice in chunk.choices]
+    assert whole.choices[0].text and "".join(parts) == whole.choices[0].text
+    assert whole.usage is not None and whole.usage.completion_tokens == 32
+
+
+async def test_shared_system_prompt_sticks_to_one_replica_and_hits_its_cache(
+    fleet: RealFleet,
+) -> None:
+    system = long_system_prompt()
+    before = {
+        name: (
+            await engine_value(url, "vllm:prefix_cache_hits_total"),
+            await engine_value(url, "vllm:prefix_cache_queries_total"),
+        )
+        for name, url in fleet.replicas.items()
+    }
+    seen: list[tuple[str, str, int, int]] = []
+    async with fleet.client() as client:
+        for question in ("What is rule 3?", "And rule 5?", "Summarise rule 7.", "Why rule 11?"):
+            raw = await client.chat.completions.with_raw_response.create(
+                model=SERVED,
+                messages=[
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": question},
+                ],
+                max_tokens=4,
+                temperature=0,
+            )
+            completion = raw.parse()
+            assert raw.headers[headers.POOL] == POOL
+            usage = completion.usage
+            assert usage is not None and usage.prompt_tokens_details is not None
+            cached = usage.prompt_tokens_details.cached_tokens or 0
+            seen.append(
+                (
+                    raw.headers[headers.REPLICA],
+                    raw.headers[headers.ROUTE],
+                    cached,
+                    usage.prompt_tokens,
+                )
+            )
+    replicas = {replica for replica, _, _, _ in seen}
+    assert len(replicas) == 1, seen
+    (home,) = replicas
+    routes = [route for _, route, _, _ in seen]
+    assert routes[0] in ("prefix-home", "least-loaded"), seen
+    assert routes[1:] == ["prefix-hit"] * 3, seen
+    hits_seen = [c for _, _, c, _ in seen]
+    prompt_tokens = seen[0][3]
+    assert prompt_tokens > 500, seen  # long enough for the shared prefix to dominate
+    assert hits_seen[0] == 0, seen  # a fresh prompt: nothing to reuse
+    # The repeated system prompt is served from the KV cache, whole blocks of it.
+    assert all(c >= prompt_tokens - 2 * CPU_BLOCK_SIZE - 16 for c in hits_seen[1:]), seen
+    assert all(c % CPU_BLOCK_SIZE == 0 for c in hits_seen), seen
+    # The engines' own counters agree: hits rose on the home replica only, and the other one
+    # never even saw these requests.
+    for name, url in fleet.replicas.items():
+        hits = await engine_value(url, "vllm:prefix_cache_hits_total")
+        queries = await engine_value(url, "vllm:prefix_cache_queries_total")
+        if name == home:
+            assert hits - before[name][0] >= sum(hits_seen), (hits, before[name])
+        else:
+            assert (hits, queries) == before[name]
+
+
+async def test_gateway_scrapes_the_real_engine_metrics(fleet: RealFleet) -> None:
+    names = set(fleet.replicas)
+
+    async def gateway_samples() -> list[tuple[str, dict[str, str], float]]:
+        return await metric_samples(fleet.gateway)
+
+    def covers_both(samples: list[tuple[str, dict[str, str], float]]) -> bool:
+        kv = {
+            labels["replica"] for name, labels, _ in samples if name == "gateway_replica_kv_usage"
+        }
+        return kv == names
+
+    samples = await wait_for(gateway_samples, covers_both, timeout_s=5.0)
+
+    def by_replica(metric: str) -> dict[str, float]:
+        return {
+            labels["replica"]: value
+            for name, labels, value in samples
+            if name == metric and labels.get("pool") == POOL
+        }
+
+    assert set(by_replica("gateway_replica_kv_usage")) == names
+    assert all(0.0 <= v <= 1.0 for v in by_replica("gateway_replica_kv_usage").values())
+    assert set(by_replica("gateway_replica_engine_waiting")) == names
+    assert by_replica("gateway_replica_healthy") == dict.fromkeys(names, 1.0)
+    healthy = [
+        v
+        for n, labels, v in samples
+        if n == "gateway_pool_healthy_replicas" and labels["pool"] == POOL
+    ]
+    assert healthy == [2.0]
+    # What the gateway resizes each replica's prefix index from: the real cache_config_info.
+    for url in fleet.replicas.values():
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+            stats = parse_engine_stats(await response.text())
+        assert stats.kv_capacity_tokens == CPU_NUM_BLOCKS * CPU_BLOCK_SIZE
+    prefix = PrefixSettings()
+    expected_blocks = CPU_NUM_BLOCKS * CPU_BLOCK_SIZE * prefix.chars_per_token / prefix.block_bytes
+    assert by_replica("gateway_replica_prefix_index_blocks") == dict.fromkeys(
+        names, expected_blocks
+    )
+
+
+async def test_client_disconnect_mid_stream_frees_the_engine(fleet: RealFleet) -> None:
+    tokens_before = {
+        url: await engine_value(url, "vllm:generation_tokens_total")
+        for url in fleet.replicas.values()
+    }
+    async with fleet.client() as client:
+        async with client.completions.with_streaming_response.create(
+            model=SERVED,
+            prompt="Tell me a very long story.",
+            max_tokens=1800,  # ~10 s of decoding on one core: far from done when we hang up
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        ) as response:
+            url = fleet.replicas[response.headers[headers.REPLICA]]
+            chunks = 0
+            async for chunk in await response.parse():
+                chunks += len(chunk.choices)
+                if chunks >= 5:
+                    break
+
+            async def running() -> float:
+                return await engine_value(url, "vllm:num_requests_running")
+
+            assert await wait_for(running, lambda v: v == 1.0, timeout_s=5.0) == 1.0
+        # Leaving the block closes the connection mid-stream.
+    hung_up = time.monotonic()
+    assert await wait_for(running, lambda v: v == 0.0, timeout_s=8.0) == 0.0
+    assert time.monotonic() - hung_up < 8.0
+    # Stopped, not run to its 1,800 tokens (vLLM 0.32 does not count client aborts in
+    # vllm:request_success_total{finished_reason="abort"}, so the token counter tells).
+    generated = await engine_value(url, "vllm:generation_tokens_total") - tokens_before[url]
+    assert 5 <= generated < 900, generated
