@@ -31,11 +31,14 @@ class QuantileThreshold:
 
     @property
     def threshold(self) -> float:
-        """Scores at or above this go large; the fixed initial value until the window fills."""
+        """Scores above this go large; the fixed initial value until the window fills."""
         n = len(self._sorted)
         if n < self.min_samples:
             return self._initial
         if self.target_share <= 0:
             return float("inf")
-        rank = min(n - 1, max(0, round(n * (1 - self.target_share))))
+        if self.target_share >= 1:
+            return float("-inf")
+        # The score with target_share x n scores above it.
+        rank = min(n - 1, max(0, round(n * (1 - self.target_share)) - 1))
         return self._sorted[rank]

@@ -147,7 +147,7 @@ class TierSettings(_Strict):
     large: str
     """Pool for hard requests."""
     threshold: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
-    """Scores at or above go large (the starting point when calibration is on)."""
+    """Scores above go large (the starting point when calibration is on)."""
     calibration: Calibration | None = None
     weights: TierWeights = TierWeights()
     allow_header_override: bool = False

@@ -15,22 +15,27 @@ from typing import Any
 
 from router_policies.schema import TierWeights
 
-_SCAN_CHARS = 6000
+_SCAN_CHARS = 4000
 """Cues are searched in the head and tail of the last user message: long pastes add cost,
 not signal."""
 
+# Each pattern errs towards missing a cue rather than inventing one: a date, a price or a line
+# of prose ending in ";" is not evidence of a hard request.
 _CODE = re.compile(
-    r"```|^\s*(def |class |import |#include|public static|fn |func )|[;{}]\s*$|=>|\w+\(\)",
+    r"```|^\s*(def|class|import|from \S+ import|#include|public|private|fn|func|const|let|var)\s"
+    r"|^\s*(SELECT|CREATE TABLE|INSERT INTO)\b|=>|\b\w+\([^()\n]{0,80}\)\s*[{:]\s*$|^\s*[{}]\s*$",
     re.MULTILINE,
 )
 _MATH = re.compile(
-    r"\$[^$]+\$|\\(frac|int|sum|sqrt|lim)|\b(integral|derivative|theorem|lemma|prove|proof|"
-    r"equation|matrix|eigen\w*|probability|polynomial)\b|\d\s*[\^*/=]\s*\d",
+    r"\$[^$\d\s][^$]*\$|\\(frac|int|sum|sqrt|lim|prod|binom)\b|[∫∑∏√∞≤≥≠≈∂∇ℝℕℤℚ²³⁴⁵ⁿ]"
+    r"|\b\w\s*\^\s*[\w({]|\b(integral|derivative|theorem|lemma|prove|proof|show that|"
+    r"equation|matrix|eigen\w*|probability|expected (value|number)|polynomial|modulo|divisible|"
+    r"how many)\b",
     re.IGNORECASE,
 )
 _REASONING = re.compile(
     r"\b(step[- ]by[- ]step|explain why|why does|trade-?offs?|compare|contrast|analy[sz]e|"
-    r"design|architect\w*|plan|evaluate|justify|derive|optimi[sz]e|debug|refactor|"
+    r"design|architect\w*|evaluate|justify|derive|optimi[sz]e|debug|refactor|"
     r"pros and cons|in depth|detailed)\b",
     re.IGNORECASE,
 )
@@ -113,4 +118,12 @@ def score(body: Mapping[str, Any], weights: TierWeights) -> TierScore:
     features = extract_features(body)
     contributions = {name: getattr(weights, name) * value for name, value in features.items()}
     logit = weights.bias + sum(contributions.values())
-    return TierScore(1.0 / (1.0 + math.exp(-logit)), features, contributions)
+    return TierScore(_sigmoid(logit), features, contributions)
+
+
+def _sigmoid(x: float) -> float:
+    # Written so that exp never overflows, whatever weights an operator sets.
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)

@@ -53,4 +53,6 @@ def choose_pool(tier: Tier, settings: TierSettings, small: PoolLoad, large: Pool
 
 
 def tier_for(score: float, threshold: float) -> Tier:
-    return Tier.LARGE if score >= threshold else Tier.SMALL
+    """Strictly above goes large: when many requests tie at the threshold (identical traffic),
+    they stay small together instead of all climbing to the costly pool."""
+    return Tier.LARGE if score > threshold else Tier.SMALL

@@ -49,6 +49,6 @@ def test_saturation_is_queue_per_healthy_replica() -> None:
     assert PoolLoad(0, 0, 4).saturated
 
 
-def test_the_threshold_is_inclusive() -> None:
-    assert tier_for(0.5, 0.5) is Tier.LARGE
-    assert tier_for(0.499, 0.5) is Tier.SMALL
+def test_only_scores_above_the_threshold_go_large() -> None:
+    assert tier_for(0.501, 0.5) is Tier.LARGE
+    assert tier_for(0.5, 0.5) is Tier.SMALL

@@ -348,7 +348,7 @@ def test_threshold_is_the_quantile_for_the_target_share() -> None:
     calibration = QuantileThreshold(target_share=0.25, window=100, min_samples=1, initial=0.5)
     for i in range(100):
         calibration.observe(i / 100)
-    assert sum(i / 100 >= calibration.threshold for i in range(100)) == 25
+    assert sum(i / 100 > calibration.threshold for i in range(100)) == 25
 
 
 def test_window_forgets_old_scores() -> None:
