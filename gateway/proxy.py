@@ -90,37 +90,45 @@ class Forwarder:
                 self._metrics.retries.labels(pool.name).inc()
             tried.append(replica.name)
             try:
-                upstream = await self._send(replica, routed, out)
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                pool.end(replica)
-                if isinstance(exc, aiohttp.ClientConnectorError):
-                    replica.mark_down()
-                log.warning("replica %s failed before the first byte: %r", replica.name, exc)
-                failure = _Failure(502, _upstream_error(replica, exc), "application/json")
-                continue
-            if upstream.status >= 500 and attempt < self._settings.retries:
-                body = await _drain(upstream)
-                pool.end(replica)
-                log.warning("replica %s answered %d; retrying", replica.name, upstream.status)
-                failure = _Failure(upstream.status, body, upstream.content_type)
-                continue
-            try:
-                return await self._relay(request, routed, decision, replica, upstream)
+                last = attempt == self._settings.retries
+                outcome = await self._attempt(request, routed, decision, replica, out, last)
             finally:
+                # Also on cancellation (the client left while the replica was still silent).
                 pool.end(replica)
+            if isinstance(outcome, _Failure):
+                failure = outcome
+                continue
+            return outcome
         return self._give_up(routed, failure)
 
-    async def _send(
-        self, replica: ReplicaState, routed: Routed, out: CIMultiDict[str]
-    ) -> aiohttp.ClientResponse:
-        return await self._session.post(
-            f"{replica.url}{routed.parsed.endpoint.value}",
-            data=routed.parsed.raw,
-            headers=out,
-            timeout=self._timeout,
-            compress=None,
-            auto_decompress=False,
-        )
+    async def _attempt(
+        self,
+        request: web.Request,
+        routed: Routed,
+        decision: Decision,
+        replica: ReplicaState,
+        out: CIMultiDict[str],
+        last: bool,
+    ) -> web.StreamResponse | _Failure:
+        """One replica's try: the relayed response, or a failure before the first byte."""
+        try:
+            upstream = await self._session.post(
+                f"{replica.url}{routed.parsed.endpoint.value}",
+                data=routed.parsed.raw,
+                headers=out,
+                timeout=self._timeout,
+                compress=None,
+                auto_decompress=False,
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                replica.mark_down()
+            log.warning("replica %s failed before the first byte: %r", replica.name, exc)
+            return _Failure(502, _upstream_error(replica, exc), "application/json")
+        if upstream.status >= 500 and not last:
+            log.warning("replica %s answered %d; retrying", replica.name, upstream.status)
+            return _Failure(upstream.status, await _drain(upstream), upstream.content_type)
+        return await self._relay(request, routed, decision, replica, upstream)
 
     def _give_up(self, routed: Routed, failure: _Failure | None) -> web.Response:
         pool = routed.pool

@@ -171,3 +171,28 @@ async def test_a_client_that_disconnects_mid_stream_aborts_the_request_on_the_re
             await eventually(replica_aborted, timeout_s=5)
     finally:
         await replica.stop()
+
+
+async def test_a_client_that_leaves_during_prefill_frees_its_slot() -> None:
+    """Before the first byte, too: the in-flight count comes down and the replica aborts."""
+    [replica] = await start_sim_replicas(1, MODEL, prefill_s_per_token=0.01)
+    try:
+        async with running_gateway([replica.url]) as gw:
+            body = orjson.dumps(chat("long document " * 300, "summarise", max_tokens=4))
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+                with pytest.raises(TimeoutError):
+                    async with session.post(f"{gw.url}/v1/chat/completions", data=body) as response:
+                        await response.read()  # ~10 s of prefill: the client gives up first
+
+            async def nothing_in_flight() -> bool:
+                _, gateway_text = await get_text(f"{gw.url}/metrics")
+                _, replica_text = await get_text(f"{replica.url}/metrics")
+                return (
+                    metric(gateway_text, "gateway_replica_inflight") == 0.0
+                    and metric(replica_text, "vllm:num_requests_running") == 0.0
+                    and metric(replica_text, "sim_requests_aborted_total") == 1.0
+                )
+
+            await eventually(nothing_in_flight, timeout_s=5)
+    finally:
+        await replica.stop()
