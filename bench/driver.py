@@ -1,0 +1,316 @@
+"""A closed-loop load driver: at most ``concurrency`` requests in flight, each sent when a slot
+frees up, over one aiohttp session.
+
+Two modes:
+- ``run_conversations``: a workload of conversations. A conversation's rounds run in order,
+  each carrying the real answers to the earlier ones; different conversations run
+  concurrently. Streaming chat completions with usage, so TTFT and token counts are measured.
+- ``run_plain``: N copies of one request body (the overhead benchmark), streaming or not.
+
+Both are bounded: a cap on requests and a timeout per request, so a run always ends by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import aiohttp
+import orjson
+from tqdm import tqdm
+
+from bench.workloads import Conversation, RequestSpec, total_requests
+from gateway import headers
+
+CHAT_PATH = "/v1/chat/completions"
+DEFAULT_TIMEOUT_S = 60.0
+_NO_STATUS = 0
+"""Status of a request that got no HTTP response (connection refused, timeout)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    """What one request did, as the client saw it."""
+
+    status: int
+    latency_s: float
+    """From sending the request to the end of the response body."""
+    ttft_s: float | None = None
+    """Time to the first non-empty content delta (streaming only)."""
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens the replica served from its prefix cache, as it reported in usage."""
+    replica: str | None = None
+    route: str | None = None
+    error: str | None = None
+    conversation: str = ""
+    group: int = -1
+    round: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    results: tuple[RequestResult, ...]
+    wall_s: float
+    planned: int
+    """Requests the workload holds; those not sent were cut by the request cap, or followed a
+    failed round of their conversation (its next round needs the answer)."""
+
+    @property
+    def sent(self) -> int:
+        return len(self.results)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.results if not r.ok)
+
+    @property
+    def not_sent(self) -> int:
+        return self.planned - self.sent
+
+    def ttfts(self) -> list[float]:
+        return [r.ttft_s for r in self.results if r.ok and r.ttft_s is not None]
+
+    def latencies(self) -> list[float]:
+        return [r.latency_s for r in self.results if r.ok]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) with linear interpolation between ranks (numpy's default);
+    NaN for no values, so an empty run prints as such instead of as a fast one."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(slots=True)
+class _Reply:
+    """A response body, as far as it was read."""
+
+    text: list[str] = field(default_factory=list)
+    ttft_s: float | None = None
+    usage: Mapping[str, Any] | None = None
+    chunks: int = 0
+    error: str | None = None
+
+
+def _usage_numbers(usage: Mapping[str, Any] | None, chunks: int) -> tuple[int, int, int]:
+    if not usage:
+        return chunks, 0, 0
+    details = usage.get("prompt_tokens_details") or {}
+    return (
+        int(usage.get("completion_tokens", chunks)),
+        int(usage.get("prompt_tokens", 0)),
+        int(details.get("cached_tokens") or 0),
+    )
+
+
+async def _read_stream(response: aiohttp.ClientResponse, started: float) -> _Reply:
+    reply = _Reply()
+    async for line in response.content:
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return reply
+        event = orjson.loads(data)
+        if "error" in event:
+            # A failure after the first byte can only be reported in-band.
+            error = event["error"]
+            reply.error = str(error.get("message", error) if isinstance(error, dict) else error)
+            continue
+        for choice in event.get("choices") or ():
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                if reply.ttft_s is None:
+                    reply.ttft_s = time.perf_counter() - started
+                reply.text.append(content)
+                reply.chunks += 1
+        reply.usage = event.get("usage") or reply.usage
+    # A relay that drops the end of a stream must not pass for a short answer.
+    reply.error = reply.error or "the stream ended without data: [DONE]"
+    return reply
+
+
+async def _read_whole(response: aiohttp.ClientResponse) -> _Reply:
+    body = orjson.loads(await response.read())
+    reply = _Reply(usage=body.get("usage"))
+    for choice in body.get("choices") or ():
+        content = (choice.get("message") or {}).get("content")
+        if content:
+            reply.text.append(content)
+            reply.chunks += 1
+    return reply
+
+
+async def send(
+    session: aiohttp.ClientSession, url: str, body: bytes, *, stream: bool
+) -> tuple[RequestResult, str]:
+    """POST one chat completion; returns its result and the answer text. Never raises for a
+    failed request: failures are results too."""
+    started = time.perf_counter()
+    replica = route = None
+    try:
+        async with session.post(
+            url, data=body, headers={"Content-Type": "application/json"}
+        ) as response:
+            replica = response.headers.get(headers.REPLICA)
+            route = response.headers.get(headers.ROUTE)
+            if response.status != 200:
+                message = (await response.read())[:300].decode(errors="replace")
+                return RequestResult(
+                    response.status,
+                    time.perf_counter() - started,
+                    replica=replica,
+                    route=route,
+                    error=message,
+                ), ""
+            reply = await (_read_stream(response, started) if stream else _read_whole(response))
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        # ValueError: a body that is not the JSON or SSE it claims to be (orjson's errors are
+        # ValueErrors too), or an SSE line longer than aiohttp's line limit.
+        error = f"{type(exc).__name__}: {exc}"
+        return RequestResult(
+            _NO_STATUS, time.perf_counter() - started, replica=replica, route=route, error=error
+        ), ""
+    output, prompt, cached = _usage_numbers(reply.usage, reply.chunks)
+    result = RequestResult(
+        status=status,
+        latency_s=time.perf_counter() - started,
+        ttft_s=reply.ttft_s,
+        output_tokens=output,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        replica=replica,
+        route=route,
+        error=reply.error,
+    )
+    return result, "".join(reply.text)
+
+
+def chat_body(spec: RequestSpec, model: str, *, stream: bool = True) -> bytes:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": list(spec.messages),
+        "max_tokens": spec.max_tokens,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return orjson.dumps(body)
+
+
+def _session(concurrency: int, timeout_s: float) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency),
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+    )
+
+
+async def run_conversations(
+    base_url: str,
+    workload: Sequence[Conversation],
+    *,
+    model: str,
+    concurrency: int = 8,
+    max_requests: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    start_interval_s: float = 0.0,
+    progress: bool = True,
+    description: str = "requests",
+) -> RunResult:
+    """Run every conversation's rounds in order, conversations concurrently, streaming.
+
+    Conversation i starts ``i x start_interval_s`` after the run: users join over time, as
+    in vLLM's multi-round QA benchmark, instead of all arriving in the same instant.
+    """
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    planned = total_requests(workload)
+    budget = planned if max_requests is None else min(planned, max_requests)
+    url = base_url.rstrip("/") + CHAT_PATH
+    results: list[RequestResult] = []
+    # The connector's limit would bound concurrency too, but a request's clock must start
+    # when it gets a slot, not while it queues inside the client.
+    slots = asyncio.Semaphore(concurrency)
+    remaining = budget
+
+    async def converse(
+        index: int, conversation: Conversation, session: aiohttp.ClientSession, bar: tqdm[Any]
+    ) -> None:
+        nonlocal remaining
+        await asyncio.sleep(index * start_interval_s)
+        answers: list[str] = []
+        for round_ in range(conversation.rounds):
+            if remaining <= 0:
+                return
+            remaining -= 1
+            spec = conversation.request(round_, answers)
+            async with slots:
+                result, answer = await send(session, url, chat_body(spec, model), stream=True)
+            results.append(
+                replace(result, conversation=spec.conversation, group=spec.group, round=spec.round)
+            )
+            bar.update()
+            if not result.ok:
+                return  # the next round would need this answer
+            answers.append(answer)
+
+    started = time.perf_counter()
+    with tqdm(total=budget, desc=description, unit="req", disable=not progress) as bar:
+        async with _session(concurrency, timeout_s) as session:
+            await asyncio.gather(*(converse(i, c, session, bar) for i, c in enumerate(workload)))
+    return RunResult(tuple(results), time.perf_counter() - started, planned)
+
+
+async def run_plain(
+    base_url: str,
+    body: Mapping[str, Any],
+    *,
+    requests: int,
+    concurrency: int,
+    stream: bool,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: bool = False,
+    description: str = "requests",
+) -> RunResult:
+    """Send ``requests`` copies of one chat body, ``concurrency`` at a time (``stream`` and,
+    when streaming, include_usage are set here)."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    payload = dict(body, stream=stream)
+    if stream:
+        payload["stream_options"] = {"include_usage": True}
+    raw = orjson.dumps(payload)
+    url = base_url.rstrip("/") + CHAT_PATH
+    results: list[RequestResult] = []
+    remaining = requests
+
+    async def worker(session: aiohttp.ClientSession, bar: tqdm[Any]) -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            result, _ = await send(session, url, raw, stream=stream)
+            results.append(result)
+            bar.update()
+
+    started = time.perf_counter()
+    with tqdm(total=requests, desc=description, unit="req", disable=not progress) as bar:
+        async with _session(concurrency, timeout_s) as session:
+            workers = (worker(session, bar) for _ in range(min(concurrency, requests)))
+            await asyncio.gather(*workers)
+    return RunResult(tuple(results), time.perf_counter() - started, requests)

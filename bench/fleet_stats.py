@@ -1,0 +1,97 @@
+"""Prefix-cache hit rates from the replicas' own /metrics, not from the gateway's beliefs.
+
+vLLM counts ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` in tokens.
+A run's hit rate is the delta of both between two snapshots; the fleet's is the sum of hits over
+the sum of queries across replicas (a mean of per-replica rates would weigh an idle replica as
+much as a busy one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+QUERIES = "vllm:prefix_cache_queries_total"
+HITS = "vllm:prefix_cache_hits_total"
+_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCounters:
+    """Prefix-cache counters of one replica, in tokens."""
+
+    queries: float = 0.0
+    hits: float = 0.0
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Hits over queries; None when nothing was queried (no rate, rather than 0%)."""
+        return self.hits / self.queries if self.queries else None
+
+    def __sub__(self, earlier: CacheCounters) -> CacheCounters:
+        if self.queries < earlier.queries or self.hits < earlier.hits:
+            # The counters went backwards: the replica restarted; all it counted is new.
+            return self
+        return CacheCounters(self.queries - earlier.queries, self.hits - earlier.hits)
+
+
+Snapshot = dict[str, CacheCounters]
+"""Counters per replica base URL."""
+
+
+def parse_cache_counters(text: str) -> CacheCounters:
+    """The two counters from a Prometheus text exposition, summed over label sets (model names,
+    LoRA adapters). Missing series count as zero."""
+    queries = hits = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == QUERIES:
+                queries += sample.value
+            elif sample.name == HITS:
+                hits += sample.value
+    return CacheCounters(queries, hits)
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> CacheCounters:
+    """One replica's counters; ``url`` is its base URL. Raises on a failed scrape: a missing
+    replica must not silently count as a replica with no traffic."""
+    async with session.get(f"{url}/metrics", timeout=_TIMEOUT) as response:
+        response.raise_for_status()
+        return parse_cache_counters(await response.text())
+
+
+async def snapshot(urls: Sequence[str]) -> Snapshot:
+    async with aiohttp.ClientSession() as session:
+        counters = await asyncio.gather(*(scrape(session, url) for url in urls))
+    return dict(zip(urls, counters, strict=True))
+
+
+async def reset_prefix_caches(urls: Sequence[str]) -> None:
+    """Empty every replica's prefix cache (vLLM's POST /reset_prefix_cache); counters stay."""
+    async with aiohttp.ClientSession() as session:
+
+        async def reset(url: str) -> None:
+            async with session.post(f"{url}/reset_prefix_cache", timeout=_TIMEOUT) as response:
+                response.raise_for_status()
+
+        await asyncio.gather(*(reset(url) for url in urls))
+
+
+def delta(before: Mapping[str, CacheCounters], after: Mapping[str, CacheCounters]) -> Snapshot:
+    """What each replica counted between two snapshots (a replica new in ``after`` counts all)."""
+    return {url: counters - before.get(url, CacheCounters()) for url, counters in after.items()}
+
+
+def fleet_counters(counters: Mapping[str, CacheCounters]) -> CacheCounters:
+    return CacheCounters(
+        sum(c.queries for c in counters.values()), sum(c.hits for c in counters.values())
+    )
+
+
+def fleet_hit_rate(counters: Mapping[str, CacheCounters]) -> float | None:
+    """Sum of hits over sum of queries across replicas."""
+    return fleet_counters(counters).hit_rate

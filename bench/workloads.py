@@ -1,0 +1,166 @@
+"""Seeded, reproducible shared-prefix workloads, as conversations of chat requests.
+
+A workload is a list of conversations. Each conversation belongs to a group (the groups have
+their own long system prompts) and has one or more rounds. Round k's messages repeat the
+system prompt, every earlier question AND the assistant's real answers to them, so a driver
+runs a conversation's rounds in order and feeds each answer back in (``Conversation.request``).
+Single-shot workloads are conversations of one round.
+
+Text is pseudo-random words, cut to ``4 x tokens`` characters (~4 characters per token, the
+sim's tokenizer and llm-d's estimate). Every string comes from a ``random.Random`` seeded by
+(seed, group, user), so a group's system prompt does not change when users or rounds are added.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+CHARS_PER_TOKEN = 4
+
+Message = dict[str, str]
+
+_ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "st")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
+_CODAS = ("", "", "n", "r", "s", "t", "l", "nd")
+
+
+def _word(rng: random.Random) -> str:
+    syllables = rng.randint(1, 3)
+    return "".join(
+        rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables)
+    )
+
+
+def random_text(rng: random.Random, tokens: int, lead: str = "") -> str:
+    """``lead`` followed by pseudo-random words, exactly ``tokens x 4`` characters long."""
+    size = tokens * CHARS_PER_TOKEN
+    words = [lead] if lead else []
+    length = len(lead)
+    while length < size:
+        word = _word(rng)
+        length += len(word) + (1 if words else 0)  # the joining space
+        words.append(word)
+    return " ".join(words)[:size]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One chat request of a conversation, ready to send."""
+
+    conversation: str
+    group: int
+    round: int
+    messages: tuple[Message, ...]
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """One user's conversation: a system prompt shared by the group, then its questions."""
+
+    id: str
+    group: int
+    system: str
+    questions: tuple[str, ...]
+    max_tokens: int
+
+    @property
+    def rounds(self) -> int:
+        return len(self.questions)
+
+    def request(self, round_: int, answers: Sequence[str]) -> RequestSpec:
+        """Round ``round_`` (0-based), given the assistant's answers to every earlier round."""
+        if not 0 <= round_ < self.rounds:
+            raise IndexError(f"conversation {self.id} has no round {round_}")
+        if len(answers) != round_:
+            raise ValueError(f"round {round_} needs {round_} earlier answers, got {len(answers)}")
+        messages: list[Message] = [{"role": "system", "content": self.system}]
+        for question, answer in zip(self.questions, answers, strict=False):
+            messages.append({"role": "user", "content": question})
+            messages.append({"role": "assistant", "content": answer})
+        messages.append({"role": "user", "content": self.questions[round_]})
+        return RequestSpec(self.id, self.group, round_, tuple(messages), self.max_tokens)
+
+
+def total_requests(workload: Sequence[Conversation]) -> int:
+    return sum(conversation.rounds for conversation in workload)
+
+
+def _system_prompt(seed: int, group: int, tokens: int) -> str:
+    # A boilerplate opening shared by all groups, as real system prompts have; shorter than one
+    # KV block (16 tokens = 64 characters), so no group gets cache hits from another's prompt.
+    lead = f"You are the assistant of team {group + 1}."
+    return random_text(random.Random(f"{seed}:system:{group}"), tokens, lead)
+
+
+def _questions(seed: int, group: int, user: int, count: int, tokens: int) -> tuple[str, ...]:
+    rng = random.Random(f"{seed}:user:{group}:{user}")
+    return tuple(random_text(rng, tokens) for _ in range(count))
+
+
+def _shuffled(conversations: list[Conversation], seed: int) -> list[Conversation]:
+    # Arrival order mixes the groups, as real traffic does; group-by-group arrival would hand
+    # any policy a locality that real traffic does not have.
+    random.Random(f"{seed}:order").shuffle(conversations)
+    return conversations
+
+
+def multi_turn_shared_prefix(
+    groups: int,
+    users_per_group: int,
+    rounds: int,
+    system_tokens: int,
+    question_tokens: int,
+    answer_tokens: int,
+    seed: int = 0,
+) -> list[Conversation]:
+    """Multi-round QA with shared system prompts (vLLM production-stack's benchmark, grouped).
+
+    Each group has its own ``system_tokens``-long system prompt; each of its users asks
+    ``rounds`` questions of ``question_tokens``, each answered with ``answer_tokens``, and every
+    round resends the whole history, so a user's prompt grows by about
+    question_tokens + answer_tokens per round.
+    """
+    systems = [_system_prompt(seed, group, system_tokens) for group in range(groups)]
+    conversations = [
+        Conversation(
+            id=f"g{group:03d}-u{user:03d}",
+            group=group,
+            system=systems[group],
+            questions=_questions(seed, group, user, rounds, question_tokens),
+            max_tokens=answer_tokens,
+        )
+        for group in range(groups)
+        for user in range(users_per_group)
+    ]
+    return _shuffled(conversations, seed)
+
+
+def generated_shared_prefix(
+    groups: int = 64,
+    prompts_per_group: int = 16,
+    system_tokens: int = 2048,
+    question_tokens: int = 128,
+    output_tokens: int = 256,
+    seed: int = 0,
+) -> list[Conversation]:
+    """SGLang's generated-shared-prefix workload: one-round requests, one system prompt per group.
+
+    The defaults are SGLang's (64 groups x 16 prompts, 2,048-token system prompt, 128-token
+    question, 256-token output).
+    """
+    systems = [_system_prompt(seed, group, system_tokens) for group in range(groups)]
+    conversations = [
+        Conversation(
+            id=f"g{group:03d}-p{prompt:03d}",
+            group=group,
+            system=systems[group],
+            questions=_questions(seed, group, prompt, 1, question_tokens),
+            max_tokens=output_tokens,
+        )
+        for group in range(groups)
+        for prompt in range(prompts_per_group)
+    ]
+    return _shuffled(conversations, seed)

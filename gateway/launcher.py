@@ -1,0 +1,108 @@
+"""Starting the gateway as a real subprocess, for tests, the demo and benchmarks.
+
+The gateway is exercised the way operators run it (``llm-gateway serve`` with a policy file),
+so what a test or benchmark measures includes the real process, event loop and sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from replica.processes import ManagedProcess, ProcessStartError, free_port
+
+_HOST = "127.0.0.1"
+_PORT_ATTEMPTS = 3
+READY_TIMEOUT_S = 30.0
+
+
+class GatewayProcess(ManagedProcess):
+    """A gateway child that owns its policy file and removes it once the process is gone."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        url: str,
+        policy_path: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(argv, url, env=env, name="gateway")
+        self.policy_path = policy_path
+
+    async def stop(self, grace_s: float = 5.0) -> int | None:
+        try:
+            return await super().stop(grace_s)
+        finally:
+            self.policy_path.unlink(missing_ok=True)
+
+    async def kill(self) -> None:
+        try:
+            await super().kill()
+        finally:
+            self.policy_path.unlink(missing_ok=True)
+
+
+def gateway_argv(policy_path: Path, port: int) -> list[str]:
+    """The command line of one gateway: the same entry point as the ``llm-gateway`` script."""
+    return [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--policy",
+        str(policy_path),
+        "--port",
+        str(port),
+    ]
+
+
+def _write_policy(policy: Mapping[str, Any]) -> Path:
+    fd, name = tempfile.mkstemp(prefix="gateway-policy-", suffix=".yaml")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        yaml.safe_dump(dict(policy), out, sort_keys=False)
+    return Path(name)
+
+
+async def start_gateway(
+    policy: Mapping[str, Any],
+    *,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    wait_path: str = "/ready",
+) -> ManagedProcess:
+    """Start ``llm-gateway serve`` on loopback with ``policy``; wait until ``wait_path`` is 200.
+
+    ``policy`` is the policy file's content as plain data. With no ``port`` a free one is
+    picked, and picked again if another process takes it before the gateway binds. ``env``
+    adds GATEWAY_* (or any) variables to the child's environment. ``wait_path="/health"``
+    starts a gateway some of whose pools are meant to have no healthy replica. Stop the
+    result with ``await process.stop()``; that also removes the temporary policy file.
+    """
+    attempts = 1 if port is not None else _PORT_ATTEMPTS
+    for attempt in range(attempts):
+        chosen = port if port is not None else free_port(_HOST)
+        policy_path = _write_policy(policy)
+        process = GatewayProcess(
+            gateway_argv(policy_path, chosen), f"http://{_HOST}:{chosen}", policy_path, env=env
+        )
+        try:
+            await process.start(health_path=wait_path, timeout_s=ready_timeout_s)
+            return process
+        except ProcessStartError as exc:
+            await process.stop()
+            # Only a lost race for the port is worth another try; a bad policy is not.
+            if attempt == attempts - 1 or "address already in use" not in str(exc).lower():
+                raise
+        except BaseException:
+            # Cancelled (Ctrl-C) while waiting: the child must not outlive its parent.
+            await process.stop()
+            raise
+    raise AssertionError("unreachable")

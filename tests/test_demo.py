@@ -1,0 +1,54 @@
+"""The embedded demo, run for real: simulated replicas and gateways as subprocesses."""
+
+from __future__ import annotations
+
+import pytest
+import pytest_asyncio
+
+from gateway.demo import DemoConfig, DemoResult, format_report, run_demo
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def demo() -> DemoResult:
+    """One real run of the demo's defaults, shared by the tests below (it takes ~20 s)."""
+    return await run_demo(DemoConfig())
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.asyncio(loop_scope="module")
+async def test_prefix_aware_at_least_doubles_round_robins_fleet_hit_rate(
+    demo: DemoResult,
+) -> None:
+    assert demo.prefix_aware.fleet_hit_rate >= 2 * demo.round_robin.fleet_hit_rate
+    assert demo.hit_rate_ratio >= 2
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.asyncio(loop_scope="module")
+async def test_every_request_of_both_policies_succeeds(demo: DemoResult) -> None:
+    for run in (demo.prefix_aware, demo.round_robin):
+        assert run.run.failed == 0, [r.error for r in run.run.results if not r.ok][:3]
+        assert run.run.sent == run.run.planned == 8 * 4 * 4
+        assert all(r.output_tokens == demo.config.answer_tokens for r in run.run.results)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_report_accounts_for_every_request_and_replica(demo: DemoResult) -> None:
+    assert len(demo.replicas) == demo.config.replicas == 4
+    for run in (demo.prefix_aware, demo.round_robin):
+        assert set(run.requests_per_replica()) <= set(demo.replicas)
+        assert sum(run.requests_per_replica().values()) == run.run.sent
+        assert sum(run.routes().values()) == run.run.sent
+        assert set(run.cache) == set(demo.replicas)
+    assert set(demo.round_robin.routes()) == {"round-robin"}
+    assert "prefix-hit" in demo.prefix_aware.routes()
+    report = format_report(demo)
+    assert f"{demo.hit_rate_ratio:.2f}x" in report
+    assert all(name in report for name in demo.replicas)
+
+
+def test_the_kv_cache_cannot_hold_every_system_prompt_on_one_replica() -> None:
+    config = DemoConfig()
+    assert config.kv_tokens < config.groups * config.system_tokens
+    assert config.replicas * config.kv_tokens >= config.working_set_tokens
