@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import bad_request
-from router_policies.fingerprint import canonical_chat, canonical_prompt
+from router_policies.fingerprint import CanonicalPrompt, canonical_chat, canonical_prompt
 
 
 class Endpoint(StrEnum):
@@ -26,7 +26,7 @@ class ParsedRequest:
     model: str
     stream: bool
 
-    def canonical_text(self) -> bytes:
+    def canonical_text(self) -> CanonicalPrompt:
         if self.endpoint is Endpoint.CHAT:
             return canonical_chat(self.body["messages"], self.body.get("tools"))
         return canonical_prompt(self.body["prompt"])

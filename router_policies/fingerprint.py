@@ -30,11 +30,16 @@ class RequestFeatures:
     """Chained digests of the fingerprinted blocks (the last one may be partial)."""
     hashed_bytes: int
     """How many bytes of canonical text the blocks cover (the prompt, capped)."""
+    home_block: int = 0
+    """Index of the block whose digest keys the cold-start home: the last full block of the
+    system prompt, so prompts that only share a boilerplate opening get different homes."""
 
     @property
     def home_key(self) -> int:
-        """Key of the prompt's cold-start home: the first block, i.e. the system prompt's start."""
-        return self.block_hashes[0] if self.block_hashes else _model_seed(self.model, "")
+        """Key of the prompt's cold-start home (the chain digest identifies the whole prefix)."""
+        if not self.block_hashes:
+            return _model_seed(self.model, "")
+        return self.block_hashes[min(self.home_block, len(self.block_hashes) - 1)]
 
 
 def _model_seed(model: str, salt: str) -> int:
@@ -62,21 +67,29 @@ def _message_bytes(message: Mapping[str, Any]) -> bytes:
     return role + _ROLE_SEP + _content_bytes(message.get("content")) + _MSG_END
 
 
-def canonical_chat(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> bytes:
+@dataclass(frozen=True, slots=True)
+class CanonicalPrompt:
+    text: bytes
+    lead_bytes: int = 0
+    """Length of the shared lead: system and developer messages and tool definitions."""
+
+
+def canonical_chat(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> CanonicalPrompt:
     leading = [m for m in messages if m.get("role") in _LEADING_ROLES]
     turns = [m for m in messages if m.get("role") not in _LEADING_ROLES]
     chunks = [_message_bytes(m) for m in leading]
     if tools:
         chunks.append(b"tools" + _ROLE_SEP + orjson.dumps(tools, option=orjson.OPT_SORT_KEYS))
+    lead = sum(map(len, chunks))
     chunks.extend(_message_bytes(m) for m in turns)
-    return b"".join(chunks)
+    return CanonicalPrompt(b"".join(chunks), lead)
 
 
-def canonical_prompt(prompt: Any) -> bytes:
-    """/v1/completions prompt: a string, a list of strings, or token ids."""
+def canonical_prompt(prompt: Any) -> CanonicalPrompt:
+    """/v1/completions prompt: a string, a list of strings, or token ids (no lead to find)."""
     if isinstance(prompt, str):
-        return prompt.encode()
-    return orjson.dumps(prompt)
+        return CanonicalPrompt(prompt.encode())
+    return CanonicalPrompt(orjson.dumps(prompt))
 
 
 def block_hashes(text: bytes, seed: int, block_bytes: int, max_blocks: int) -> tuple[int, ...]:
@@ -91,8 +104,12 @@ def block_hashes(text: bytes, seed: int, block_bytes: int, max_blocks: int) -> t
 
 
 def fingerprint(
-    model: str, text: bytes, block_bytes: int, max_blocks: int, salt: str = ""
+    model: str, prompt: CanonicalPrompt | bytes, block_bytes: int, max_blocks: int, salt: str = ""
 ) -> RequestFeatures:
+    if isinstance(prompt, bytes):
+        prompt = CanonicalPrompt(prompt)
+    text = prompt.text
     seed = _model_seed(model, salt)
     hashes = block_hashes(text, seed, block_bytes, max_blocks)
-    return RequestFeatures(model, hashes, min(len(text), block_bytes * max_blocks))
+    home_block = max(prompt.lead_bytes // block_bytes - 1, 0)
+    return RequestFeatures(model, hashes, min(len(text), block_bytes * max_blocks), home_block)

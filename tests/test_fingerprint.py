@@ -15,7 +15,7 @@ def chat_features(messages: list[dict[str, object]], model: str = "m", salt: str
 def test_requests_sharing_a_system_prompt_share_leading_blocks() -> None:
     a = chat_features([SYSTEM, {"role": "user", "content": "What is 2+2?"}])
     b = chat_features([SYSTEM, {"role": "user", "content": "Name a prime."}])
-    shared = len(canonical_chat([SYSTEM])) // 128
+    shared = len(canonical_chat([SYSTEM]).text) // 128
     assert shared > 5
     assert a.block_hashes[:shared] == b.block_hashes[:shared]
     assert a.block_hashes[-1] != b.block_hashes[-1]
@@ -29,7 +29,7 @@ def test_a_later_turn_extends_the_earlier_turns_fingerprint() -> None:
         {"role": "user", "content": "And?"},
     ]
     f1, f2 = chat_features(turn1), chat_features(turn2)
-    full_blocks = len(canonical_chat(turn1)) // 128
+    full_blocks = len(canonical_chat(turn1).text) // 128
     assert f2.block_hashes[:full_blocks] == f1.block_hashes[:full_blocks]
 
 
@@ -58,9 +58,9 @@ def test_text_parts_fingerprint_like_plain_content() -> None:
 
 
 def test_completion_prompts_of_every_shape_are_accepted() -> None:
-    assert canonical_prompt("abc") == b"abc"
+    assert canonical_prompt("abc").text == b"abc"
     assert canonical_prompt(["a", "b"]) != canonical_prompt(["ab"])
-    assert canonical_prompt([1, 2, 3]) == b"[1,2,3]"
+    assert canonical_prompt([1, 2, 3]).text == b"[1,2,3]"
 
 
 def test_index_matches_the_longest_held_prefix() -> None:
@@ -68,7 +68,7 @@ def test_index_matches_the_longest_held_prefix() -> None:
     a = chat_features([SYSTEM, {"role": "user", "content": "question one " * 30}])
     b = chat_features([SYSTEM, {"role": "user", "content": "question two " * 30}])
     index.insert(a.block_hashes)
-    shared = len(canonical_chat([SYSTEM])) // 128
+    shared = len(canonical_chat([SYSTEM]).text) // 128
     assert index.match_length(a.block_hashes) == len(a.block_hashes)
     assert shared <= index.match_length(b.block_hashes) < len(b.block_hashes)
 
@@ -92,3 +92,21 @@ def test_index_resize_and_clear() -> None:
     assert index.match_length(f.block_hashes) == 3
     index.clear()
     assert index.match_length(f.block_hashes) == 0
+
+
+def test_the_home_follows_the_whole_system_prompt_not_its_opening() -> None:
+    opening = "You are a helpful assistant for ACME Corp. Follow the policies below. " * 8
+    support = {"role": "system", "content": opening + "You handle refunds and returns. " * 20}
+    sales = {"role": "system", "content": opening + "You qualify sales leads politely. " * 20}
+    question = {"role": "user", "content": "hello"}
+    other_question = {"role": "user", "content": "a different question entirely " * 10}
+    assert chat_features([support, question]).home_key != chat_features([sales, question]).home_key
+    assert (
+        chat_features([support, question]).home_key
+        == chat_features([support, other_question]).home_key
+    )
+
+
+def test_without_a_system_prompt_the_home_is_the_first_block() -> None:
+    features = chat_features([{"role": "user", "content": "x" * 1000}])
+    assert features.home_key == features.block_hashes[0]
