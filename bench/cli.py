@@ -10,12 +10,13 @@ import argparse
 from collections.abc import Callable
 from types import ModuleType
 
-from bench import overhead
+from bench import overhead, tier_eval
 
 Runner = Callable[[argparse.Namespace], int]
 
 BENCHMARKS: tuple[tuple[str, ModuleType, str], ...] = (
     ("overhead", overhead, "latency and throughput the gateway adds over a zero-delay replica"),
+    ("tiers", tier_eval, "the tier classifier on the labelled prompt set: ROC AUC, calibrated share"),
 )
 
 
