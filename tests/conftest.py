@@ -10,7 +10,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.launcher import start_gateway
-from replica.processes import ManagedProcess
+from replica.processes import ManagedProcess, start_sim_replicas
 
 MODEL = "sim-model"
 
@@ -26,6 +26,19 @@ FAST_PROBES = {
 
 def pool_policy(urls: Sequence[str], policy: str = "prefix-aware", **extra: Any) -> dict[str, Any]:
     return {"pools": {"small": {"model": MODEL, "replicas": list(urls), "policy": policy, **extra}}}
+
+
+@contextlib.asynccontextmanager
+async def running_sims(
+    n: int, model: str = MODEL, **config_overrides: object
+) -> AsyncIterator[list[ManagedProcess]]:
+    """Simulated replicas as real subprocesses, stopped by PID however the test ends."""
+    fleet = await start_sim_replicas(n, model, **config_overrides)
+    try:
+        yield fleet
+    finally:
+        for replica in fleet:
+            await replica.stop()
 
 
 @contextlib.asynccontextmanager

@@ -11,8 +11,8 @@ import pytest_asyncio
 
 from gateway import headers
 from gateway.launcher import start_gateway
-from replica.processes import ManagedProcess, free_port, start_sim_replicas
-from tests.conftest import MODEL
+from replica.processes import ManagedProcess, free_port
+from tests.conftest import MODEL, running_sims
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -21,20 +21,19 @@ BODY_LIMIT = 4096
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def gateway() -> AsyncIterator[ManagedProcess]:
-    replicas = await start_sim_replicas(1, MODEL)
     dead = f"http://127.0.0.1:{free_port()}"
-    policy = {
-        "pools": {
-            "small": {"model": MODEL, "replicas": [replicas[0].url]},
-            "down": {"model": "nobody-home", "replicas": [dead]},
+    async with running_sims(1) as [replica]:
+        policy = {
+            "pools": {
+                "small": {"model": MODEL, "replicas": [replica.url]},
+                "down": {"model": "nobody-home", "replicas": [dead]},
+            }
         }
-    }
-    gw = await start_gateway(
-        policy, env={"GATEWAY_MAX_BODY_BYTES": str(BODY_LIMIT)}, wait_path="/health"
-    )
-    yield gw
-    await gw.stop()
-    await replicas[0].stop()
+        gw = await start_gateway(
+            policy, env={"GATEWAY_MAX_BODY_BYTES": str(BODY_LIMIT)}, wait_path="/health"
+        )
+        yield gw
+        await gw.stop()
 
 
 async def post(url: str, path: str, data: bytes) -> tuple[int, dict[str, Any], str]:

@@ -14,8 +14,8 @@ from openai import APIError, AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import headers
-from replica.processes import ManagedProcess, sim_replica_argv, start_sim_replicas
-from tests.conftest import MODEL, chat, fake_replica, get_text, running_gateway
+from replica.processes import ManagedProcess, sim_replica_argv
+from tests.conftest import MODEL, chat, fake_replica, get_text, running_gateway, running_sims
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:
@@ -41,10 +41,9 @@ async def post_chat(session: aiohttp.ClientSession, url: str, i: int) -> tuple[i
 
 
 async def test_a_killed_replica_is_routed_around_and_used_again_when_back() -> None:
-    replicas = await start_sim_replicas(3, MODEL)
-    victim = replicas[0]
-    victim_name = victim.url.removeprefix("http://")
-    try:
+    async with running_sims(3) as replicas:
+        victim = replicas[0]
+        victim_name = victim.url.removeprefix("http://")
         async with (
             running_gateway([r.url for r in replicas]) as gw,
             aiohttp.ClientSession() as session,
@@ -65,7 +64,7 @@ async def test_a_killed_replica_is_routed_around_and_used_again_when_back() -> N
             port = int(victim_name.rsplit(":", 1)[1])
             revived = ManagedProcess(sim_replica_argv(port, MODEL), victim.url, name="revived")
             await revived.start()
-            replicas[0] = revived
+            replicas[0] = revived  # running_sims stops whatever the list holds at the end
 
             async def victim_healthy_again() -> bool:
                 _, text = await get_text(f"{gw.url}/metrics")
@@ -77,9 +76,6 @@ async def test_a_killed_replica_is_routed_around_and_used_again_when_back() -> N
                 for _, replica in [await post_chat(session, gw.url, i) for i in range(100, 130)]
             )
             assert again[victim_name] > 0
-    finally:
-        for replica in replicas:
-            await replica.stop()
 
 
 async def test_a_5xx_before_the_first_byte_is_retried_on_another_replica() -> None:
@@ -90,8 +86,7 @@ async def test_a_5xx_before_the_first_byte_is_retried_on_another_replica() -> No
         failures += 1
         return web.json_response({"error": {"message": "boom"}}, status=500)
 
-    [good] = await start_sim_replicas(1, MODEL)
-    try:
+    async with running_sims(1) as [good]:
         async with fake_replica(broken) as bad_url, running_gateway([bad_url, good.url]) as gw:
             async with aiohttp.ClientSession() as session:
                 statuses = [
@@ -101,8 +96,6 @@ async def test_a_5xx_before_the_first_byte_is_retried_on_another_replica() -> No
         assert statuses == [200] * 12
         assert failures > 0
         assert metric(text, "gateway_retries_total", pool="small") == failures
-    finally:
-        await good.stop()
 
 
 async def test_with_retries_off_the_5xx_reaches_the_client_unchanged() -> None:
@@ -148,8 +141,7 @@ async def test_a_stream_that_breaks_ends_with_an_error_not_a_hang() -> None:
 
 
 async def test_a_client_that_disconnects_mid_stream_aborts_the_request_on_the_replica() -> None:
-    [replica] = await start_sim_replicas(1, MODEL, decode_step_s=0.05)
-    try:
+    async with running_sims(1, decode_step_s=0.05) as [replica]:
         async with running_gateway([replica.url]) as gw:
             body = orjson.dumps(
                 chat("s " * 50, "tell me a long story", max_tokens=400, stream=True)
@@ -169,14 +161,11 @@ async def test_a_client_that_disconnects_mid_stream_aborts_the_request_on_the_re
                 )
 
             await eventually(replica_aborted, timeout_s=5)
-    finally:
-        await replica.stop()
 
 
 async def test_a_client_that_leaves_during_prefill_frees_its_slot() -> None:
     """Before the first byte, too: the in-flight count comes down and the replica aborts."""
-    [replica] = await start_sim_replicas(1, MODEL, prefill_s_per_token=0.01)
-    try:
+    async with running_sims(1, prefill_s_per_token=0.01) as [replica]:
         async with running_gateway([replica.url]) as gw:
             body = orjson.dumps(chat("long document " * 300, "summarise", max_tokens=4))
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
@@ -194,5 +183,3 @@ async def test_a_client_that_leaves_during_prefill_frees_its_slot() -> None:
                 )
 
             await eventually(nothing_in_flight, timeout_s=5)
-    finally:
-        await replica.stop()

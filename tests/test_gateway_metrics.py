@@ -7,8 +7,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import metrics as names
-from replica.processes import start_sim_replicas
-from tests.conftest import MODEL, chat, get_text, running_gateway
+from tests.conftest import chat, get_text, running_gateway, running_sims
 
 CONTRACT = {
     "gateway_requests_total",
@@ -22,8 +21,7 @@ CONTRACT = {
 
 
 async def test_metrics_parse_and_carry_the_contract_names() -> None:
-    replicas = await start_sim_replicas(2, MODEL)
-    try:
+    async with running_sims(2) as replicas:
         async with (
             running_gateway([r.url for r in replicas]) as gw,
             aiohttp.ClientSession() as session,
@@ -36,9 +34,6 @@ async def test_metrics_parse_and_carry_the_contract_names() -> None:
             async with session.post(f"{gw.url}/v1/chat/completions", data=b"{") as response:
                 assert response.status == 400
             _, text = await get_text(f"{gw.url}/metrics")
-    finally:
-        for replica in replicas:
-            await replica.stop()
 
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
     assert CONTRACT <= {s.name for s in samples}

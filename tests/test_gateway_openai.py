@@ -9,8 +9,8 @@ import pytest_asyncio
 from openai import AsyncOpenAI, NotFoundError
 
 from gateway import headers
-from replica.processes import ManagedProcess, start_sim_replicas
-from tests.conftest import MODEL, running_gateway
+from replica.processes import ManagedProcess
+from tests.conftest import MODEL, running_gateway, running_sims
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -23,10 +23,8 @@ MESSAGES = [
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def replicas() -> AsyncIterator[list[ManagedProcess]]:
-    fleet = await start_sim_replicas(2, MODEL, decode_step_s=0.002)
-    yield fleet
-    for replica in fleet:
-        await replica.stop()
+    async with running_sims(2, decode_step_s=0.002) as fleet:
+        yield fleet
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

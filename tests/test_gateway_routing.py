@@ -13,8 +13,8 @@ import pytest
 import pytest_asyncio
 
 from gateway import headers
-from replica.processes import ManagedProcess, start_sim_replicas
-from tests.conftest import MODEL, chat, running_gateway
+from replica.processes import ManagedProcess
+from tests.conftest import chat, running_gateway, running_sims
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -22,10 +22,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def replicas() -> AsyncIterator[list[ManagedProcess]]:
     # Slow enough decoding that concurrent requests really overlap in flight.
-    fleet = await start_sim_replicas(3, MODEL, decode_step_s=0.02)
-    yield fleet
-    for replica in fleet:
-        await replica.stop()
+    async with running_sims(3, decode_step_s=0.02) as fleet:
+        yield fleet
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

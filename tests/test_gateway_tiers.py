@@ -14,8 +14,8 @@ import pytest_asyncio
 
 from gateway import headers
 from gateway.launcher import start_gateway
-from replica.processes import ManagedProcess, start_sim_replicas
-from tests.conftest import FAST_PROBES
+from replica.processes import ManagedProcess
+from tests.conftest import FAST_PROBES, running_sims
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -37,11 +37,11 @@ HARD = {
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def pools() -> AsyncIterator[dict[str, ManagedProcess]]:
-    small = (await start_sim_replicas(1, "small-model", decode_step_s=0.05))[0]
-    large = (await start_sim_replicas(1, "large-model", decode_step_s=0.01))[0]
-    yield {"small": small, "large": large}
-    await small.stop()
-    await large.stop()
+    async with (
+        running_sims(1, "small-model", decode_step_s=0.05) as [small],
+        running_sims(1, "large-model", decode_step_s=0.01) as [large],
+    ):
+        yield {"small": small, "large": large}
 
 
 def tiered_policy(pools: dict[str, ManagedProcess], **tier: Any) -> dict[str, Any]:

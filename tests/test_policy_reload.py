@@ -18,8 +18,8 @@ import yaml
 
 from gateway import headers
 from gateway.launcher import GatewayProcess, start_gateway
-from replica.processes import ManagedProcess, start_sim_replicas
-from tests.conftest import FAST_PROBES, MODEL, chat, get_text
+from replica.processes import ManagedProcess
+from tests.conftest import FAST_PROBES, MODEL, chat, get_text, running_sims
 from tests.test_gateway_failover import eventually, metric
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -31,10 +31,8 @@ ENV = {**FAST_PROBES, "GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_POLICY_WATCH_INTERV
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def replicas() -> AsyncIterator[list[ManagedProcess]]:
-    fleet = await start_sim_replicas(2, MODEL, decode_step_s=0.01)
-    yield fleet
-    for replica in fleet:
-        await replica.stop()
+    async with running_sims(2, decode_step_s=0.01) as fleet:
+        yield fleet
 
 
 def policy(replicas: list[ManagedProcess], eps: float = 0.25) -> dict[str, Any]:
