@@ -76,6 +76,7 @@ def completion_handler(endpoint: Endpoint) -> Handler:
         parsed = parse_request(endpoint, await request.read())
         # One generation of the policy for the whole request, however long it streams.
         resolution = resolve(request.app[POLICY].fleet, parsed, request.headers.get(headers.TIER))
+        resolution.pool.arrivals += 1
         if resolution.tier_router is not None and resolution.verdict is not None:
             if not resolution.verdict.forced:
                 resolution.tier_router.observe(resolution.verdict)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from replica.state import Fleet
@@ -29,6 +29,8 @@ POOL_HEALTHY_REPLICAS = "gateway_pool_healthy_replicas"
 POOL_DESIRED_REPLICAS = "gateway_pool_desired_replicas"
 POOL_DESIRED_REPLICAS_RAW = "gateway_pool_desired_replicas_unstabilized"
 POOL_KV_USAGE = "gateway_pool_kv_usage"
+POOL_ARRIVALS = "gateway_pool_arrivals"  # exposed as gateway_pool_arrivals_total
+POOL_ARRIVAL_RATE = "gateway_pool_arrival_rate"
 POLICY_RELOADS = "gateway_policy_reloads"
 TIER_THRESHOLD = "gateway_tier_threshold"
 
@@ -95,6 +97,17 @@ class FleetCollector(Collector):
             "The desired replica count before scale-down stabilisation.",
             labels=["pool"],
         )
+        arrivals = CounterMetricFamily(
+            POOL_ARRIVALS,
+            "Requests routed to the pool, counted on arrival (demand, unlike the answered "
+            "count of gateway_requests_total under overload).",
+            labels=["pool"],
+        )
+        arrival_rate = GaugeMetricFamily(
+            POOL_ARRIVAL_RATE,
+            "Arrivals per second over the pool's autoscale rate_window_s (the rate term's input).",
+            labels=["pool"],
+        )
         pool_kv = GaugeMetricFamily(
             POOL_KV_USAGE, "Mean KV-cache usage 0-1 over the healthy replicas.", labels=["pool"]
         )
@@ -111,6 +124,8 @@ class FleetCollector(Collector):
             queue.add_metric([pool.name], load.queue_depth)
             healthy_count.add_metric([pool.name], load.healthy)
             pool_kv.add_metric([pool.name], pool.mean_kv_usage())
+            arrivals.add_metric([pool.name], pool.arrivals)
+            arrival_rate.add_metric([pool.name], pool.arrival_rate)
             desired.add_metric([pool.name], pool.desired)
             raw_desired.add_metric([pool.name], pool.raw_desired)
         threshold = GaugeMetricFamily(
@@ -122,7 +137,7 @@ class FleetCollector(Collector):
             threshold.add_metric([model], tier.threshold)
         yield from (
             inflight, healthy, engine_waiting, kv_usage, index_blocks, gateway_waiting, queue,
-            healthy_count, pool_kv, desired, raw_desired, threshold,
+            healthy_count, pool_kv, arrivals, arrival_rate, desired, raw_desired, threshold,
         )  # fmt: skip
 
 

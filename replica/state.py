@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from router_policies.autoscale import ScaleDownStabilizer, desired_replicas
+from router_policies.autoscale import RateMeter, ScaleDownStabilizer, desired_replicas
 from router_policies.decision import Candidate, Decision, PoolSnapshot
 from router_policies.fingerprint import RequestFeatures
 from router_policies.policies import REGISTRY
@@ -149,6 +149,15 @@ class PoolState:
             previous.raw_desired if previous is not None else policy.autoscale.min_replicas
         )
         self.desired: int = previous.desired if previous is not None else self.raw_desired
+        self.arrivals: int = previous.arrivals if previous is not None else 0
+        """Requests routed to this pool, counted on arrival: demand, not throughput."""
+        self.arrival_meter: RateMeter = (
+            previous.arrival_meter
+            if previous is not None
+            and previous.arrival_meter.window_s == policy.autoscale.rate_window_s
+            else RateMeter(policy.autoscale.rate_window_s)
+        )
+        self.arrival_rate: float = previous.arrival_rate if previous is not None else 0.0
 
     @property
     def model(self) -> str:
@@ -229,8 +238,13 @@ class PoolState:
     def update_desired(self, now: float) -> None:
         """Called once per scrape round, so the stabilisation window counts real time."""
         depth = self.gateway_waiting + self.engine_waiting()
+        self.arrival_rate = self.arrival_meter.rate(now, self.arrivals)
         self.raw_desired = desired_replicas(
-            len(self.healthy()), depth, self.mean_kv_usage(), self.policy.autoscale
+            len(self.healthy()),
+            depth,
+            self.mean_kv_usage(),
+            self.policy.autoscale,
+            self.arrival_rate,
         )
         self.desired = self.stabilizer.recommend(now, self.raw_desired)
 

@@ -61,9 +61,18 @@ class LoadSettings(_Strict):
 class AutoscaleSettings(_Strict):
     """Inputs of gateway_pool_desired_replicas (see router_policies/autoscale.py)."""
 
+    target_rate_per_replica: Annotated[float, Field(gt=0)] | None = None
+    """Requests per second one replica should serve (e.g. 0.8 x its measured capacity). Set,
+    the load term is (arrival rate + queue / backlog_drain_s) / this: proportional to load, so
+    it settles on the right count. Unset, the queue term below is used, which only sees
+    backlog and winds up during cold starts (docs/scaling.md)."""
+    backlog_drain_s: Annotated[float, Field(gt=0)] = 120.0
+    """Time within which extra replicas should clear the waiting queue (rate term)."""
+    rate_window_s: Annotated[float, Field(gt=0)] = 60.0
+    """Window of the arrival rate, like PromQL's rate(...[1m])."""
     target_queue_per_replica: Annotated[float, Field(gt=0)] = 4.0
-    """Waiting requests per replica the pool should run at; vLLM's production stack scales
-    on an engine waiting queue of 5 per replica."""
+    """Queue term (when no target rate is set): waiting requests per replica to run at; vLLM's
+    production stack scales on an engine waiting queue of 5 per replica."""
     kv_usage_ceiling: Annotated[float, Field(gt=0, le=1)] = 0.9
     """Mean KV-cache usage above which the pool needs more replicas even with no queue."""
     min_replicas: Annotated[int, Field(ge=0)] = 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router_policies.autoscale import ScaleDownStabilizer, desired_replicas
+from router_policies.autoscale import RateMeter, ScaleDownStabilizer, desired_replicas
 from router_policies.schema import AutoscaleSettings
 
 S = AutoscaleSettings(
@@ -36,3 +36,37 @@ def test_scale_down_waits_for_the_stabilization_window() -> None:
     assert stabilizer.recommend(20, 3) == 12  # down only after the window
     assert stabilizer.recommend(309, 3) == 12
     assert stabilizer.recommend(311, 3) == 3
+
+
+RATED = AutoscaleSettings(
+    target_rate_per_replica=10, backlog_drain_s=100, kv_usage_ceiling=0.8, max_replicas=64
+)
+
+
+def test_with_a_target_rate_the_load_term_follows_arrivals_not_backlog() -> None:
+    # 45 req/s at 10 per replica: 5 replicas, however many happen to be up right now.
+    assert (
+        desired_replicas(2, queue_depth=0, mean_kv_usage=0.1, settings=RATED, arrival_rate=45) == 5
+    )
+    assert (
+        desired_replicas(9, queue_depth=0, mean_kv_usage=0.1, settings=RATED, arrival_rate=45) == 5
+    )
+
+
+def test_a_backlog_adds_the_replicas_that_drain_it_in_time() -> None:
+    # 1,000 waiting over 100 s is 10 req/s more: one more replica, not a hundred.
+    assert (
+        desired_replicas(5, queue_depth=1000, mean_kv_usage=0.1, settings=RATED, arrival_rate=45)
+        == 6
+    )
+
+
+def test_the_rate_meter_reads_like_promql_rate() -> None:
+    meter = RateMeter(window_s=60)
+    assert meter.rate(0, 0) == 0.0
+    for t in range(1, 121):
+        rate = meter.rate(t, 5 * t)  # 5 per second throughout
+    assert rate == 5.0
+    for t in range(121, 181):
+        rate = meter.rate(t, 600)  # then nothing arrives for a full window
+    assert rate == 0.0

@@ -46,6 +46,7 @@ async def test_metrics_parse_and_carry_the_contract_names() -> None:
         )  # fmt: skip
 
     assert value("gateway_requests_total", pool="small", code="200") == 2
+    assert value("gateway_pool_arrivals_total", pool="small") == 2  # the 400 never had a pool
     assert value("gateway_requests_total", pool=names.NO_POOL, code="400") == 1
     assert value("gateway_ttft_seconds_count", pool="small") == 1  # only the streamed one
     assert value("gateway_request_duration_seconds_count", pool="small") == 2
