@@ -1,0 +1,156 @@
+{{/* Names, labels, and the two things computed from values: the vLLM launch and the policy. */}}
+
+{{- define "llm-gateway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-scoped base name; 40 characters leave room for "-vllm-<pool>-<ordinal>". */}}
+{{- define "llm-gateway.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "llm-gateway.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "llm-gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "llm-gateway.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "llm-gateway.labels" -}}
+helm.sh/chart: {{ include "llm-gateway.chart" . }}
+{{ include "llm-gateway.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "llm-gateway.gatewaySelectorLabels" -}}
+{{ include "llm-gateway.selectorLabels" . }}
+app.kubernetes.io/component: gateway
+{{- end -}}
+
+{{/* Selector labels of one pool's vLLM pods; argument: (list $ $poolName). */}}
+{{- define "llm-gateway.vllmSelectorLabels" -}}
+{{- $root := index . 0 -}}
+{{ include "llm-gateway.selectorLabels" $root }}
+app.kubernetes.io/component: vllm
+llm-gateway/pool: {{ index . 1 }}
+{{- end -}}
+
+{{/* Name of one pool's StatefulSet, headless Service, PDB and autoscaler: (list $ $poolName). */}}
+{{- define "llm-gateway.vllmName" -}}
+{{- printf "%s-vllm-%s" (include "llm-gateway.fullname" (index . 0)) (index . 1) | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "llm-gateway.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "llm-gateway.adminTokenSecret" -}}
+{{- .Values.gateway.existingAdminTokenSecret | default (printf "%s-admin" (include "llm-gateway.fullname" .)) -}}
+{{- end -}}
+
+{{/* Pools that are enabled, checked; as YAML {name: pool values}. */}}
+{{- define "llm-gateway.enabledPools" -}}
+{{- $pools := dict -}}
+{{- range $name, $pool := .Values.pools -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "pools.%s: a pool name must be lowercase letters, digits and '-'" $name) -}}
+{{- end -}}
+{{- if $pool.enabled -}}
+{{- $_ := set $pools $name $pool -}}
+{{- end -}}
+{{- end -}}
+{{- if not $pools -}}
+{{- fail "pools: enable at least one pool" -}}
+{{- end -}}
+{{- toYaml $pools -}}
+{{- end -}}
+
+{{/*
+One pool's vLLM launch, from the recipe's profile (files/vllm-args.yaml) and the pool's values;
+argument: (list $ $poolName $pool). As YAML: command, args, env, port, tensorParallelSize,
+servedModelName, managed (whether the chart runs the replicas), replicaCount (listed URLs), urls.
+*/}}
+{{- define "llm-gateway.launch" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- $pool := index . 2 -}}
+{{- $profiles := $root.Files.Get "files/vllm-args.yaml" | fromYaml -}}
+{{- if not (hasKey $profiles $pool.profile) -}}
+{{- fail (printf "pools.%s.profile: %q is not a profile of files/vllm-args.yaml (%s)" $name $pool.profile (keys $profiles | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- $p := index $profiles $pool.profile -}}
+{{- $model := $pool.model | default $p.model -}}
+{{- $served := $pool.servedModelName | default $p.servedModelName -}}
+{{- $args := list $model "--served-model-name" $served "--host" $p.host "--port" (toString $p.port) -}}
+{{- $args = concat $args $p.flags -}}
+{{- range $extra := ($pool.extraArgs | default list) -}}
+{{- /* --set turns 8192 into a number; a container's args are strings. */ -}}
+{{- $args = append $args (toString $extra) -}}
+{{- end -}}
+{{- $managed := not $pool.replicaUrls -}}
+{{- $count := int $pool.replicas -}}
+{{- if ne $root.Values.autoscaling.mode "none" -}}
+{{- $count = int $pool.autoscaling.maxReplicas -}}
+{{- if gt (int $pool.autoscaling.minReplicas) $count -}}
+{{- fail (printf "pools.%s.autoscaling: minReplicas is above maxReplicas" $name) -}}
+{{- end -}}
+{{- end -}}
+{{- $urls := list -}}
+{{- if $managed -}}
+{{- $sts := include "llm-gateway.vllmName" (list $root $name) -}}
+{{- range $i := until $count -}}
+{{- $urls = append $urls (printf "http://%s-%d.%s.%s.svc.%s:%d" $sts $i $sts $root.Release.Namespace $root.Values.clusterDomain (int $p.port)) -}}
+{{- end -}}
+{{- else -}}
+{{- $urls = $pool.replicaUrls -}}
+{{- end -}}
+command: {{ toYaml $p.command | nindent 2 }}
+args: {{ toYaml $args | nindent 2 }}
+env: {{ toYaml ($p.env | default dict) | nindent 2 }}
+port: {{ int $p.port }}
+tensorParallelSize: {{ int $p.tensorParallelSize }}
+servedModelName: {{ $served | quote }}
+managed: {{ $managed }}
+urls: {{ toYaml $urls | nindent 2 }}
+{{- end -}}
+
+{{/* The routing policy file (router_policies/schema.py), as YAML. */}}
+{{- define "llm-gateway.policy" -}}
+{{- $root := . -}}
+{{- $enabled := include "llm-gateway.enabledPools" . | fromYaml -}}
+{{- $pools := dict -}}
+{{- range $name, $pool := $enabled -}}
+{{- $launch := include "llm-gateway.launch" (list $root $name $pool) | fromYaml -}}
+{{- $autoscale := dict "min_replicas" (int $pool.autoscaling.minReplicas) "max_replicas" (int $pool.autoscaling.maxReplicas) -}}
+{{- $entry := dict "model" $launch.servedModelName "replicas" $launch.urls "tensor_parallel_size" $launch.tensorParallelSize "autoscale" $autoscale -}}
+{{- $_ := set $pools $name (mergeOverwrite $entry (deepCopy ($pool.policy | default dict))) -}}
+{{- end -}}
+{{- $policy := dict "pools" $pools -}}
+{{- $tiers := dict -}}
+{{- range $virtual, $tier := ($root.Values.policy.tiers | default dict) -}}
+{{- if and (hasKey $pools $tier.small) (hasKey $pools $tier.large) -}}
+{{- $_ := set $tiers $virtual $tier -}}
+{{- end -}}
+{{- end -}}
+{{- if $tiers -}}
+{{- $_ := set $policy "tiers" $tiers -}}
+{{- end -}}
+{{- range $key, $value := $root.Values.policy -}}
+{{- if not (has $key (list "pools" "tiers")) -}}
+{{- $_ := set $policy $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $policy -}}
+{{- end -}}
