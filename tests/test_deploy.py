@@ -4,7 +4,7 @@ NEEDS: the tools that .ci/install-deploy-tools.sh installs into .cache/tools/ (h
 package, kubernetes-validate and cloudcoil's KEDA / Prometheus Operator models in a venv of their
 own, Debian's promtool and docker-compose v1). The session fixture runs that script once (about a
 minute on a fresh machine, under a second once installed); a test whose tool could not be
-installed is skipped with the reason (set DEPLOY_TOOLS_REQUIRED=1 to fail instead). No cluster,
+installed is skipped with the reason (fails instead under CI or DEPLOY_TOOLS_REQUIRED=1). No cluster,
 Docker engine or Prometheus server is involved: what needs one is listed in deploy/README.md.
 Every check also has a negative twin that breaks the checked file and proves the check bites.
 """
@@ -73,7 +73,8 @@ class Tools:
         path: Path | None = getattr(self, name)
         if path is None:
             reason = f"{name} is unavailable here; install log:\n{self.install_log}"
-            if os.environ.get("DEPLOY_TOOLS_REQUIRED"):
+            # In CI the validations are the point: a missing tool is a failure, not a skip.
+            if os.environ.get("DEPLOY_TOOLS_REQUIRED") or os.environ.get("CI"):
                 pytest.fail(reason)
             print(reason)
             pytest.skip(reason)
