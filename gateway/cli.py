@@ -13,12 +13,15 @@ from router_policies.schema import InvalidPolicy, Policy, effective_policy_yaml,
 
 
 def _serve(args: argparse.Namespace) -> int:
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    settings = Settings(policy=args.policy, **overrides)
+    flags = (("host", args.host), ("port", args.port), ("policy", args.policy))
+    settings = Settings(**{k: v for k, v in flags if v is not None})
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    policy = _load_or_explain(args.policy)
+    if settings.policy is None:
+        print("error: no policy file: pass --policy PATH or set GATEWAY_POLICY", file=sys.stderr)
+        return 2
+    policy = _load_or_explain(settings.policy)
     if policy is None:
         return 2
     from gateway.server import run
@@ -72,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--policy", type=Path, required=True, help="routing policy YAML file")
+    serve.add_argument(
+        "--policy", type=Path, help="routing policy YAML file (default from GATEWAY_POLICY)"
+    )
     serve.add_argument("--host", help="bind address (default from GATEWAY_HOST: 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default from GATEWAY_PORT: 8080)")
     serve.set_defaults(func=_serve)

@@ -58,3 +58,9 @@ def test_serve_refuses_an_invalid_policy_without_a_traceback(tmp_path: Path) -> 
     result = llm_gateway("serve", "--policy", str(bad), "--port", "0")
     assert result.returncode != 0
     assert "pools" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_without_any_policy_says_how_to_give_one() -> None:
+    result = llm_gateway("serve", "--port", "0")
+    assert result.returncode == 2
+    assert "GATEWAY_POLICY" in result.stderr
