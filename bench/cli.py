@@ -10,13 +10,23 @@ import argparse
 from collections.abc import Callable
 from types import ModuleType
 
-from bench import overhead, tier_eval
+from bench import compare, overhead, scaling, tier_eval
 
 Runner = Callable[[argparse.Namespace], int]
 
 BENCHMARKS: tuple[tuple[str, ModuleType, str], ...] = (
     ("overhead", overhead, "latency and throughput the gateway adds over a zero-delay replica"),
-    ("tiers", tier_eval, "the tier classifier on the labelled prompt set: ROC AUC, calibrated share"),
+    (
+        "tiers",
+        tier_eval,
+        "the tier classifier on the labelled prompt set: ROC AUC, calibrated share",
+    ),
+    (
+        "compare",
+        compare,
+        "the gateway vs vllm-router and sglang-router on simulated and real fleets",
+    ),
+    ("scaling", scaling, "HPA response to the autoscaling signal: step and ramp simulation"),
 )
 
 

@@ -11,19 +11,23 @@ vLLM replicas behind the gateway, scaled by a simulated Kubernetes HorizontalPod
 * The gateway dispatches to the healthy replica with the fewest requests in flight and, with
   ``--inflight-limit``, holds requests itself when every replica is at the limit. Once a second
   it scrapes the engines and calls the real ``PoolState.update_desired`` (so
-  ``router_policies.autoscale.desired_replicas`` and ``ScaleDownStabilizer``), as it does live.
+  ``router_policies.autoscale.desired_replicas``, ``RateMeter`` and ``ScaleDownStabilizer``),
+  and it counts every request routed to the pool in ``PoolState.arrivals``, as it does live.
 * Prometheus scrapes the gateway and the engines every ``--scrape-interval-s``; the HPA syncs
   every ``--hpa-sync-s`` on the latest scraped sample, with the ``autoscaling/v2`` rules for an
-  External metric with an ``AverageValue`` target (10% tolerance, default behaviors).
+  External metric with an ``AverageValue`` target (10% tolerance, default rate limits). On the
+  gateway's desired count, which the gateway already stabilizes, its scale-down window is 0 s;
+  on the engine or gateway queues, the default 300 s.
 * New replicas serve only after ``--cold-start-s`` (image pull and weight load); removed ones
   stop taking requests at once and finish what they hold.
 
 Strategies, run on the same Poisson arrivals: A, the HPA on ``gateway_pool_desired_replicas``
-(averageValue 1); B, on the engines' waiting queues, like vLLM's production stack
+(averageValue 1) with the default settings (queue term); P, on the same metric with
+``target_rate_per_replica`` configured (rate term: arrival rate + backlog / backlog_drain_s);
+B, on the engines' waiting queues, like vLLM's production stack
 (``sum(vllm:num_requests_waiting)``, averageValue 5); C, on ``gateway_pool_queue_depth``
-(averageValue = target_queue_per_replica); R, on the current formula with a rate floor added
-(``desired_with_rate_floor``); P, on a proposed rate-based variant of the gateway's formula
-(``proposed_desired_replicas``). R and P live here for comparison only. See docs/scaling.md.
+(averageValue = target_queue_per_replica). A and P differ only in their AutoscaleSettings: both
+are the gateway's own code. See docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -43,7 +47,6 @@ import numpy as np
 from tqdm import tqdm
 
 from replica.state import EngineStats, PoolQueue, PoolState
-from router_policies.autoscale import ScaleDownStabilizer, desired_replicas
 from router_policies.schema import AutoscaleSettings, PoolPolicy
 
 # ---------------------------------------------------------------------------------------------
@@ -228,49 +231,6 @@ class Hpa:
 
 
 # ---------------------------------------------------------------------------------------------
-# The proposed signal (comparison only: the gateway's formula lives in router_policies/)
-
-
-def proposed_desired_replicas(
-    healthy: int,
-    arrival_rate: float,
-    queue_depth: float,
-    mean_kv_usage: float,
-    settings: AutoscaleSettings,
-    rate_per_replica: float,
-    drain_s: float,
-) -> int:
-    """The gateway's formula with its queue term replaced by a rate term.
-
-    rate: (arrival rate + queue_depth / drain_s) / rate_per_replica: the replicas that serve
-          what arrives and clear the backlog within drain_s; linear in the load, so its fixed
-          point is the right replica count whatever the batch size does to latency.
-    KV:   healthy x mean KV usage / kv_usage_ceiling, unchanged.
-    """
-    if healthy <= 0:
-        return max(settings.min_replicas, 1)
-    by_rate = (arrival_rate + queue_depth / drain_s) / rate_per_replica
-    by_kv = healthy * mean_kv_usage / settings.kv_usage_ceiling
-    wanted = math.ceil(max(by_rate, by_kv) - 1e-9)
-    return min(max(wanted, settings.min_replicas), settings.max_replicas)
-
-
-def desired_with_rate_floor(
-    healthy: int,
-    arrival_rate: float,
-    queue_depth: float,
-    mean_kv_usage: float,
-    settings: AutoscaleSettings,
-    rate_per_replica: float,
-) -> int:
-    """The gateway's current formula (called, not copied) with only a rate term added:
-    max(desired_replicas(...), ceil(arrival rate / rate_per_replica)). The half-way proposal."""
-    current = desired_replicas(healthy, queue_depth, mean_kv_usage, settings)
-    by_rate = math.ceil(arrival_rate / rate_per_replica - 1e-9)
-    return min(max(current, by_rate, settings.min_replicas), settings.max_replicas)
-
-
-# ---------------------------------------------------------------------------------------------
 # Scenarios and configuration
 
 
@@ -310,8 +270,12 @@ class ScalingConfig:
     """Prometheus scrape interval of the gateway and the engines."""
     hpa_sync_s: float = 15.0
     """kube-controller-manager --horizontal-pod-autoscaler-sync-period."""
-    hpa_scale_down_window_s: float = 300.0
-    """behavior.scaleDown.stabilizationWindowSeconds (default 300)."""
+    hpa_scale_down_window_s: float = 0.0
+    """behavior.scaleDown.stabilizationWindowSeconds of the HPA on the gateway's desired count
+    (A, P): 0, since the gateway already holds it for scale_down_stabilization_s (300 s); the
+    HPA's own default would add another 300 s. The Helm chart sets the same."""
+    queue_hpa_scale_down_window_s: float = 300.0
+    """The same for the HPA on a queue (B, C), which nothing else stabilizes: the default 300."""
     hpa_phase_s: float = 7.5
     """HPA syncs this long after each scrape (they are not aligned; half an interval)."""
     gateway_round_s: float = 1.0
@@ -327,14 +291,18 @@ class ScalingConfig:
     """PoolPolicy.max_inflight_per_replica: beyond it requests wait in the gateway."""
     engine: EngineModel = EngineModel()
     settings: AutoscaleSettings = field(default_factory=lambda: AutoscaleSettings(min_replicas=2))
-    """The gateway's autoscale settings, min_replicas also every strategy's HPA floor: the
-    right value at the base load (``baseline_settings``), 2 for the default 12 req/s."""
-    proposal_utilization: float = 0.8
-    """P and R: the rate per replica they target, as a share of the model's max_rate; the
-    headroom covers the load that arrives during a cold start."""
-    proposal_drain_s: float = 120.0
+    """The gateway's autoscale settings: schema defaults (no target_rate_per_replica, so the
+    queue term) but min_replicas, also every strategy's HPA floor: the right value at the base
+    load (``baseline_settings``), 2 for the default 12 req/s. A, B and C run these."""
+    target_utilization: float = 0.8
+    """P: target_rate_per_replica as a share of the measured per-replica capacity (the model's
+    max_rate); the headroom covers the load that arrives during a cold start."""
+    backlog_drain_s: float = AutoscaleSettings().backlog_drain_s
+    """P: the gateway's backlog_drain_s (the schema default, 120 s)."""
     rate_window_s: float = 15.0
-    strategies: tuple[str, ...] = ("A", "B", "C", "R", "P")
+    """P: the gateway's rate_window_s. 15 s, as docs/scaling.md tells operators to set it: with
+    the schema default of 60 s the signal reaches the right value a scrape interval late."""
+    strategies: tuple[str, ...] = ("A", "B", "C", "P")
     scenarios: tuple[str, ...] = ("step", "ramp")
     ttft_window_s: float = 30.0
 
@@ -351,8 +319,23 @@ class ScalingConfig:
         )
 
     @property
-    def proposal_rate_per_replica(self) -> float:
-        return self.proposal_utilization * self.engine.max_rate(self.settings.kv_usage_ceiling)
+    def target_rate_per_replica(self) -> float:
+        """What an operator configures: measured capacity x target utilisation."""
+        return self.target_utilization * self.engine.max_rate(self.settings.kv_usage_ceiling)
+
+    def settings_for(self, key: str) -> AutoscaleSettings:
+        """The gateway's AutoscaleSettings under strategy ``key``: P configures the rate term
+        (target_rate_per_replica, backlog_drain_s, rate_window_s); the others keep ``settings``."""
+        if key != "P":
+            return self.settings
+        return AutoscaleSettings.model_validate(
+            {
+                **self.settings.model_dump(),
+                "target_rate_per_replica": self.target_rate_per_replica,
+                "backlog_drain_s": self.backlog_drain_s,
+                "rate_window_s": self.rate_window_s,
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,20 +344,30 @@ class Strategy:
     label: str
     metric: str
     target: float
+    stabilized: bool
+    """The metric is the gateway's desired count, already scale-down stabilized: the HPA runs
+    with hpa_scale_down_window_s rather than queue_hpa_scale_down_window_s."""
+
+
+STRATEGY_KEYS = ("A", "B", "C", "P")
 
 
 def strategies(config: ScalingConfig) -> dict[str, Strategy]:
     s = config.settings
+    desired = "gateway_pool_desired_replicas"
     return {
-        "A": Strategy("A", "gateway desired (current formula)", "gateway_pool_desired_replicas", 1),
+        "A": Strategy("A", "gateway desired (default settings)", desired, 1, True),
         "B": Strategy(
-            "B", "engine waiting queue (vLLM stack)", "sum(vllm:num_requests_waiting)", 5
+            "B", "engine waiting queue (vLLM stack)", "sum(vllm:num_requests_waiting)", 5, False
         ),
         "C": Strategy(
-            "C", "gateway queue depth", "gateway_pool_queue_depth", s.target_queue_per_replica
+            "C",
+            "gateway queue depth",
+            "gateway_pool_queue_depth",
+            s.target_queue_per_replica,
+            False,
         ),
-        "P": Strategy("P", "gateway desired (proposed formula)", "proposed desired replicas", 1),
-        "R": Strategy("R", "current formula + rate floor", "desired with a rate floor", 1),
+        "P": Strategy("P", "gateway desired (target rate set)", desired, 1, True),
     }
 
 
@@ -622,7 +615,7 @@ class _Simulation:
         self.arrivals = arrivals
         self.model = config.engine
         self.timing = _Timing(config.engine)
-        settings = config.settings
+        self.settings = settings = config.settings_for(strategy.key)
         self.line: deque[float] = deque()
         """The gateway's own waiting line (arrival times), first come first served."""
         self.pods: list[_Pod] = []
@@ -632,16 +625,22 @@ class _Simulation:
         for _ in range(initial):
             self._create(0.0, ready_s=0.0)
         self.pool = self._pool(None)
-        self.stabilizer = ScaleDownStabilizer(settings.scale_down_stabilization_s)
-        """For P and R; A's lives in the PoolState, as in the gateway."""
-        self.alternative = settings.min_replicas
-        self.recent: deque[float] = deque()
-        """Arrival times within the rate window, for P and R."""
+        # The gateway has counted the base load for a rate window before t=0, as one that has
+        # been up a while. (Just started, its RateMeter averages over a second or two of
+        # Poisson noise and P may ask for a replica too many, held for the stabilization window.)
+        window = settings.rate_window_s
+        self.pool.arrival_meter.rate(-window, 0)
+        self.pool.arrivals = round(scenario.base_rate * window)
+        down_window = (
+            config.hpa_scale_down_window_s
+            if strategy.stabilized
+            else config.queue_hpa_scale_down_window_s
+        )
         self.hpa = Hpa(
             strategy.target,
             settings.min_replicas,
             settings.max_replicas,
-            HpaBehavior(scale_down_window_s=config.hpa_scale_down_window_s),
+            HpaBehavior(scale_down_window_s=down_window),
         )
         self.hpa_target = initial
         self.scraped = 0.0
@@ -662,7 +661,7 @@ class _Simulation:
             model="sim",
             replicas=[f"http://{p.name}" for p in self.pods],
             max_inflight_per_replica=self.config.inflight_limit,
-            autoscale=self.config.settings,
+            autoscale=self.settings,
         )
         pool = PoolState("sim", policy, previous)
         if previous is None:
@@ -689,25 +688,6 @@ class _Simulation:
                     kv_capacity_tokens=model.kv_capacity_tokens,
                 )
         self.pool.update_desired(now)
-        key = self.strategy.key
-        if key in ("P", "R"):
-            config, pool = self.config, self.pool
-            window = config.rate_window_s
-            while self.recent and self.recent[0] < now - window:
-                self.recent.popleft()
-            rate = len(self.recent) / window  # a counter's rate(): low while it warms up
-            healthy = len(pool.healthy())
-            depth, kv = pool.load().queue_depth, pool.mean_kv_usage()
-            per_replica = config.proposal_rate_per_replica
-            if key == "P":
-                raw = proposed_desired_replicas(
-                    healthy, rate, depth, kv, config.settings, per_replica, config.proposal_drain_s
-                )
-            else:
-                raw = desired_with_rate_floor(
-                    healthy, rate, depth, kv, config.settings, per_replica
-                )
-            self.alternative = self.stabilizer.recommend(now, raw)
 
     def dispatch(self) -> None:
         """Each waiting request to the healthy replica with the fewest in flight, while one has
@@ -732,13 +712,11 @@ class _Simulation:
     def metric(self) -> float:
         """The strategy's metric as Prometheus scrapes it now."""
         key = self.strategy.key
-        if key == "A":
-            return float(self.pool.desired)
         if key == "B":
             return float(sum(len(p.waiting) for p in self.pods if p.healthy))
         if key == "C":
             return float(self.pool.load().queue_depth)
-        return float(self.alternative)
+        return float(self.pool.desired)  # A, P: gateway_pool_desired_replicas
 
     def hpa_sync(self, now: float) -> None:
         target = self.hpa.sync(now, self.scraped, len(self.pods))
@@ -772,15 +750,13 @@ class _Simulation:
         hpa_every = _ticks(config.hpa_sync_s, dt)
         hpa_offset = _ticks(config.hpa_phase_s, dt) % hpa_every
         arrivals, total, upcoming = self.arrivals, len(self.arrivals), 0
-        count_rate = self.strategy.key in ("P", "R")
         derived = self.strategy.key in ("B", "C")
         series, first = self.series, self.first_tokens
         for k in range(ticks):
             now = k * dt
             while upcoming < total and arrivals[upcoming] < now:
                 self.line.append(arrivals[upcoming])
-                if count_rate:
-                    self.recent.append(arrivals[upcoming])
+                self.pool.arrivals += 1  # the gateway counts each request routed to the pool
                 upcoming += 1
             if k % round_every == 0:
                 self.gateway_round(now)
@@ -995,14 +971,15 @@ def format_report(result: ScalingResult) -> str:
         f"{s.kv_usage_ceiling:g}, replicas {s.min_replicas}-{s.max_replicas}, stabilization "
         f"{s.scale_down_stabilization_s:g} s, update_desired every {c.gateway_round_s:g} s, "
         f"in-flight limit {c.inflight_limit or 'none'}",
+        f"         A: target_rate_per_replica unset (queue term); P: target_rate_per_replica "
+        f"{c.target_rate_per_replica:.2f} req/s ({c.target_utilization:g} x capacity), "
+        f"backlog_drain_s {c.backlog_drain_s:g}, rate_window_s {c.rate_window_s:g}",
         f"cluster  cold start {c.cold_start_s:g} s, scrape every {c.scrape_interval_s:g} s, HPA "
         f"sync every {c.hpa_sync_s:g} s ({c.hpa_phase_s:g} s after a scrape), tolerance 0.1, "
-        "default behaviors (up: max(+100%, +4 pods) per 15 s; down: "
-        f"{c.hpa_scale_down_window_s:g} s window, 100% per 15 s), min/max as the gateway's, "
-        f"seed {c.seed}",
-        f"P, R     rate per replica {c.proposal_rate_per_replica:.2f} req/s "
-        f"({c.proposal_utilization:g} x capacity), arrival rate over {c.rate_window_s:g} s, "
-        f"backlog drained over {c.proposal_drain_s:g} s (P)",
+        "default rate limits (up: max(+100%, +4 pods) per 15 s; down: 100% per 15 s), "
+        f"min/max as the gateway's, seed {c.seed}",
+        f"         scale-down stabilization window {c.hpa_scale_down_window_s:g} s on the "
+        f"gateway's desired count (A, P), {c.queue_hpa_scale_down_window_s:g} s on queues (B, C)",
         "",
     ]
     for key in c.strategies:
@@ -1066,7 +1043,7 @@ def format_report(result: ScalingResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-_COLORS = {"A": "tab:blue", "B": "tab:red", "C": "tab:purple", "P": "tab:green", "R": "tab:brown"}
+_COLORS = {"A": "tab:blue", "B": "tab:red", "C": "tab:purple", "P": "tab:green"}
 
 
 def plot(outcome: ScenarioOutcome, path: Path, config: ScalingConfig) -> None:
@@ -1090,7 +1067,11 @@ def plot(outcome: ScenarioOutcome, path: Path, config: ScalingConfig) -> None:
         ax.step(s.t, s.ready, where="post", color="tab:green", lw=2.0, label="ready")
         ax.set_ylim(0, min(max(*s.hpa_target, *s.right) * 1.2 + 1, ceiling))
         ax.set_ylabel("replicas")
-        ax.set_title(f"{run.strategy.key}: HPA on {run.strategy.metric}", fontsize=10, loc="left")
+        ax.set_title(
+            f"{run.strategy.key}: {run.strategy.label}; HPA on {run.strategy.metric}",
+            fontsize=10,
+            loc="left",
+        )
     queue_ax, ttft_ax = axes[-2], axes[-1]
     for run in runs:
         s, color = run.series, _COLORS[run.strategy.key]
@@ -1163,7 +1144,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hpa-scale-down-window-s",
         type=float,
         default=d.hpa_scale_down_window_s,
-        help="the HPA's scale-down stabilization window (default: %(default)s)",
+        help="the HPA's scale-down stabilization window on the gateway's desired count, A and P "
+        "(default: %(default)s; the gateway already stabilizes it)",
+    )
+    add(
+        "--queue-hpa-scale-down-window-s",
+        type=float,
+        default=d.queue_hpa_scale_down_window_s,
+        help="the HPA's scale-down stabilization window on a queue, B and C (default: %(default)s)",
     )
     add(
         "--base-rate",
@@ -1203,21 +1191,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output tokens per request (default: %(default)s)",
     )
     add(
-        "--proposal-utilization",
+        "--target-utilization",
         type=float,
-        default=d.proposal_utilization,
-        help="P and R: rate per replica as a share of capacity (default: %(default)s)",
+        default=d.target_utilization,
+        help="P: target_rate_per_replica as a share of the replica's capacity (default: "
+        "%(default)s)",
     )
     add(
-        "--proposal-drain-s",
+        "--backlog-drain-s",
         type=float,
-        default=d.proposal_drain_s,
-        help="P: seconds to clear the backlog in (default: %(default)s)",
+        default=d.backlog_drain_s,
+        help="P: the gateway's backlog_drain_s (default: %(default)s)",
+    )
+    add(
+        "--rate-window-s",
+        type=float,
+        default=d.rate_window_s,
+        help="P: the gateway's rate_window_s (default: %(default)s; the schema's is 60)",
     )
     add(
         "--strategies",
         default=",".join(d.strategies),
-        help="subset of A,B,C,P,R (default: %(default)s)",
+        help=f"subset of {','.join(STRATEGY_KEYS)} (default: %(default)s)",
     )
     add(
         "--scenarios",
@@ -1231,22 +1226,24 @@ def config_from_args(args: argparse.Namespace) -> ScalingConfig:
     """The configuration the arguments ask for; ValueError when they make no sense."""
     chosen = tuple(dict.fromkeys(k.strip().upper() for k in args.strategies.split(",")))
     scenarios = tuple(dict.fromkeys(k.strip().lower() for k in args.scenarios.split(",")))
-    if not chosen or any(k not in ("A", "B", "C", "P", "R") for k in chosen):
-        raise ValueError("--strategies takes a subset of A,B,C,P,R")
+    if not chosen or any(k not in STRATEGY_KEYS for k in chosen):
+        raise ValueError(f"--strategies takes a subset of {','.join(STRATEGY_KEYS)}")
     if not scenarios or any(k not in ("step", "ramp") for k in scenarios):
         raise ValueError("--scenarios takes a subset of step,ramp")
     if args.cold_start_s < 0 or args.scrape_interval_s < 1 or args.hpa_sync_s < 1:
         raise ValueError("--cold-start-s must be >= 0, the intervals >= 1 s")
-    if args.hpa_scale_down_window_s < 0:
-        raise ValueError("--hpa-scale-down-window-s must be >= 0")
+    if args.hpa_scale_down_window_s < 0 or args.queue_hpa_scale_down_window_s < 0:
+        raise ValueError("the HPA scale-down windows must be >= 0")
     if args.base_rate <= 0 or args.factor <= 0:
         raise ValueError("--base-rate and --factor must be positive")
     if args.output_tokens < 2 or args.prompt_tokens < 1 or args.max_num_seqs < 1:
         raise ValueError("--output-tokens must be >= 2, --prompt-tokens and --max-num-seqs >= 1")
     if args.inflight_limit is not None and args.inflight_limit < 1:
         raise ValueError("--inflight-limit must be >= 1")
-    if not 0 < args.proposal_utilization <= 1 or args.proposal_drain_s <= 0:
-        raise ValueError("--proposal-utilization must be in (0, 1], --proposal-drain-s > 0")
+    if not 0 < args.target_utilization <= 1:
+        raise ValueError("--target-utilization must be in (0, 1]")
+    if args.backlog_drain_s <= 0 or args.rate_window_s <= 0:
+        raise ValueError("--backlog-drain-s and --rate-window-s must be > 0")
     defaults = ScalingConfig()
     engine = replace(
         defaults.engine,
@@ -1265,13 +1262,15 @@ def config_from_args(args: argparse.Namespace) -> ScalingConfig:
         hpa_sync_s=args.hpa_sync_s,
         hpa_phase_s=args.hpa_sync_s / 2,
         hpa_scale_down_window_s=args.hpa_scale_down_window_s,
+        queue_hpa_scale_down_window_s=args.queue_hpa_scale_down_window_s,
         base_rate=args.base_rate,
         factor=args.factor,
         inflight_limit=args.inflight_limit,
         engine=engine,
         settings=baseline_settings(defaults.settings, engine, args.base_rate),
-        proposal_utilization=args.proposal_utilization,
-        proposal_drain_s=args.proposal_drain_s,
+        target_utilization=args.target_utilization,
+        backlog_drain_s=args.backlog_drain_s,
+        rate_window_s=args.rate_window_s,
         strategies=chosen,
         scenarios=scenarios,
     )

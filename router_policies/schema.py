@@ -68,8 +68,9 @@ class AutoscaleSettings(_Strict):
     backlog and winds up during cold starts (docs/scaling.md)."""
     backlog_drain_s: Annotated[float, Field(gt=0)] = 120.0
     """Time within which extra replicas should clear the waiting queue (rate term)."""
-    rate_window_s: Annotated[float, Field(gt=0)] = 60.0
-    """Window of the arrival rate, like PromQL's rate(...[1m])."""
+    rate_window_s: Annotated[float, Field(gt=0)] = 15.0
+    """Window of the arrival rate. 15 s lets a step reach the signal within two 15 s scrapes;
+    60 s lags by one more (docs/scaling.md); the scale-down stabiliser absorbs the noise."""
     target_queue_per_replica: Annotated[float, Field(gt=0)] = 4.0
     """Queue term (when no target rate is set): waiting requests per replica to run at; vLLM's
     production stack scales on an engine waiting queue of 5 per replica."""

@@ -15,6 +15,7 @@ from bench.scaling import (
     ScalingConfig,
     ScalingResult,
     Summary,
+    _Simulation,
     add_arguments,
     config_from_args,
     direction_changes,
@@ -22,9 +23,11 @@ from bench.scaling import (
     hpa_external_average_value,
     max_direction_changes,
     plot,
+    poisson_arrivals,
     replica_steady_state,
     right_replicas,
     run_scaling,
+    strategies,
 )
 from router_policies.schema import AutoscaleSettings
 
@@ -126,6 +129,29 @@ def step_run() -> ScalingResult:
     return run_scaling(replace(ScalingConfig(), scenarios=("step",), strategies=("A", "B", "P")))
 
 
+def test_p_is_the_gateway_code_with_a_target_rate() -> None:
+    """P is no copy of the formula: the simulated gateway's own PoolState, configured with
+    target_rate_per_replica, counts every arrival and measures their rate with its RateMeter."""
+    config = replace(SHORT, strategies=("P",))
+    capacity = config.engine.max_rate(config.settings.kv_usage_ceiling)
+    assert config.settings_for("A").target_rate_per_replica is None
+    assert config.settings_for("A") == config.settings
+    p = config.settings_for("P")
+    assert p.target_rate_per_replica == pytest.approx(0.8 * capacity)
+    assert (p.backlog_drain_s, p.rate_window_s) == (config.backlog_drain_s, config.rate_window_s)
+    assert p.min_replicas == config.settings.min_replicas
+    scenario = config.scenario("step")
+    arrivals = poisson_arrivals(scenario, config.seed, config.tick_s)
+    sim = _Simulation(config, scenario, strategies(config)["P"], arrivals)
+    primed = sim.pool.arrivals  # the base load over one rate window before t=0
+    assert primed == round(scenario.base_rate * config.rate_window_s)
+    sim.run()
+    assert sim.pool.policy.autoscale == p
+    end = scenario.duration_s - config.tick_s
+    assert sim.pool.arrivals == primed + sum(1 for a in arrivals if a < end)
+    assert sim.pool.arrival_rate == pytest.approx(scenario.base_rate * scenario.factor, rel=0.2)
+
+
 def summary(result: ScalingResult, key: str) -> Summary:
     return next(o.summary for o in result.scenarios[0].outcomes if o.strategy.key == key)
 
@@ -153,9 +179,26 @@ def test_the_gateway_stabilizer_holds_the_signal_after_the_queue_drains(
         t for t, v in zip(s.scrape_t, s.scrape_signal, strict=True) if t > drained and v < 64
     )
     assert dropped - drained >= 300 - 15  # ScaleDownStabilizer's window, seen at a scrape
-    # ...and the HPA adds its own 300 s on top before it removes a pod.
+    # ...and the HPA on it, its own scale-down window at 0, follows at its next sync.
     removed = next(t for t, v in zip(s.hpa_t, s.hpa_value, strict=True) if t > drained and v < 64)
-    assert removed - dropped >= 300 - 15
+    assert 0 < removed - dropped <= ScalingConfig().hpa_sync_s
+
+
+def test_hpa_scale_down_window_is_zero_on_the_gateway_signal_only(
+    step_run: ScalingResult,
+) -> None:
+    config = ScalingConfig()
+    assert config.hpa_scale_down_window_s == 0.0
+    assert config.queue_hpa_scale_down_window_s == 300.0
+    table = strategies(config)
+    assert [k for k in ("A", "B", "C", "P") if table[k].stabilized] == ["A", "P"]
+    # B's signal (the engines' waiting queue) drops the moment the backlog is gone; the HPA
+    # keeps its default 300 s window before it removes a pod.
+    s = next(o for o in step_run.scenarios[0].outcomes if o.strategy.key == "B").series
+    drained = next(t for t, q in zip(s.t, s.queue_depth, strict=True) if t > 120 and q == 0)
+    quiet = next(t for t, v in zip(s.scrape_t, s.scrape_signal, strict=True) if t >= drained)
+    removed = next(t for t, v in zip(s.hpa_t, s.hpa_value, strict=True) if t > drained and v < 64)
+    assert removed - quiet >= 300 - 15
 
 
 def test_simulation_is_deterministic_for_a_seed() -> None:
@@ -199,22 +242,39 @@ def test_current_formula_reaches_the_right_value_fast_by_overshooting(
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "current formula: reaches the right value in 1 scrape interval, but overshoots to "
-        "max_replicas (queue term ceil(queue/4) integrates the backlog during the cold start) "
-        "and, 600 s after the queue drains (gateway + HPA stabilization), drops to "
-        "min_replicas because KV usage at low per-replica load is far below the ceiling; "
-        "the pool overloads and scales up again: 2 direction changes within 300 s"
+        "default settings (no target_rate_per_replica, queue term): reaches the right value in "
+        "1 scrape interval, but overshoots to max_replicas (ceil(queue/4) integrates the "
+        "backlog during the cold start) and, 300 s after the queue drains (the gateway's "
+        "stabilization), drops to min_replicas because KV usage at low per-replica load is far "
+        "below the ceiling; the pool overloads and scales up again: 2 direction changes "
+        "within 300 s"
     ),
 )
 def test_current_formula_meets_the_acceptance(step_run: ScalingResult) -> None:
     assert summary(step_run, "A").acceptance
 
 
-def test_proposed_formula_meets_the_acceptance(step_run: ScalingResult) -> None:
+def test_gateway_with_target_rate_meets_the_acceptance(step_run: ScalingResult) -> None:
+    """The gateway's formula with target_rate_per_replica = 0.8 x capacity, backlog_drain_s
+    120 and rate_window_s 15, under an HPA with no scale-down window of its own."""
     p = summary(step_run, "P")
     assert p.acceptance
+    assert p.reach_intervals is not None and p.reach_intervals <= 1
+    assert p.max_changes_per_window <= 1
     assert p.peak_target <= 2 * p.right_after
     assert p.replica_s < summary(step_run, "A").replica_s / 3
+    s = next(o for o in step_run.scenarios[0].outcomes if o.strategy.key == "P").series
+    assert s.hpa_value[-1] >= p.right_after  # settles above the right value, not at the floor
+
+
+def test_default_rate_window_reaches_a_scrape_interval_late() -> None:
+    """With the schema's rate_window_s of 60 s the rate term lags the step: the signal is at
+    the right value only after 3 scrape intervals. What docs/scaling.md says to configure."""
+    config = replace(ScalingConfig(), rate_window_s=60.0, scenarios=("step",), strategies=("P",))
+    p = run_scaling(config).scenarios[0].outcomes[0].summary
+    assert p.reach_intervals == 3
+    assert p.max_changes_per_window <= 1
+    assert not p.acceptance
 
 
 # -- report, plots, command line ---------------------------------------------------------------
@@ -239,8 +299,24 @@ def test_arguments_build_the_configuration() -> None:
     config = config_from_args(parse("--cold-start-s", "60", "--seed", "3", "--base-rate", "20"))
     assert (config.cold_start_s, config.seed, config.base_rate) == (60.0, 3, 20.0)
     assert config.settings.min_replicas == 3  # the right value at the base load
-    assert config.strategies == ("A", "B", "C", "R", "P")
+    assert config.strategies == ("A", "B", "C", "P")
+    assert (config.target_utilization, config.backlog_drain_s, config.rate_window_s) == (
+        0.8,
+        120.0,
+        15.0,
+    )
+    assert (config.hpa_scale_down_window_s, config.queue_hpa_scale_down_window_s) == (0.0, 300.0)
+    config = config_from_args(
+        parse("--target-utilization", "0.9", "--rate-window-s", "60", "--backlog-drain-s", "300")
+    )
+    assert config.settings_for("P").rate_window_s == 60.0
+    assert config.settings_for("P").backlog_drain_s == 300.0
+    assert config.target_utilization == 0.9
     with pytest.raises(ValueError, match="strategies"):
-        config_from_args(parse("--strategies", "A,Z"))
+        config_from_args(parse("--strategies", "A,R"))
     with pytest.raises(ValueError, match="cold-start"):
         config_from_args(parse("--cold-start-s", "-1"))
+    with pytest.raises(ValueError, match="target-utilization"):
+        config_from_args(parse("--target-utilization", "1.5"))
+    with pytest.raises(ValueError, match="rate-window"):
+        config_from_args(parse("--rate-window-s", "0"))
