@@ -1,10 +1,13 @@
-"""A closed-loop load driver: at most ``concurrency`` requests in flight, each sent when a slot
-frees up, over one aiohttp session.
+"""A load driver: at most ``concurrency`` requests in flight, each sent when a slot frees up,
+over one aiohttp session; closed-loop by default, open-loop when given an arrival schedule.
 
 Two modes:
 - ``run_conversations``: a workload of conversations. A conversation's rounds run in order,
   each carrying the real answers to the earlier ones; different conversations run
   concurrently. Streaming chat completions with usage, so TTFT and token counts are measured.
+  Conversations start one after another (``start_interval_s``) or at the times of an arrival
+  schedule (``arrivals``, e.g. ``workloads.poisson_arrivals``): open-loop load, where a start
+  does not wait for earlier requests to finish (give a ``concurrency`` the run never reaches).
 - ``run_plain``: N copies of one request body (the overhead benchmark), streaming or not.
 
 Both are bounded: a cap on requests and a timeout per request, so a run always ends by itself.
@@ -23,7 +26,7 @@ import aiohttp
 import orjson
 from tqdm import tqdm
 
-from bench.workloads import Conversation, RequestSpec, total_requests
+from bench.workloads import Conversation, Message, RequestSpec, total_requests
 from gateway import headers
 
 CHAT_PATH = "/v1/chat/completions"
@@ -51,6 +54,8 @@ class RequestResult:
     conversation: str = ""
     group: int = -1
     round: int = 0
+    messages: tuple[Message, ...] = field(default=(), repr=False)
+    """The chat messages sent (``run_conversations`` only): what a cache could have reused."""
 
     @property
     def ok(self) -> bool:
@@ -125,6 +130,8 @@ async def _read_stream(response: aiohttp.ClientResponse, started: float) -> _Rep
             continue
         data = line[5:].strip()
         if data == b"[DONE]":
+            # Read to the end of the body as the OpenAI SDK does, so the connection is reused.
+            await response.content.read()
             return reply
         event = orjson.loads(data)
         if "error" in event:
@@ -230,16 +237,25 @@ async def run_conversations(
     max_requests: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     start_interval_s: float = 0.0,
+    arrivals: Sequence[float] | None = None,
     progress: bool = True,
     description: str = "requests",
 ) -> RunResult:
     """Run every conversation's rounds in order, conversations concurrently, streaming.
 
     Conversation i starts ``i x start_interval_s`` after the run: users join over time, as
-    in vLLM's multi-round QA benchmark, instead of all arriving in the same instant.
+    in vLLM's multi-round QA benchmark, instead of all arriving in the same instant. With
+    ``arrivals`` (one offset in seconds per conversation) it starts at ``arrivals[i]`` instead.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
+    if arrivals is not None and len(arrivals) != len(workload):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(workload)} conversations")
+    starts = (
+        list(arrivals)
+        if arrivals is not None
+        else [i * start_interval_s for i in range(len(workload))]
+    )
     planned = total_requests(workload)
     budget = planned if max_requests is None else min(planned, max_requests)
     url = base_url.rstrip("/") + CHAT_PATH
@@ -253,7 +269,8 @@ async def run_conversations(
         index: int, conversation: Conversation, session: aiohttp.ClientSession, bar: tqdm[Any]
     ) -> None:
         nonlocal remaining
-        await asyncio.sleep(index * start_interval_s)
+        # Against the run's clock, so a late start (a busy event loop) does not shift later ones.
+        await asyncio.sleep(max(0.0, started + starts[index] - time.perf_counter()))
         answers: list[str] = []
         for round_ in range(conversation.rounds):
             if remaining <= 0:
@@ -263,7 +280,13 @@ async def run_conversations(
             async with slots:
                 result, answer = await send(session, url, chat_body(spec, model), stream=True)
             results.append(
-                replace(result, conversation=spec.conversation, group=spec.group, round=spec.round)
+                replace(
+                    result,
+                    conversation=spec.conversation,
+                    group=spec.group,
+                    round=spec.round,
+                    messages=spec.messages,
+                )
             )
             bar.update()
             if not result.ok:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -40,8 +41,14 @@ def _json(data: object, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
 
 
+_ID_PREFIX = secrets.token_hex(6)
+_id_counter = itertools.count(1)
+
+
 def _request_id(request: web.Request) -> str:
-    return request.headers.get(headers.REQUEST_ID) or uuid.uuid4().hex
+    # Unique across processes by the random prefix, within one by the counter: no syscall
+    # per request, unlike uuid4.
+    return request.headers.get(headers.REQUEST_ID) or f"{_ID_PREFIX}{next(_id_counter):010x}"
 
 
 @web.middleware

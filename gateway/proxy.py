@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from prometheus_client import Counter, Histogram
 
 from gateway import headers
 from gateway.errors import GatewayError, error_body, no_healthy_replica, pool_saturated
@@ -62,6 +63,8 @@ class Forwarder:
         self._session = session
         self._settings = settings
         self._metrics = metrics
+        self._recorders: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        self._ttft: dict[str, Histogram] = {}
         self._timeout = aiohttp.ClientTimeout(
             total=None,
             connect=settings.connect_timeout_s,
@@ -197,7 +200,7 @@ class Forwarder:
         out: dict[str, str],
         upstream: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(status=upstream.status, headers=out)
+        response = _StreamWithFirstChunk(status=upstream.status, headers=out)
         response.headers["Cache-Control"] = "no-cache"
         await response.prepare(request)
         content = upstream.content
@@ -216,15 +219,37 @@ class Forwarder:
             await response.write(chunk)
             if first:
                 first = False
-                self._metrics.ttft.labels(routed.pool.name).observe(
-                    time.perf_counter() - routed.started
-                )
+                self._ttft_of(routed.pool.name).observe(time.perf_counter() - routed.started)
         await response.write_eof()
         return response
 
     def _record(self, pool: str, route: str, status: int, started: float) -> None:
-        self._metrics.requests.labels(pool, route, str(status)).inc()
-        self._metrics.duration.labels(pool).observe(time.perf_counter() - started)
+        # Labelled children are looked up once per label set: .labels() costs microseconds.
+        key = (pool, route, status)
+        recorder = self._recorders.get(key)
+        if recorder is None:
+            metrics = self._metrics
+            recorder = (
+                metrics.requests.labels(pool, route, str(status)),
+                metrics.duration.labels(pool),
+            )
+            self._recorders[key] = recorder
+        requests, duration = recorder
+        requests.inc()
+        duration.observe(time.perf_counter() - started)
+
+    def _ttft_of(self, pool: str) -> Histogram:
+        histogram = self._ttft.get(pool)
+        if histogram is None:
+            histogram = self._ttft[pool] = self._metrics.ttft.labels(pool)
+        return histogram
+
+
+class _StreamWithFirstChunk(web.StreamResponse):
+    """Sends the headers together with the first chunk rather than in a packet of their own,
+    as aiohttp's own web.Response does: one write fewer before the first token."""
+
+    _send_headers_immediately = False
 
 
 def _upstream_error(replica: ReplicaState, exc: BaseException) -> bytes:

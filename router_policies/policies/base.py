@@ -12,6 +12,8 @@ from router_policies.schema import PoolPolicy
 class SelectionPolicy(Protocol):
     uses_prefix: bool
     """Whether candidates need their prefix match computed (a cost the baselines skip)."""
+    uses_fingerprint: bool
+    """Whether the request's fingerprint is read at all (round-robin reads nothing)."""
 
     def select(
         self, features: RequestFeatures, snapshot: PoolSnapshot, policy: PoolPolicy

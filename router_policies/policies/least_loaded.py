@@ -9,6 +9,7 @@ from router_policies.schema import PoolPolicy
 
 
 class LeastLoaded:
+    uses_fingerprint = True
     uses_prefix = False
 
     def select(

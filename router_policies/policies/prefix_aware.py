@@ -22,6 +22,7 @@ def _useful(matched_blocks: int, features: RequestFeatures, prefix: PrefixSettin
 
 
 class PrefixAware:
+    uses_fingerprint = True
     uses_prefix = True
 
     def select(

@@ -8,6 +8,7 @@ from router_policies.schema import PoolPolicy
 
 
 class RoundRobin:
+    uses_fingerprint = False
     uses_prefix = False
 
     def select(
