@@ -9,10 +9,14 @@ Single-shot workloads are conversations of one round.
 Text is pseudo-random words, cut to ``4 x tokens`` characters (~4 characters per token, the
 sim's tokenizer and llm-d's estimate). Every string comes from a ``random.Random`` seeded by
 (seed, group, user), so a group's system prompt does not change when users or rounds are added.
+
+Arrival times are a separate schedule (``poisson_arrivals``) that the driver follows, so the
+same conversations can be sent closed-loop or open-loop.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -164,3 +168,82 @@ def generated_shared_prefix(
         for prompt in range(prompts_per_group)
     ]
     return _shuffled(conversations, seed)
+
+
+def low_sharing(
+    groups: int = 64,
+    prompts_per_group: int = 16,
+    shared_tokens: int = 128,
+    unique_tokens: int = 2048,
+    output_tokens: int = 256,
+    seed: int = 0,
+) -> list[Conversation]:
+    """llm-d's low-sharing control: a short part shared by a group, then a long unique part.
+
+    The shape of ``generated_shared_prefix`` with the lengths swapped (SGLang's 2,048 shared and
+    128 unique become 128 shared and 2,048 unique), so the two read side by side: here prefix
+    affinity can save little, and a prefix-aware router must not lose to a load-only one.
+    """
+    return generated_shared_prefix(
+        groups, prompts_per_group, shared_tokens, unique_tokens, output_tokens, seed
+    )
+
+
+def zipf_weights(groups: int, exponent: float) -> list[float]:
+    """Zipf popularity of ``groups`` ranks: rank k (1-based) weighs k^-exponent; the sum is 1."""
+    if groups < 1:
+        raise ValueError("zipf_weights needs at least one group")
+    raw = [rank**-exponent for rank in range(1, groups + 1)]
+    total = sum(raw)
+    return [w / total for w in raw]
+
+
+def zipf_groups(
+    groups: int = 64,
+    requests: int = 1024,
+    exponent: float = 1.0,
+    system_tokens: int = 2048,
+    question_tokens: int = 128,
+    output_tokens: int = 256,
+    seed: int = 0,
+) -> list[Conversation]:
+    """Skewed popularity: each one-round request picks its group from a Zipf distribution.
+
+    Group 0 is the hot system prompt (with ``exponent`` 1 and 64 groups it gets ~21% of the
+    requests, 1.7x the share of one replica in 8); the lengths are generated-shared-prefix's.
+    Pinning every request of a prefix to one replica would overload that replica here.
+    """
+    weights = zipf_weights(groups, exponent)
+    rng = random.Random(f"{seed}:zipf")
+    picks = rng.choices(range(groups), weights=weights, k=requests)
+    systems = {group: _system_prompt(seed, group, system_tokens) for group in sorted(set(picks))}
+    counters = dict.fromkeys(systems, 0)
+    conversations = []
+    for group in picks:
+        index = counters[group]
+        counters[group] += 1
+        conversations.append(
+            Conversation(
+                id=f"g{group:03d}-z{index:04d}",
+                group=group,
+                system=systems[group],
+                questions=_questions(seed, group, index, 1, question_tokens),
+                max_tokens=output_tokens,
+            )
+        )
+    return conversations  # the draws are already in random order
+
+
+def poisson_arrivals(count: int, rate: float, seed: int = 0) -> list[float]:
+    """Start offsets in seconds of ``count`` arrivals of a Poisson process at ``rate`` per second.
+
+    The first arrival is at 0; the gaps are exponential with mean 1 / rate (open-loop load, as
+    llm-d's and vLLM's benchmarks send it). Seeded, so every target gets the same schedule.
+    """
+    if count < 0:
+        raise ValueError("count must be >= 0")
+    if rate <= 0:
+        raise ValueError("rate must be > 0")
+    rng = random.Random(f"{seed}:arrivals")
+    gaps = [0.0] + [rng.expovariate(rate) for _ in range(count - 1)]
+    return list(itertools.accumulate(gaps))[:count]
