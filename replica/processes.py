@@ -13,8 +13,9 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 
@@ -205,11 +206,16 @@ async def start_sim_replicas(
     n: int, model: str = "sim-model", **config_overrides: object
 ) -> list[ManagedProcess]:
     """Start ``n`` simulated replicas concurrently on free ports; all healthy, or none left."""
-    results = await asyncio.gather(
-        *(_start_sim_replica(i, model, config_overrides) for i in range(n)),
-        return_exceptions=True,
-    )
-    started = [r for r in results if isinstance(r, ManagedProcess)]
+    return await start_all(_start_sim_replica(i, model, config_overrides) for i in range(n))
+
+
+P = TypeVar("P", bound=ManagedProcess)
+
+
+async def start_all(starts: Iterable[Awaitable[P]]) -> list[P]:
+    """Run the start-ups concurrently: every process healthy, or every started one stopped."""
+    results = await asyncio.gather(*starts, return_exceptions=True)
+    started = [r for r in results if not isinstance(r, BaseException)]
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         await asyncio.gather(*(process.stop() for process in started))

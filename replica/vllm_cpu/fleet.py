@@ -14,7 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from replica.processes import ManagedProcess, ProcessStartError, free_port
+from replica.processes import ManagedProcess, ProcessStartError, free_port, start_all
 from replica.vllm_cpu.tiny_model import default_dir, has_model
 from replica.vllm_launch import CPU_HOST, cpu_dev_profile, cpu_dtype, environment, render
 
@@ -240,18 +240,7 @@ async def start_vllm_cpu_replicas(
     usable = os.sched_getaffinity(0)
     if not set(cores) <= usable:
         raise ValueError(f"cores {sorted(set(cores) - usable)} are not usable here ({usable})")
-    results = await asyncio.gather(
-        *(
-            _start_one(
-                i, core, model_dir, served_model_name, venv, startup_timeout_s, keep_logs, dtype
-            )
-            for i, core in enumerate(cores)
-        ),
-        return_exceptions=True,
+    return await start_all(
+        _start_one(i, core, model_dir, served_model_name, venv, startup_timeout_s, keep_logs, dtype)
+        for i, core in enumerate(cores)
     )
-    started = [r for r in results if isinstance(r, ManagedProcess)]
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        await asyncio.gather(*(process.stop() for process in started))
-        raise errors[0]
-    return started
