@@ -33,6 +33,8 @@ class RequestFeatures:
     home_block: int = 0
     """Index of the block whose digest keys the cold-start home: the last full block of the
     system prompt, so prompts that only share a boilerplate opening get different homes."""
+    lead_bytes: int = 0
+    """Bytes of the shared lead (system and developer messages, tools), capped like the hash."""
 
     @property
     def home_key(self) -> int:
@@ -111,5 +113,6 @@ def fingerprint(
     text = prompt.text
     seed = _model_seed(model, salt)
     hashes = block_hashes(text, seed, block_bytes, max_blocks)
+    hashed = min(len(text), block_bytes * max_blocks)
     home_block = max(prompt.lead_bytes // block_bytes - 1, 0)
-    return RequestFeatures(model, hashes, min(len(text), block_bytes * max_blocks), home_block)
+    return RequestFeatures(model, hashes, hashed, home_block, min(prompt.lead_bytes, hashed))

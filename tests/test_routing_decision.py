@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router_policies.decision import Candidate, PoolSnapshot, Route
-from router_policies.fingerprint import fingerprint
+from router_policies.fingerprint import CanonicalPrompt, fingerprint
 from router_policies.policies import REGISTRY
 from router_policies.rendezvous import home
 from router_policies.schema import PolicyName, PoolPolicy
@@ -14,8 +14,21 @@ POOL = PoolPolicy(model="m", replicas=["http://a:1", "http://b:1", "http://c:1",
 NAMES = ("a", "b", "c", "d")
 prefix_aware = REGISTRY[PolicyName.PREFIX_AWARE]
 
+
+def system_prompt(text: bytes) -> CanonicalPrompt:
+    """A prompt that is all shared lead (a system prompt), the case a cold home is for."""
+    return CanonicalPrompt(text, lead_bytes=len(text))
+
+
 # A prompt of 10 blocks at the default block size.
-FEATURES = fingerprint("m", b"s" * POOL.prefix.block_bytes * 10, 128, 256)
+FEATURES = fingerprint("m", system_prompt(b"s" * POOL.prefix.block_bytes * 10), 128, 256)
+# The same length, but only its first block is a shared lead: mostly unique text.
+MOSTLY_UNIQUE = fingerprint(
+    "m",
+    CanonicalPrompt(b"u" * POOL.prefix.block_bytes * 10, lead_bytes=POOL.prefix.block_bytes),
+    128,
+    256,
+)
 HOME = home(FEATURES.home_key, NAMES)
 NOT_HOME = next(n for n in NAMES if n != HOME)
 
@@ -64,6 +77,17 @@ def test_busy_home_falls_back_to_the_least_loaded_replica() -> None:
     assert (decision.replica, decision.route) == (NOT_HOME, Route.LEAST_LOADED)
 
 
+def test_a_mostly_unique_prompt_goes_by_load_not_to_a_home() -> None:
+    """Preble's rule: when the shared part is small, a cache saves little; balance wins."""
+    home_of_lead = home(MOSTLY_UNIQUE.home_key, NAMES)
+    loads = {n: 1.0 for n in NAMES}
+    emptiest = next(n for n in NAMES if n != home_of_lead)
+    loads[emptiest] = 0.0
+    decision = prefix_aware.select(MOSTLY_UNIQUE, snapshot(loads, {home_of_lead: 1}), POOL)
+    assert decision is not None
+    assert (decision.replica, decision.route) == (emptiest, Route.LEAST_LOADED)
+
+
 def test_equal_matches_go_to_the_less_loaded_replica() -> None:
     decision = prefix_aware.select(FEATURES, snapshot(idle(a=1), {"a": 10, "b": 10}), POOL)
     assert decision is not None
@@ -84,7 +108,9 @@ def test_the_cap_follows_the_balance_factor() -> None:
 def test_distinct_prefixes_spread_over_the_pool() -> None:
     homes = set()
     for i in range(64):
-        features = fingerprint("m", f"system prompt number {i} ".encode() * 20, 128, 256)
+        features = fingerprint(
+            "m", system_prompt(f"system prompt number {i} ".encode() * 20), 128, 256
+        )
         decision = prefix_aware.select(features, snapshot(idle()), POOL)
         assert decision is not None and decision.route is Route.PREFIX_HOME
         homes.add(decision.replica)
