@@ -332,6 +332,10 @@ def sim_description(replicas: int, config: SimConfig, scale: SimScale) -> list[s
         f"~{144 * config.prefill_s_per_token * 1000:.0f} ms after a system-prompt hit.",
         "- Affinity bound: exact for this fleet (the sim's own tokenizer, chat template and "
         f"{config.block_size}-token block hashing over the prompts actually sent).",
+        "- vllm-router's cache_aware asks every worker for `/v1/chat/completions/render` "
+        "(then `/tokenize`) to match on tokens; the sim serves neither (vllm-router logs "
+        '`Prefix input preparation unavailable ... reason="render_unavailable"`), so on this '
+        "fleet it runs its fallback path. Real vLLM serves both: see the real fleet below.",
     ]
 
 
@@ -511,6 +515,8 @@ class CompareResult:
     checks: list[Check]
     peers: str
     duration_s: float
+    code: str = ""
+    """code_revision() when the run started."""
 
 
 def _peer_targets(config: CompareConfig, out: TextIO) -> tuple[str | None, str]:
@@ -530,6 +536,7 @@ def _peer_targets(config: CompareConfig, out: TextIO) -> tuple[str | None, str]:
 
 async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> CompareResult:
     started = time.perf_counter()
+    code = code_revision()
     peer_reason, peers_line = _peer_targets(config, out)
     fleets: list[FleetResult] = []
     checks: list[Check] = []
@@ -576,7 +583,7 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
                 real = FleetResult("real", "Real vLLM fleet (2 CPU replicas)", skipped=real_reason)
             fleets.append(real)
             checks += real_checks(real, REAL_GSP)
-    return CompareResult(fleets, checks, peers_line, time.perf_counter() - started)
+    return CompareResult(fleets, checks, peers_line, time.perf_counter() - started, code)
 
 
 METHOD = [
@@ -652,10 +659,11 @@ def sim_notes(fleet: FleetResult, checks: Sequence[Check]) -> list[str]:
     pa_low = fleet.get(LOW, PREFIX_AWARE)
     if "low-sharing" in failed and pa_low is not None:
         lines.append(
-            "- Low sharing: prefix-aware finds no useful match (the shared part is ~6% of a "
-            "prompt) and sends each group to its rendezvous home while the home is under the "
-            f"load cap ({_share(_route_count(pa_low, 'prefix-home'), pa_low.sent)} requests); "
-            "least-loaded picks the emptiest replica every time."
+            "- Low sharing: the shared part is ~6% of a prompt, so no match is worth pinning "
+            "for; prefix-aware's routes: "
+            + ", ".join(f"{r} {n}" for r, n in pa_low.routes)
+            + f" ({_share(_route_count(pa_low, 'prefix-home'), pa_low.sent)} requests went to "
+            "a cold-start home rather than by load)."
         )
     rr_low = fleet.get(LOW, ROUND_ROBIN)
     slower = [
@@ -745,6 +753,13 @@ def code_revision() -> str:
     )
 
 
+def _code_line(at_start: str, at_end: str) -> str:
+    if at_start == at_end:
+        return at_start
+    # Someone changed the tree while the benchmark ran: the figures belong to neither state.
+    return f"{at_start} at the start, {at_end} at the end (the code changed during the run)"
+
+
 def write_report(result: CompareResult, config: CompareConfig, out: TextIO) -> Path | None:
     if config.out is None:
         return None
@@ -759,7 +774,7 @@ def write_report(result: CompareResult, config: CompareConfig, out: TextIO) -> P
                 images[fleet.key] = write_plots(fleet, out_dir)
     info = RunInfo(
         command=config.command(),
-        code=code_revision(),
+        code=_code_line(result.code, code_revision()),
         date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         machine=f"{machine_description()}; load average at the end "
         + ", ".join(f"{load:.2f}" for load in os.getloadavg())
