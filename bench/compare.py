@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import math
 import os
 import subprocess
@@ -515,8 +516,8 @@ class CompareResult:
     checks: list[Check]
     peers: str
     duration_s: float
-    code: str = ""
-    """code_revision() when the run started."""
+    code: CodeState | None = None
+    """The code when the run started."""
 
 
 def _peer_targets(config: CompareConfig, out: TextIO) -> tuple[str | None, str]:
@@ -536,7 +537,7 @@ def _peer_targets(config: CompareConfig, out: TextIO) -> tuple[str | None, str]:
 
 async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> CompareResult:
     started = time.perf_counter()
-    code = code_revision()
+    code = CodeState.now()
     peer_reason, peers_line = _peer_targets(config, out)
     fleets: list[FleetResult] = []
     checks: list[Check] = []
@@ -722,23 +723,27 @@ def notes(result: CompareResult) -> list[str]:
     return lines
 
 
+MEASURED_PATHS = ("gateway", "router_policies", "replica", "bench")
+"""The code a comparison runs: its report names the git revision and a hash of these."""
+
+
+def source_digest() -> str:
+    """A hash of every .py file under MEASURED_PATHS: equal digests, equal code measured,
+    whatever was committed in between."""
+    digest = hashlib.sha256()
+    for path in sorted(p for top in MEASURED_PATHS for p in (ROOT / top).rglob("*.py")):
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def code_revision() -> str:
-    """The git revision the run used, and which routing-relevant paths differed from it."""
+    """The git revision the run used, and which measured paths differed from it."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip()
         dirty = subprocess.run(
-            [
-                "git",
-                "status",
-                "--porcelain",
-                "--",
-                "gateway",
-                "router_policies",
-                "replica",
-                "bench",
-            ],
+            ["git", "status", "--porcelain", "--", *MEASURED_PATHS],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -753,11 +758,25 @@ def code_revision() -> str:
     )
 
 
-def _code_line(at_start: str, at_end: str) -> str:
-    if at_start == at_end:
-        return at_start
-    # Someone changed the tree while the benchmark ran: the figures belong to neither state.
-    return f"{at_start} at the start, {at_end} at the end (the code changed during the run)"
+@dataclass(frozen=True, slots=True)
+class CodeState:
+    revision: str
+    digest: str
+
+    @classmethod
+    def now(cls) -> CodeState:
+        return cls(code_revision(), source_digest())
+
+
+def code_line(at_start: CodeState, at_end: CodeState) -> str:
+    """The report's Code line: the revision at the start, and whether the code changed."""
+    line = f"{at_start.revision}; sources of {', '.join(MEASURED_PATHS)} hash {at_start.digest}"
+    if at_end.digest != at_start.digest:
+        # Someone changed the code while the benchmark ran: the figures belong to neither state.
+        line += f", {at_end.digest} at the end (the code CHANGED during the run)"
+    elif at_end.revision != at_start.revision:
+        line += f" (unchanged at the end, committed as {at_end.revision})"
+    return line
 
 
 def write_report(result: CompareResult, config: CompareConfig, out: TextIO) -> Path | None:
@@ -774,7 +793,7 @@ def write_report(result: CompareResult, config: CompareConfig, out: TextIO) -> P
                 images[fleet.key] = write_plots(fleet, out_dir)
     info = RunInfo(
         command=config.command(),
-        code=_code_line(result.code, code_revision()),
+        code=code_line(result.code or CodeState.now(), CodeState.now()),
         date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         machine=f"{machine_description()}; load average at the end "
         + ", ".join(f"{load:.2f}" for load in os.getloadavg())

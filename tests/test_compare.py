@@ -16,13 +16,16 @@ from bench import peers
 from bench.affinity import AffinityBound, affinity_bound
 from bench.cli import BENCHMARKS
 from bench.compare import (
+    CodeState,
     CompareConfig,
     PlannedWorkload,
     SimScale,
     _planned,
+    code_line,
     run_sim_fleet,
     sim_notes,
     sim_workloads,
+    source_digest,
 )
 from bench.compare_results import (
     CACHE_AWARE_PEERS,
@@ -340,6 +343,17 @@ def test_compare_is_a_bench_subcommand_with_a_reproducible_command_line() -> Non
         CompareConfig(fleet="sim", quick=True, out=None).command()
         == "llm-gateway bench compare --fleet sim --quick --no-out"
     )
+
+
+def test_code_line_says_whether_the_code_changed_during_the_run() -> None:
+    start = CodeState("git aaa", "d1")
+    assert (
+        code_line(start, start)
+        == "git aaa; sources of gateway, router_policies, replica, bench hash d1"
+    )
+    assert "committed as git bbb" in code_line(start, CodeState("git bbb", "d1"))
+    assert "CHANGED during the run" in code_line(start, CodeState("git aaa", "d2"))
+    assert len(source_digest()) == 12 and source_digest() == source_digest()
 
 
 def test_peer_command_lines_follow_the_documented_flags() -> None:
