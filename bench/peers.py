@@ -23,7 +23,7 @@ from typing import Literal
 import aiohttp
 import orjson
 
-from replica.processes import ManagedProcess, ProcessStartError, free_port
+from replica.processes import ManagedProcess, ProcessStartError, free_port, python_check
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_ENV = "PEERS_VENV"
@@ -64,19 +64,9 @@ def peers_available(venv: Path | None = None) -> str | None:
         "    sys.exit('sglang_router.launch_router is missing')\n"
     )
     pins = [f"{name}=={version}" for name, version in VERSIONS.items()]
-    try:
-        result = subprocess.run(
-            [str(python), "-c", check, *pins],
-            capture_output=True,
-            text=True,
-            timeout=_CHECK_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"cannot run {python}: {exc}"
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"peer routers not usable in {venv} ({last}): re-run {INSTALL_SCRIPT.name}"
+    failure = python_check(python, check, *pins, timeout_s=_CHECK_TIMEOUT_S)
+    if failure is not None:
+        return f"peer routers not usable in {venv} ({failure}): re-run {INSTALL_SCRIPT.name}"
     return None
 
 

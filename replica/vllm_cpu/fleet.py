@@ -11,10 +11,15 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 from pathlib import Path
 
-from replica.processes import ManagedProcess, ProcessStartError, free_port, start_all
+from replica.processes import (
+    ManagedProcess,
+    ProcessStartError,
+    free_port,
+    python_check,
+    start_all,
+)
 from replica.vllm_cpu.tiny_model import default_dir, has_model
 from replica.vllm_launch import CPU_HOST, cpu_dev_profile, cpu_dtype, environment, render
 
@@ -51,19 +56,9 @@ def vllm_cpu_available(venv: Path | None = None, model_dir: Path | None = None) 
             f"no model in {model_dir}: run "
             f"{python} -m replica.vllm_cpu.tiny_model --out {model_dir}"
         )
-    try:
-        result = subprocess.run(
-            [str(python), "-c", "import vllm"],
-            capture_output=True,
-            text=True,
-            timeout=_IMPORT_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"cannot run {python}: {exc}"
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"`import vllm` fails in {venv} ({last}): re-run replica/vllm_cpu/install.sh"
+    failure = python_check(python, "import vllm", timeout_s=_IMPORT_TIMEOUT_S)
+    if failure is not None:
+        return f"`import vllm` fails in {venv} ({failure}): re-run replica/vllm_cpu/install.sh"
     return None
 
 
