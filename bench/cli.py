@@ -1,49 +1,65 @@
-"""``llm-gateway bench``: one sub-command per benchmark.
+"""``llm-gateway bench``: one sub-command per benchmark (a plugin of the gateway's CLI).
 
-Each benchmark is a module with ``add_arguments(parser)`` and ``run(args) -> int``; adding one
-(``bench compare``, ...) is one more row in ``BENCHMARKS``.
+Each benchmark is a module with ``add_arguments(parser)`` and ``run(args) -> int``, imported
+only when it runs; adding one is one more row in ``BENCHMARKS``.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from types import ModuleType
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
 
-from bench import compare, overhead, scaling, tier_eval
-
-Runner = Callable[[argparse.Namespace], int]
-
-BENCHMARKS: tuple[tuple[str, ModuleType, str], ...] = (
-    ("overhead", overhead, "latency and throughput the gateway adds over a zero-delay replica"),
-    (
-        "tiers",
-        tier_eval,
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "overhead": (
+        "bench.overhead",
+        "latency and throughput the gateway adds over a zero-delay replica",
+    ),
+    "tiers": (
+        "bench.tier_eval",
         "the tier classifier on the labelled prompt set: ROC AUC, calibrated share",
     ),
-    (
-        "compare",
-        compare,
+    "compare": (
+        "bench.compare",
         "the gateway vs vllm-router and sglang-router on simulated and real fleets",
     ),
-    ("scaling", scaling, "HPA response to the autoscaling signal: step and ramp simulation"),
-)
+    "scaling": (
+        "bench.scaling",
+        "HPA response to the autoscaling signal: step and ramp simulation",
+    ),
+}
+EXTRA_MODULES = ("numpy", "matplotlib")
+"""What the `bench` extra installs beyond the base install."""
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    for name, module, summary in BENCHMARKS:
-        sub = benchmarks.add_parser(
-            name,
-            help=summary,
-            description=module.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+def missing_extra() -> str | None:
+    """The first module of the bench extra that this install lacks, if any."""
+    return next((m for m in EXTRA_MODULES if importlib.util.find_spec(m) is None), None)
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="llm-gateway bench", description=__doc__)
+    parser.add_argument("benchmark", choices=BENCHMARKS, metavar="BENCHMARK", help=", ".join(
+        f"{name}: {summary}" for name, (_, summary) in BENCHMARKS.items()
+    ))  # fmt: skip
+    args, rest = parser.parse_known_args(argv[:1])
+    module_name, summary = BENCHMARKS[args.benchmark]
+    missing = missing_extra()
+    if missing is not None:
+        print(
+            f"error: the benchmarks need the bench extra ({missing} is missing): "
+            "pip install 'llm-gateway[bench]'",
+            file=sys.stderr,
         )
-        module.add_arguments(sub)
-        # Not "func": the top-level parser already uses that name for `bench` itself.
-        sub.set_defaults(bench_run=module.run)
-
-
-def run(args: argparse.Namespace) -> int:
-    runner: Runner = args.bench_run
-    return runner(args)
+        return 2
+    module = importlib.import_module(module_name)
+    sub = argparse.ArgumentParser(
+        prog=f"llm-gateway bench {args.benchmark}",
+        description=module.__doc__ or summary,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.add_arguments(sub)
+    code: int = module.run(sub.parse_args([*rest, *argv[1:]]))
+    return code

@@ -59,6 +59,7 @@ from bench.compare_results import (
     ttft_ratio_text,
 )
 from bench.driver import CHAT_PATH, run_conversations
+from bench.launcher import start_gateway
 from bench.overhead import machine_description
 from bench.replica_counters import delta, reset_and_verify, wait_quiet
 from bench.report import RunInfo, plots_available, render_markdown, write_plots
@@ -71,7 +72,6 @@ from bench.workloads import (
     total_requests,
     zipf_groups,
 )
-from gateway.launcher import start_gateway
 from replica.processes import ManagedProcess, start_sim_replicas
 from replica.sim.config import SimConfig
 from router_policies.schema import LoadSettings

@@ -35,7 +35,7 @@ import uvloop
 
 from bench import peers
 from bench.driver import RequestResult, RunResult, percentile, run_plain
-from gateway.launcher import start_gateway
+from bench.launcher import start_gateway
 from replica.processes import ManagedProcess, start_sim_replicas
 
 MODEL = "sim-model"

@@ -23,7 +23,13 @@ from typing import Literal
 import aiohttp
 import orjson
 
-from replica.processes import ManagedProcess, ProcessStartError, free_port, python_check
+from replica.processes import (
+    ManagedProcess,
+    ProcessStartError,
+    free_port,
+    python_check,
+    start_on_free_port,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_ENV = "PEERS_VENV"
@@ -38,7 +44,6 @@ PEER_POLICIES: dict[str, tuple[str, ...]] = {
 }
 _HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
-_PORT_ATTEMPTS = 3
 _CHECK_TIMEOUT_S = 30.0
 
 
@@ -146,20 +151,13 @@ async def start_peer(
     Ports are picked free (the router's and its metrics port), and picked again if another
     process takes one first. Stop the result with ``await process.stop()``.
     """
-    for attempt in range(_PORT_ATTEMPTS):
-        port, metrics_port = free_port(_HOST), free_port(_HOST)
-        argv = peer_argv(kind, policy, worker_urls, port, metrics_port, venv)
-        process = ManagedProcess(argv, f"http://{_HOST}:{port}", name=f"{kind}-{policy}")
-        try:
-            await process.start(health_path="/readiness", timeout_s=ready_timeout_s)
-            await _all_workers_ready(process.url, len(worker_urls), ready_timeout_s)
-            return process
-        except ProcessStartError as exc:
-            await process.stop()
-            text = str(exc).lower()
-            if attempt == _PORT_ATTEMPTS - 1 or "address already in use" not in text:
-                raise
-        except BaseException:
-            await process.stop()  # cancelled while starting: leave nothing running
-            raise
-    raise AssertionError("unreachable")
+
+    def build(port: int) -> ManagedProcess:
+        argv = peer_argv(kind, policy, worker_urls, port, free_port(_HOST), venv)
+        return ManagedProcess(argv, f"http://{_HOST}:{port}", name=f"{kind}-{policy}")
+
+    async def start(process: ManagedProcess) -> None:
+        await process.start(health_path="/readiness", timeout_s=ready_timeout_s)
+        await _all_workers_ready(process.url, len(worker_urls), ready_timeout_s)
+
+    return await start_on_free_port(build, start, host=_HOST)

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from replica.state import EngineStats, PoolQueue, PoolState
+from gateway.state import EngineStats, PoolQueue, PoolState
 from router_policies.schema import AutoscaleSettings, PoolPolicy
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """How well the easy/hard tier classifier separates a labelled prompt set, and what it costs.
 
-``llm-gateway bench tiers`` scores every prompt of ``router_policies/data/tier_eval.jsonl``
+``llm-gateway bench tiers`` scores every prompt of ``bench/data/tier_eval.jsonl``
 (README.md there says where the prompts come from and how they were labelled) with
 ``router_policies.tier_classifier.score`` and reports:
 
@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import router_policies
 from router_policies.calibration import QuantileThreshold
 from router_policies.schema import TierWeights
 from router_policies.tier_classifier import score
 
-DEFAULT_DATA = Path(router_policies.__file__).parent / "data" / "tier_eval.jsonl"
+DEFAULT_DATA = Path(__file__).parent / "data" / "tier_eval.jsonl"
 DEFAULT_PLOT = Path("docs/tier_roc.png")
 DEFAULT_WEIGHTS = TierWeights()
 FIXED_THRESHOLD = 0.5
@@ -405,7 +404,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data",
         type=Path,
         default=DEFAULT_DATA,
-        help="labelled JSONL set (default: the shipped router_policies/data/tier_eval.jsonl)",
+        help="labelled JSONL set (default: the shipped bench/data/tier_eval.jsonl)",
     )
     parser.add_argument(
         "--plot",

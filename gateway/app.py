@@ -17,14 +17,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
 from gateway import headers
-from gateway.errors import GatewayError
+from gateway.errors import ApiError
 from gateway.metrics import NO_POOL, GatewayMetrics
+from gateway.monitor import ProbeSettings, ReplicaMonitor
 from gateway.policy_reload import PolicyHolder
 from gateway.proxy import Forwarder, Routed
 from gateway.request_body import Endpoint, parse_request
 from gateway.resolve import resolve
 from gateway.settings import Settings
-from replica.monitor import ProbeSettings, ReplicaMonitor
 from router_policies.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -56,21 +56,21 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     """Every error the gateway answers itself has the OpenAI body, never a stack trace."""
     try:
         return await handler(request)
-    except GatewayError as exc:
+    except ApiError as exc:
         error = exc
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SETTINGS].max_body_bytes
-        error = GatewayError(
+        error = ApiError(
             413, f"The request body is larger than the limit of {limit} bytes.",
             code="request_too_large",
         )  # fmt: skip
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        error = GatewayError(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_"))
+        error = ApiError(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_"))
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        error = GatewayError(500, "Internal gateway error.", type_="server_error")
+        error = ApiError(500, "Internal gateway error.", type_="server_error")
     if request.path.startswith("/v1/"):
         request.app[METRICS].requests.labels(NO_POOL, NO_POOL, str(error.status)).inc()
     return error.response({headers.REQUEST_ID: _request_id(request)})
@@ -130,13 +130,13 @@ def admin(handler: Handler) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
         token = request.app[SETTINGS].admin_token
         if token is None:
-            raise GatewayError(
+            raise ApiError(
                 403, "Admin endpoints are disabled: set GATEWAY_ADMIN_TOKEN to enable them.",
                 type_="permission_error", code="admin_disabled",
             )  # fmt: skip
         sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(sent.encode(), token.get_secret_value().encode()):
-            raise GatewayError(
+            raise ApiError(
                 401, "A valid admin bearer token is required.", type_="authentication_error",
                 code="invalid_admin_token",
             )  # fmt: skip

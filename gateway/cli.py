@@ -1,18 +1,32 @@
-"""The `llm-gateway` command line (CONTRACT): serve, sim-replica, demo, check-policy, bench."""
+"""The `llm-gateway` command line (CONTRACT): serve, sim-replica, check-policy, and the tools.
+
+The product's commands are defined here. The tooling's (`demo`, `bench`) are plugins found by
+entry point (group ``llm_gateway.tools``, declared in pyproject.toml), so the gateway never
+imports its tooling, and an install without it (the production image) says so in one line.
+A command's module is imported only when that command runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
-from gateway.settings import Settings
 from router_policies.schema import InvalidPolicy, Policy, effective_policy_yaml, load_policy
+
+TOOLS_GROUP = "llm_gateway.tools"
+_TOOL_HELP = {
+    "demo": "simulated fleet + gateway on loopback: prefix-aware vs round-robin",
+    "bench": "benchmarks (needs the bench extra: pip install 'llm-gateway[bench]')",
+}
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.settings import Settings
+
     flags = (("host", args.host), ("port", args.port), ("policy", args.policy))
     settings = Settings(**{k: v for k, v in flags if v is not None})
     logging.basicConfig(
@@ -56,19 +70,25 @@ def _sim_replica(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from gateway.demo import run
-
-    return run(args)
+def _tools() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=TOOLS_GROUP)}
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from bench.cli import run
+def _run_tool(entry: EntryPoint, argv: Sequence[str]) -> int:
+    try:
+        main: Callable[[Sequence[str]], int] = entry.load()
+    except ModuleNotFoundError as exc:
+        print(
+            f"error: `llm-gateway {entry.name}` is tooling that this install lacks "
+            f"({exc.name} is missing; the production image holds only the gateway): "
+            "pip install llm-gateway",
+            file=sys.stderr,
+        )
+        return 2
+    return main(argv)
 
-    return run(args)
 
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-gateway", description="OpenAI-compatible routing gateway for vLLM pools."
     )
@@ -86,28 +106,24 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("path", type=Path)
     check.set_defaults(func=_check_policy)
 
-    from replica.sim.cli import add_arguments as add_sim_arguments
+    from replica.sim.config import add_arguments as add_sim_arguments
 
     sim = sub.add_parser("sim-replica", help="run one simulated vLLM replica")
     add_sim_arguments(sim)
     sim.set_defaults(func=_sim_replica)
 
-    from gateway.demo import add_arguments as add_demo_arguments
-
-    demo = sub.add_parser("demo", help="simulated fleet + gateway, prefix-aware vs round-robin")
-    add_demo_arguments(demo)
-    demo.set_defaults(func=_demo)
-
-    from bench.cli import add_arguments as add_bench_arguments
-
-    bench = sub.add_parser("bench", help="benchmarks")
-    add_bench_arguments(bench)
-    bench.set_defaults(func=_bench)
+    for name in tools:
+        # Listed for --help only: main() hands a tool's arguments to the tool itself.
+        sub.add_parser(name, help=_TOOL_HELP.get(name, "tooling"), add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    tools = _tools()
+    if args_list and args_list[0] in tools:
+        return _run_tool(tools[args_list[0]], args_list[1:])
+    args = build_parser(sorted(tools)).parse_args(args_list)
     code: int = args.func(args)
     return code
 

@@ -2,55 +2,23 @@
 
 from __future__ import annotations
 
-import orjson
-from aiohttp import web
+from replica.openai_api import ApiError, error_body
+
+__all__ = ["ApiError", "error_body"]
 
 
-class GatewayError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type_: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.code = code
-        self.param = param
-
-    def body(self) -> bytes:
-        return error_body(self.message, self.type, self.code, self.param)
-
-    def response(self, headers: dict[str, str] | None = None) -> web.Response:
-        return web.Response(
-            status=self.status,
-            body=self.body(),
-            headers={**(headers or {}), "Content-Type": "application/json"},
-        )
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
 
 
-def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
-    error = {"message": message, "type": type_, "param": param, "code": code}
-    return orjson.dumps({"error": error})
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> GatewayError:
-    return GatewayError(400, message, param=param, code=code)
-
-
-def model_not_found(model: str) -> GatewayError:
-    return GatewayError(
+def model_not_found(model: str) -> ApiError:
+    return ApiError(
         404, f"The model {model!r} does not exist.", code="model_not_found", param="model"
     )
 
 
-def no_healthy_replica(pool: str) -> GatewayError:
-    return GatewayError(
+def no_healthy_replica(pool: str) -> ApiError:
+    return ApiError(
         503,
         f"No healthy replica in pool {pool!r}.",
         type_="service_unavailable_error",
@@ -58,8 +26,8 @@ def no_healthy_replica(pool: str) -> GatewayError:
     )
 
 
-def pool_saturated(pool: str, waited_s: float) -> GatewayError:
-    return GatewayError(
+def pool_saturated(pool: str, waited_s: float) -> ApiError:
+    return ApiError(
         503,
         f"Every replica of pool {pool!r} stayed busy for {waited_s:g} s.",
         type_="service_unavailable_error",

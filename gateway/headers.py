@@ -2,7 +2,9 @@
 
 from typing import Final
 
-REQUEST_ID: Final = "x-request-id"
+from replica.openai_api import REQUEST_ID
+
+__all__ = ["POOL", "REPLICA", "REQUEST_ID", "ROUTE", "TIER", "TIER_SCORE"]
 POOL: Final = "x-gateway-pool"
 REPLICA: Final = "x-gateway-replica"
 ROUTE: Final = "x-gateway-route"

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from replica.state import Fleet
+from gateway.state import Fleet
 
 REQUESTS = "gateway_requests"  # exposed as gateway_requests_total
 RETRIES = "gateway_retries"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from replica.state import Fleet
+from gateway.state import Fleet
 from router_policies.schema import InvalidPolicy, Policy, load_policy
 
 log = logging.getLogger(__name__)

@@ -16,11 +16,11 @@ from multidict import CIMultiDict
 from prometheus_client import Counter, Histogram
 
 from gateway import headers
-from gateway.errors import GatewayError, error_body, no_healthy_replica, pool_saturated
+from gateway.errors import ApiError, error_body, no_healthy_replica, pool_saturated
 from gateway.metrics import GatewayMetrics
 from gateway.request_body import ParsedRequest
 from gateway.settings import Settings
-from replica.state import PoolSaturated, PoolState, ReplicaState
+from gateway.state import PoolSaturated, PoolState, ReplicaState
 from router_policies.decision import Decision, Route
 from router_policies.fingerprint import RequestFeatures
 
@@ -186,7 +186,7 @@ class Forwarder:
         try:
             body = await upstream.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            error = GatewayError(
+            error = ApiError(
                 502, f"The replica failed while answering: {type(exc).__name__}.",
                 type_="server_error", code="upstream_error",
             )  # fmt: skip

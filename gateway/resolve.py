@@ -10,7 +10,7 @@ import orjson
 from gateway import headers
 from gateway.errors import model_not_found
 from gateway.request_body import ParsedRequest
-from replica.state import Fleet, PoolState
+from gateway.state import Fleet, PoolState
 from router_policies.decision import Route
 from router_policies.fingerprint import RequestFeatures, fingerprint
 from router_policies.tier_router import TierRouter, TierVerdict

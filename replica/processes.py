@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -24,6 +24,7 @@ from replica.sim.config import SimConfig
 
 _STOP_GRACE_S = 5.0
 _POLL_S = 0.05
+_PORT_ATTEMPTS = 3
 _CLEAN_EXITS = (0, -signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1
 # Loaded in the parent: after fork, the child should do as little as possible.
@@ -200,25 +201,37 @@ def sim_replica_argv(port: int, model: str, **config_overrides: object) -> list[
     return argv
 
 
-async def _start_sim_replica(
-    index: int, model: str, config_overrides: dict[str, object], attempts: int = 3
-) -> ManagedProcess:
-    host = str(config_overrides.get("host", SimConfig.model_fields["host"].default))
-    for attempt in range(attempts):
-        port = free_port(host)
-        process = ManagedProcess(
-            sim_replica_argv(port, model, **config_overrides),
-            f"http://{host}:{port}",
-            name=f"sim-replica-{index}",
-        )
+P = TypeVar("P", bound=ManagedProcess)
+
+
+async def start_on_free_port(
+    build: Callable[[int], P],
+    start: Callable[[P], Awaitable[None]] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    attempts: int = _PORT_ATTEMPTS,
+) -> P:
+    """Start the process ``build(port)`` makes, on ``port`` or on a free one; ``start`` waits
+    until it serves (default: its /health answers 200).
+
+    A free port can be taken by another process between the pick and the child's bind: then
+    a new port is picked, up to ``attempts`` times. Any other failure, or the caller giving up
+    (cancelled, Ctrl-C), stops the child and raises: nothing is left running.
+    """
+    for attempt in range(1 if port is not None else attempts):
+        process = build(port if port is not None else free_port(host))
         try:
-            await process.start()
+            await (process.start() if start is None else start(process))
             return process
-        except ProcessStartError:
-            # Most likely another process took the port between free_port() and bind().
+        except ProcessStartError as exc:
             await process.stop()
-            if attempt == attempts - 1:
+            last = port is not None or attempt == attempts - 1
+            if last or "address already in use" not in str(exc).lower():
                 raise
+        except BaseException:
+            await process.stop()
+            raise
     raise AssertionError("unreachable")
 
 
@@ -226,10 +239,16 @@ async def start_sim_replicas(
     n: int, model: str = "sim-model", **config_overrides: object
 ) -> list[ManagedProcess]:
     """Start ``n`` simulated replicas concurrently on free ports; all healthy, or none left."""
-    return await start_all(_start_sim_replica(i, model, config_overrides) for i in range(n))
+    host = str(config_overrides.get("host", SimConfig.model_fields["host"].default))
 
+    def build(index: int) -> Callable[[int], ManagedProcess]:
+        return lambda port: ManagedProcess(
+            sim_replica_argv(port, model, **config_overrides),
+            f"http://{host}:{port}",
+            name=f"sim-replica-{index}",
+        )
 
-P = TypeVar("P", bound=ManagedProcess)
+    return await start_all(start_on_free_port(build(i), host=host) for i in range(n))
 
 
 async def start_all(starts: Iterable[Awaitable[P]]) -> list[P]:

@@ -6,8 +6,6 @@ state, and removing a replica only moves the prefixes that lived on it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import xxhash
 
 _SEED_MASK = (1 << 64) - 1
@@ -16,6 +14,3 @@ _SEED_MASK = (1 << 64) - 1
 def hrw_score(key: int, name: str) -> int:
     return xxhash.xxh3_64_intdigest(name.encode(), key & _SEED_MASK)
 
-
-def home(key: int, names: Iterable[str]) -> str:
-    return max(names, key=lambda n: hrw_score(key, n))

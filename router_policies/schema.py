@@ -189,9 +189,6 @@ class Policy(_Strict):
                     )
         return self
 
-    def pool_for_model(self, model: str) -> str | None:
-        return next((n for n, p in self.pools.items() if p.model == model), None)
-
 
 def parse_policy(data: Any) -> Policy:
     return Policy.model_validate(data)

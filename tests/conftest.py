@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gateway.launcher import start_gateway
+from bench.launcher import start_gateway
 from replica.processes import ManagedProcess, start_sim_replicas
 
 MODEL = "sim-model"

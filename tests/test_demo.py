@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from gateway.demo import DemoConfig, DemoResult, format_report, run_demo
+from bench.demo import DemoConfig, DemoResult, format_report, run_demo
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -27,7 +27,7 @@ import aiohttp
 import pytest
 import yaml
 
-from gateway.launcher import start_gateway
+from bench.launcher import start_gateway
 from replica import vllm_launch_helm
 from replica.processes import ManagedProcess, free_port
 from replica.vllm_launch import (

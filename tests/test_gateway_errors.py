@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from bench.launcher import start_gateway
 from gateway import headers
-from gateway.launcher import start_gateway
 from replica.processes import ManagedProcess, free_port
 from tests.conftest import MODEL, running_sims
 

@@ -12,8 +12,8 @@ import orjson
 import pytest
 import pytest_asyncio
 
+from bench.launcher import start_gateway
 from gateway import headers
-from gateway.launcher import start_gateway
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, running_sims
 

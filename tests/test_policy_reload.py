@@ -16,8 +16,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from bench.launcher import GatewayProcess, start_gateway
 from gateway import headers
-from gateway.launcher import GatewayProcess, start_gateway
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, MODEL, chat, get_text, running_sims
 from tests.test_gateway_failover import eventually, metric

@@ -19,10 +19,10 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.launcher import start_gateway
 from gateway import headers
-from gateway.launcher import start_gateway
+from gateway.scrape import parse_engine_stats
 from replica.processes import ManagedProcess
-from replica.scrape import parse_engine_stats
 from replica.vllm_cpu.fleet import start_vllm_cpu_replicas, vllm_cpu_available
 from replica.vllm_cpu.tiny_model import default_dir
 from replica.vllm_launch import CPU_BLOCK_SIZE, CPU_NUM_BLOCKS

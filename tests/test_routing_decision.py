@@ -7,7 +7,7 @@ import pytest
 from router_policies.decision import Candidate, PoolSnapshot, Route
 from router_policies.fingerprint import CanonicalPrompt, fingerprint
 from router_policies.policies import REGISTRY
-from router_policies.rendezvous import home
+from router_policies.rendezvous import hrw_score
 from router_policies.schema import PolicyName, PoolPolicy
 
 POOL = PoolPolicy(model="m", replicas=["http://a:1", "http://b:1", "http://c:1", "http://d:1"])
@@ -29,6 +29,13 @@ MOSTLY_UNIQUE = fingerprint(
     128,
     256,
 )
+
+
+def home(key: int, names: tuple[str, ...]) -> str:
+    """The rendezvous home: the replica with the highest random weight for the key."""
+    return max(names, key=lambda n: hrw_score(key, n))
+
+
 HOME = home(FEATURES.home_key, NAMES)
 NOT_HOME = next(n for n in NAMES if n != HOME)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from replica.scrape import parse_engine_stats
-from replica.state import ReplicaState
+from gateway.scrape import parse_engine_stats
+from gateway.state import ReplicaState
 from router_policies.prefix_index import PrefixIndex
 from router_policies.schema import PoolPolicy
 

@@ -3,7 +3,8 @@
 import argparse
 import sys
 
-from replica.sim.cli import add_arguments, run
+from replica.sim.cli import run
+from replica.sim.config import add_arguments
 
 
 def main() -> int:

@@ -9,28 +9,10 @@ import uvloop
 from aiohttp import web
 from prometheus_client import disable_created_metrics
 
-from replica.sim.config import SimConfig
+from replica.sim.config import SimConfig, config_from_args
 from replica.sim.server import make_runner
 
 logger = logging.getLogger(__name__)
-
-_FLAG_TYPES: dict[object, type] = {int: int, float: float, str: str}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--kebab-case`` flags for every SimConfig field, defaults taken from SimConfig."""
-    for name, field in SimConfig.model_fields.items():
-        parser.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            type=_FLAG_TYPES[field.annotation],
-            default=field.default,
-            help=f"{field.description} (default: %(default)s)",
-        )
-
-
-def config_from_args(args: argparse.Namespace) -> SimConfig:
-    return SimConfig(**{name: getattr(args, name) for name in SimConfig.model_fields})
 
 
 async def serve(config: SimConfig) -> None:

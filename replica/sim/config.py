@@ -1,4 +1,6 @@
-"""Every knob of the simulated replica, with its default, in one place."""
+"""Every knob of the simulated replica, with its default, in one place, and its command line."""
+
+import argparse
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,3 +42,22 @@ class SimConfig(BaseModel):
     )
     max_model_len: int = Field(32768, ge=1, description="longest prompt + completion in tokens")
     chars_per_token: int = Field(4, ge=1, description="characters per simulated token")
+
+
+_FLAG_TYPES: dict[object, type] = {int: int, float: float, str: str}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--kebab-case`` flags for every SimConfig field, defaults taken from SimConfig."""
+    for name, field in SimConfig.model_fields.items():
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            type=_FLAG_TYPES[field.annotation],
+            default=field.default,
+            help=f"{field.description} (default: %(default)s)",
+        )
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    return SimConfig(**{name: getattr(args, name) for name in SimConfig.model_fields})

@@ -153,9 +153,6 @@ class KVCache:
         free = len(self._empty) + len(self._evictable)
         return (self.num_blocks - free) / self.num_blocks
 
-    def num_cached_blocks(self) -> int:
-        return len(self._cached)
-
     def reset(self) -> int:
         """Forget every cached block (vLLM's /reset_prefix_cache); returns how many.
 

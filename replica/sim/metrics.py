@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from replica import vllm_metrics as vm
 from replica.sim.engine import Engine, FinishedRequest
 
 # vLLM's bucket boundaries, so that histogram_quantile over sim and real replicas agrees.
@@ -36,22 +37,22 @@ class _EngineCollector(Collector):
 
         stats = engine.stats
         gauges = (
-            ("vllm:num_requests_running", "Requests in model execution batches.",
+            (vm.NUM_RUNNING, "Requests in model execution batches.",
              engine.num_running),
-            ("vllm:num_requests_waiting", "Requests waiting to be processed.",
+            (vm.NUM_WAITING, "Requests waiting to be processed.",
              engine.num_waiting),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+            (vm.KV_USAGE, "KV-cache usage. 1 means 100 percent usage.",
              engine.kv_usage()),
         )  # fmt: skip
         counters = (
-            ("vllm:prefix_cache_queries",
+            (vm.PREFIX_CACHE_QUERIES,
              "Prefix cache queries, in terms of number of queried tokens.",
              stats.prefix_cache_queries),
-            ("vllm:prefix_cache_hits",
+            (vm.PREFIX_CACHE_HITS,
              "Prefix cache hits, in terms of number of cached tokens.",
              stats.prefix_cache_hits),
-            ("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens),
-            ("vllm:generation_tokens", "Number of generation tokens processed.",
+            (vm.PROMPT_TOKENS, "Number of prefill tokens processed.", stats.prompt_tokens),
+            (vm.GENERATION_TOKENS, "Number of generation tokens processed.",
              stats.generation_tokens),
             ("sim_requests_aborted", "Requests aborted because the client went away.",
              stats.aborted),
@@ -66,7 +67,7 @@ class _EngineCollector(Collector):
             yield counter
 
         success = CounterMetricFamily(
-            "vllm:request_success",
+            vm.REQUEST_SUCCESS,
             "Count of successfully processed requests.",
             labels=["model_name", "finished_reason"],
         )
@@ -77,7 +78,7 @@ class _EngineCollector(Collector):
 
         # Like vLLM's, this info gauge carries the cache config in labels and no model_name.
         info = GaugeMetricFamily(
-            "vllm:cache_config_info",
+            vm.CACHE_CONFIG,
             "Information of the LLMEngine CacheConfig",
             labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"],
         )
@@ -93,14 +94,14 @@ class SimMetrics:
         self.registry.register(_EngineCollector(engine))
         self._model = engine.config.model
         self._ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
+            vm.TTFT,
             "Histogram of time to first token in seconds.",
             ["model_name"],
             registry=self.registry,
             buckets=TTFT_BUCKETS,
         )
         self._e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
+            vm.E2E_LATENCY,
             "Histogram of end to end request latency in seconds.",
             ["model_name"],
             registry=self.registry,

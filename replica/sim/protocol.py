@@ -9,35 +9,12 @@ from typing import Any, Literal
 
 import orjson
 
+from replica.openai_api import ApiError
 from replica.sim.config import SimConfig
 from replica.sim.tokenizer import TemplateError, render_chat, tokenize
 
 Kind = Literal["chat", "completion"]
 Body = dict[str, Any]
-
-
-class ApiError(Exception):
-    """An error answered with OpenAI's error body and an HTTP status."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code
-
-    def body(self) -> bytes:
-        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-        return orjson.dumps({"error": error})
 
 
 @dataclass(frozen=True)

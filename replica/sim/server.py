@@ -13,11 +13,11 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
-from gateway.headers import REQUEST_ID
+from replica.openai_api import REQUEST_ID, ApiError
 from replica.sim.config import SimConfig
 from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest
 from replica.sim.metrics import SimMetrics
-from replica.sim.protocol import FORMATS, ApiError, Kind, ResponseFormat, parse_request, usage
+from replica.sim.protocol import FORMATS, Kind, ResponseFormat, parse_request, usage
 from replica.sim.tokenizer import detokenize
 
 ENGINE_KEY = web.AppKey("sim_engine", Engine)
@@ -31,12 +31,6 @@ _SHUTDOWN_GRACE_S = 2.0
 def _json(body: Any, headers: dict[str, str], status: int = 200) -> web.Response:
     return web.Response(
         body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
-    )
-
-
-def _error(error: ApiError, headers: dict[str, str]) -> web.Response:
-    return web.Response(
-        body=error.body(), status=error.status, content_type="application/json", headers=headers
     )
 
 
@@ -62,9 +56,9 @@ class _Handlers:
             parsed = parse_request(await request.read(), kind, self.config)
             sim_request = self.engine.submit(request_id, parsed.prompt_tokens, parsed.max_tokens)
         except ApiError as exc:
-            return _error(exc, headers)
+            return exc.response(headers)
         except RequestRejected as exc:
-            return _error(ApiError(400, str(exc)), headers)
+            return ApiError(400, str(exc)).response(headers)
 
         fmt = FORMATS[kind](request_id, self.config.model, int(time.time()), parsed.include_usage)
         try:
@@ -72,7 +66,7 @@ class _Handlers:
                 return await self._stream(request, sim_request, fmt, headers)
             return await self._whole(request, sim_request, fmt, headers)
         except EngineFailed as exc:
-            return _error(ApiError(500, str(exc), type_="internal_server_error"), headers)
+            return ApiError(500, str(exc), type_="internal_server_error").response(headers)
         finally:
             # No-op when it finished; otherwise the client is gone (cancelled or write failed).
             self.engine.abort(sim_request)
@@ -93,7 +87,7 @@ class _Handlers:
         reason = sim_request.finish_reason
         if reason is None or reason == "abort":
             # Only the server shutting down aborts a request whose client is still there.
-            return _error(ApiError(503, "request aborted", type_="service_unavailable"), headers)
+            return ApiError(503, "request aborted", type_="service_unavailable").response(headers)
         return _json(fmt.whole("".join(pieces), reason, _usage(sim_request)), headers)
 
     async def _stream(

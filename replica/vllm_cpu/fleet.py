@@ -11,15 +11,10 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
-from replica.processes import (
-    ManagedProcess,
-    ProcessStartError,
-    free_port,
-    python_check,
-    start_all,
-)
+from replica.processes import ManagedProcess, python_check, start_all, start_on_free_port
 from replica.vllm_cpu.tiny_model import default_dir, has_model
 from replica.vllm_launch import CPU_HOST, cpu_dev_profile, cpu_dtype, environment, render
 
@@ -178,35 +173,22 @@ def replica_argv_env(
     return render(profile), environment(profile)
 
 
-async def _start_one(
+def _build(
     index: int,
     core: int,
     model_dir: Path,
     served_model_name: str,
     venv: Path,
-    timeout_s: float,
     keep_log: bool,
     dtype: str | None,
-    attempts: int = 3,
-) -> ManagedProcess:
-    for attempt in range(attempts):
-        port = free_port(CPU_HOST)
+) -> Callable[[int], VllmCpuReplica]:
+    def build(port: int) -> VllmCpuReplica:
         argv, env = replica_argv_env(port, core, model_dir, served_model_name, venv, dtype)
-        process = VllmCpuReplica(
+        return VllmCpuReplica(
             argv, f"http://{CPU_HOST}:{port}", env=env, name=f"vllm-cpu-{index}", keep_log=keep_log
         )
-        try:
-            await process.start(timeout_s=timeout_s)
-            return process
-        except ProcessStartError as exc:
-            await process.stop()
-            # Only a port taken between free_port() and bind() is worth a second try.
-            if attempt == attempts - 1 or "address already in use" not in str(exc).lower():
-                raise
-        except BaseException:
-            await process.stop()  # cancelled while starting: leave nothing running
-            raise
-    raise AssertionError("unreachable")
+
+    return build
 
 
 async def start_vllm_cpu_replicas(
@@ -235,7 +217,15 @@ async def start_vllm_cpu_replicas(
     usable = os.sched_getaffinity(0)
     if not set(cores) <= usable:
         raise ValueError(f"cores {sorted(set(cores) - usable)} are not usable here ({usable})")
+
+    async def start(process: ManagedProcess) -> None:
+        await process.start(timeout_s=startup_timeout_s)
+
     return await start_all(
-        _start_one(i, core, model_dir, served_model_name, venv, startup_timeout_s, keep_logs, dtype)
+        start_on_free_port(
+            _build(i, core, model_dir, served_model_name, venv, keep_logs, dtype),
+            start,
+            host=CPU_HOST,
+        )
         for i, core in enumerate(cores)
     )

@@ -29,8 +29,8 @@ import uvloop
 
 from bench.driver import RunResult, percentile, run_conversations
 from bench.fleet_stats import CacheCounters, delta, fleet_counters, reset_prefix_caches, snapshot
+from bench.launcher import start_gateway
 from bench.workloads import Conversation, multi_turn_shared_prefix
-from gateway.launcher import start_gateway
 from replica.processes import ManagedProcess, start_sim_replicas
 
 MODEL = "sim-model"
@@ -287,8 +287,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 
+def main(argv: Sequence[str]) -> int:
+    """Entry point of ``llm-gateway demo`` (a plugin of the gateway's CLI)."""
+    parser = argparse.ArgumentParser(prog="llm-gateway demo", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    """Entry point of ``llm-gateway demo``; 0 when every request succeeded."""
+    """Runs the demo and prints its report; 0 when every request succeeded."""
     config = DemoConfig(
         replicas=args.replicas,
         groups=args.groups,

@@ -15,10 +15,9 @@ from typing import Any
 
 import yaml
 
-from replica.processes import ManagedProcess, ProcessStartError, free_port
+from replica.processes import ManagedProcess, start_on_free_port
 
 _HOST = "127.0.0.1"
-_PORT_ATTEMPTS = 3
 READY_TIMEOUT_S = 30.0
 
 
@@ -86,23 +85,13 @@ async def start_gateway(
     starts a gateway some of whose pools are meant to have no healthy replica. Stop the
     result with ``await process.stop()``; that also removes the temporary policy file.
     """
-    attempts = 1 if port is not None else _PORT_ATTEMPTS
-    for attempt in range(attempts):
-        chosen = port if port is not None else free_port(_HOST)
+
+    def build(chosen: int) -> GatewayProcess:
         policy_path = _write_policy(policy)
-        process = GatewayProcess(
-            gateway_argv(policy_path, chosen), f"http://{_HOST}:{chosen}", policy_path, env=env
-        )
-        try:
-            await process.start(health_path=wait_path, timeout_s=ready_timeout_s)
-            return process
-        except ProcessStartError as exc:
-            await process.stop()
-            # Only a lost race for the port is worth another try; a bad policy is not.
-            if attempt == attempts - 1 or "address already in use" not in str(exc).lower():
-                raise
-        except BaseException:
-            # Cancelled (Ctrl-C) while waiting: the child must not outlive its parent.
-            await process.stop()
-            raise
-    raise AssertionError("unreachable")
+        url = f"http://{_HOST}:{chosen}"
+        return GatewayProcess(gateway_argv(policy_path, chosen), url, policy_path, env=env)
+
+    async def start(process: GatewayProcess) -> None:
+        await process.start(health_path=wait_path, timeout_s=ready_timeout_s)
+
+    return await start_on_free_port(build, start, host=_HOST, port=port)

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from replica.state import EngineStats
+from gateway.state import EngineStats
+from replica.vllm_metrics import CACHE_CONFIG, KV_USAGE, NUM_RUNNING, NUM_WAITING
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-CACHE_CONFIG = "vllm:cache_config_info"
-_WANTED = (RUNNING, WAITING, KV_USAGE, CACHE_CONFIG)
+_WANTED = (NUM_RUNNING, NUM_WAITING, KV_USAGE, CACHE_CONFIG)
 
 
 def _relevant_lines(text: str) -> str:
@@ -30,9 +27,9 @@ def parse_engine_stats(text: str) -> EngineStats:
     kv_usage: list[float] = []
     for family in text_string_to_metric_families(_relevant_lines(text)):
         for sample in family.samples:
-            if sample.name == RUNNING:
+            if sample.name == NUM_RUNNING:
                 stats.running += sample.value
-            elif sample.name == WAITING:
+            elif sample.name == NUM_WAITING:
                 stats.waiting += sample.value
             elif sample.name == KV_USAGE:
                 kv_usage.append(sample.value)

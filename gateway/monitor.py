@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from replica.scrape import parse_engine_stats
-from replica.state import Fleet, PoolState, ReplicaState
+from gateway.scrape import parse_engine_stats
+from gateway.state import Fleet, PoolState, ReplicaState
 
 log = logging.getLogger(__name__)
 
