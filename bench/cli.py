@@ -25,6 +25,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.compare",
         "the gateway vs vllm-router and sglang-router on simulated and real fleets",
     ),
+    "decide": (
+        "bench.decide",
+        "time of one routing decision (fingerprint + select) on 8 and 64 replicas",
+    ),
     "scaling": (
         "bench.scaling",
         "HPA response to the autoscaling signal: step and ramp simulation",

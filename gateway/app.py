@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, gene
 
 from gateway import headers
 from gateway.errors import ApiError
+from gateway.explain import explain
 from gateway.metrics import NO_POOL, GatewayMetrics
 from gateway.monitor import ProbeSettings, ReplicaMonitor
 from gateway.policy_reload import PolicyHolder
@@ -161,7 +162,7 @@ async def admin_route(request: web.Request) -> web.Response:
     endpoint = Endpoint(request.query.get("endpoint", Endpoint.CHAT.value))
     parsed = parse_request(endpoint, await request.read())
     resolution = resolve(request.app[POLICY].fleet, parsed, request.headers.get(headers.TIER))
-    decision = resolution.pool.decide(resolution.features)
+    decision = resolution.pool.decide(resolution.features, explain=True)
     tier = None
     if resolution.verdict is not None:
         verdict = resolution.verdict
@@ -183,6 +184,8 @@ async def admin_route(request: web.Request) -> web.Response:
             "route": route.value if route else None,
             "matched_blocks": decision.matched_blocks if decision else 0,
             "fingerprint_blocks": len(resolution.features.block_hashes),
+            "chars_per_token": round(resolution.pool.chars_per_token, 3),
+            **explain(decision),
         }
     )
 

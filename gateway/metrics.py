@@ -118,7 +118,7 @@ class FleetCollector(Collector):
                 healthy.add_metric(labels, 1.0 if replica.healthy else 0.0)
                 engine_waiting.add_metric(labels, replica.engine.waiting)
                 kv_usage.add_metric(labels, replica.engine.kv_usage)
-                index_blocks.add_metric(labels, replica.index.capacity)
+                index_blocks.add_metric(labels, pool.router.index_blocks(replica.name))
             load = pool.load()
             gateway_waiting.add_metric([pool.name], pool.gateway_waiting)
             queue.add_metric([pool.name], load.queue_depth)

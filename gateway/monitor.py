@@ -99,4 +99,4 @@ class ReplicaMonitor:
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError):
             return  # health checks decide about liveness; a missed scrape keeps the last figures
-        replica.apply_engine_stats(parse_engine_stats(text), pool.policy)
+        pool.apply_engine_stats(replica, parse_engine_stats(text))

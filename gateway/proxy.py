@@ -20,8 +20,9 @@ from gateway.errors import ApiError, error_body, no_healthy_replica, pool_satura
 from gateway.metrics import GatewayMetrics
 from gateway.request_body import ParsedRequest
 from gateway.settings import Settings
-from gateway.state import PoolSaturated, PoolState, ReplicaState
-from router_policies.decision import Decision, Route
+from gateway.state import Dispatch, PoolSaturated, PoolState, ReplicaState
+from gateway.usage import prompt_usage
+from router_policies.decision import Route
 from router_policies.fingerprint import RequestFeatures
 
 log = logging.getLogger(__name__)
@@ -81,23 +82,23 @@ class Forwarder:
         failure: _Failure | None = None
         for attempt in range(self._settings.retries + 1):
             try:
-                acquired = await pool.acquire(routed.features, exclude=tried)
+                dispatch = await pool.acquire(routed.features, exclude=tried, retry=attempt > 0)
             except PoolSaturated:
                 error = pool_saturated(pool.name, pool.policy.queue_timeout_s)
                 self._record(pool.name, "none", error.status, routed.started)
                 return error.response({headers.REQUEST_ID: routed.request_id})
-            if acquired is None:
+            if dispatch is None:
                 break
-            decision, replica = acquired
+            replica = dispatch.replica
             if attempt:
                 self._metrics.retries.labels(pool.name).inc()
             tried.append(replica.name)
             try:
                 last = attempt == self._settings.retries
-                outcome = await self._attempt(request, routed, decision, replica, out, last)
+                outcome = await self._attempt(request, routed, dispatch, out, last)
             finally:
                 # Also on cancellation (the client left while the replica was still silent).
-                pool.end(replica)
+                pool.end(dispatch)
             if isinstance(outcome, _Failure):
                 failure = outcome
                 continue
@@ -108,12 +109,12 @@ class Forwarder:
         self,
         request: web.Request,
         routed: Routed,
-        decision: Decision,
-        replica: ReplicaState,
+        dispatch: Dispatch,
         out: CIMultiDict[str],
         last: bool,
     ) -> web.StreamResponse | _Failure:
         """One replica's try: the relayed response, or a failure before the first byte."""
+        replica = dispatch.replica
         try:
             upstream = await self._session.post(
                 f"{replica.url}{routed.parsed.endpoint.value}",
@@ -131,7 +132,7 @@ class Forwarder:
         if upstream.status >= 500 and not last:
             log.warning("replica %s answered %d; retrying", replica.name, upstream.status)
             return _Failure(upstream.status, await _drain(upstream), upstream.content_type)
-        return await self._relay(request, routed, decision, replica, upstream)
+        return await self._relay(request, routed, dispatch, upstream)
 
     def _give_up(self, routed: Routed, failure: _Failure | None) -> web.Response:
         pool = routed.pool
@@ -150,11 +151,11 @@ class Forwarder:
         self,
         request: web.Request,
         routed: Routed,
-        decision: Decision,
-        replica: ReplicaState,
+        dispatch: Dispatch,
         upstream: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
-        route = (routed.route or decision.route).value
+        replica = dispatch.replica
+        route = (routed.route or dispatch.decision.route).value
         out = {
             **routed.extra_headers,
             headers.REQUEST_ID: routed.request_id,
@@ -166,9 +167,9 @@ class Forwarder:
         response: web.StreamResponse | None = None
         try:
             if upstream.content_type == _SSE:
-                response = await self._relay_stream(request, routed, out, upstream)
+                response = await self._relay_stream(request, routed, dispatch, out, upstream)
             else:
-                response = await self._relay_body(out, upstream)
+                response = await self._relay_body(routed, dispatch, out, upstream)
             return response
         finally:
             # On a client disconnect (the handler is cancelled) or any error, closing the
@@ -182,7 +183,9 @@ class Forwarder:
             self._record(routed.pool.name, route, status, routed.started)
 
     @staticmethod
-    async def _relay_body(out: dict[str, str], upstream: aiohttp.ClientResponse) -> web.Response:
+    async def _relay_body(
+        routed: Routed, dispatch: Dispatch, out: dict[str, str], upstream: aiohttp.ClientResponse
+    ) -> web.Response:
         try:
             body = await upstream.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -191,12 +194,16 @@ class Forwarder:
                 type_="server_error", code="upstream_error",
             )  # fmt: skip
             return error.response(out)
+        usage = prompt_usage(body)
+        if usage is not None:
+            routed.pool.observe_usage(dispatch, usage)
         return web.Response(status=upstream.status, body=body, headers=out)
 
     async def _relay_stream(
         self,
         request: web.Request,
         routed: Routed,
+        dispatch: Dispatch,
         out: dict[str, str],
         upstream: aiohttp.ClientResponse,
     ) -> web.StreamResponse:
@@ -220,6 +227,10 @@ class Forwarder:
             if first:
                 first = False
                 self._ttft_of(routed.pool.name).observe(time.perf_counter() - routed.started)
+                routed.pool.first_byte(dispatch, time.monotonic() - dispatch.at)
+            usage = prompt_usage(chunk)
+            if usage is not None:
+                routed.pool.observe_usage(dispatch, usage)
         await response.write_eof()
         return response
 

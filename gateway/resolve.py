@@ -54,12 +54,16 @@ def resolve(fleet: Fleet, parsed: ParsedRequest, forced_tier: str | None) -> Res
         pool = fleet.pools[choice.pool]
         body = {**parsed.body, "model": pool.model}
         parsed = dataclasses.replace(parsed, body=body, raw=orjson.dumps(body), model=pool.model)
-    prefix = pool.policy.prefix
-    features = fingerprint(
-        parsed.model,
-        parsed.canonical_text(),
-        prefix.block_bytes,
-        prefix.max_blocks,
-        parsed.cache_salt,
-    )
+    if pool.needs_fingerprint:
+        prefix = pool.policy.prefix
+        features = fingerprint(
+            parsed.model,
+            parsed.canonical_text(),
+            prefix.block_bytes,
+            prefix.max_blocks,
+            parsed.cache_salt,
+        )
+    else:
+        # Round-robin reads nothing of the prompt: it pays for no hashing.
+        features = RequestFeatures(parsed.model, (), 0)
     return Resolution(parsed, pool, features, verdict, choice, tier_router)

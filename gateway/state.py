@@ -9,17 +9,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from gateway.usage import PromptUsage
 from router_policies.autoscale import RateMeter, ScaleDownStabilizer, desired_replicas
+from router_policies.cost.rates import RateLearner
+from router_policies.cost.ttft import IDLE, ReplicaLoad, queued_tokens
+from router_policies.decay import DecayedCount
 from router_policies.decision import Candidate, Decision, PoolSnapshot
 from router_policies.fingerprint import RequestFeatures
-from router_policies.policies import REGISTRY
-from router_policies.prefix_index import PrefixIndex
+from router_policies.index_belief import IndexBelief
+from router_policies.policies import Need, SelectionPolicy, make_policy
+from router_policies.policies.prefix_aware import default_rates
 from router_policies.schema import Policy, PoolPolicy
 from router_policies.tier_router import TierRouter
 from router_policies.tiers import PoolLoad
 
 _RECHECK_S = 0.25
 """A waiting request re-checks at least this often: replicas also free up by turning healthy."""
+_CHARS_PER_TOKEN_WEIGHT = 0.05
+"""Weight of each new usage report in a pool's learned characters per token (~last 20)."""
 
 
 @dataclass(slots=True)
@@ -35,12 +42,19 @@ class EngineStats:
 @dataclass(slots=True, eq=False)
 class ReplicaState:
     url: str
-    index: PrefixIndex
+    learner: RateLearner
+    recent: DecayedCount
+    """Requests dispatched here lately: the balance rule's measure."""
+    index_belief: IndexBelief = field(default_factory=IndexBelief)
+    """Share of the prefix index's claims about this replica that its reports bear out."""
     name: str = ""
     healthy: bool = True
     inflight: int = 0
     """Requests this gateway has dispatched and not yet finished: counted at dispatch, so a
     burst sees its own effect before the next scrape."""
+    pending_requests: int = 0
+    pending_prefill_tokens: float = 0.0
+    """Uncached prompt tokens of this gateway's requests here that have no first byte yet."""
     engine: EngineStats = field(default_factory=EngineStats)
     consecutive_failures: int = 0
     consecutive_successes: int = 0
@@ -49,9 +63,14 @@ class ReplicaState:
     def __post_init__(self) -> None:
         self.name = self.name or urlsplit(self.url).netloc
 
-    @property
-    def load(self) -> float:
-        return self.inflight + self.engine.waiting
+    @classmethod
+    def for_pool(cls, url: str, policy: PoolPolicy) -> ReplicaState:
+        """A replica new to the gateway: the pool's default rates until it learns its own."""
+        cost = policy.cost
+        learner = RateLearner(
+            default_rates(policy), forgetting=cost.forgetting, min_samples=cost.min_samples
+        )
+        return cls(url, learner, DecayedCount(policy.load.recent_half_life_s))
 
     def record_probe(self, ok: bool, unhealthy_after: int, healthy_after: int) -> None:
         if not self.probed:
@@ -74,12 +93,34 @@ class ReplicaState:
         self.healthy = False
         self.consecutive_successes = 0
 
-    def apply_engine_stats(self, stats: EngineStats, policy: PoolPolicy) -> None:
-        self.engine = stats
-        if stats.kv_capacity_tokens:
-            prefix = policy.prefix
-            blocks = stats.kv_capacity_tokens * prefix.chars_per_token / prefix.block_bytes
-            self.index.resize(int(blocks))
+    def load(self) -> ReplicaLoad:
+        return ReplicaLoad(
+            self.pending_prefill_tokens,
+            self.pending_requests,
+            max(self.engine.running, float(self.inflight)),
+            self.engine.waiting,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class Dispatch:
+    """One attempt of a request on one replica, from dispatch to its end."""
+
+    replica: ReplicaState
+    decision: Decision
+    request: RequestFeatures
+    queued_tokens: float
+    """Prefill tokens queued ahead of the request there at dispatch."""
+    running: float
+    """Sequences in the replica's batch at dispatch."""
+    at: float
+    """Monotonic time of the dispatch."""
+    pending: bool = True
+    """Its own uncached tokens still count in the replica's pending prefill."""
+    ttft_s: float | None = None
+    """Dispatch to the replica's first byte, once streamed."""
+    uncached_tokens: float | None = None
+    """Prompt tokens the replica really prefilled, once its usage says (else the prediction)."""
 
 
 class PoolSaturated(Exception):
@@ -117,27 +158,31 @@ class PoolQueue:
 class PoolState:
     """A pool's replicas and the dispatch bookkeeping the routing decision reads.
 
-    Built anew on every policy reload; replica state (health, in-flight counts, prefix
-    indexes) and the waiting queue carry over from the previous generation, so a reload
-    neither forgets caches nor strands the requests in flight or in line.
+    Built anew on every policy reload; replica state (health, in-flight counts, learned rates),
+    the policy's own state (the prefix index) and the waiting queue carry over from the
+    previous generation, so a reload neither forgets caches nor strands requests in flight.
     """
 
     def __init__(self, name: str, policy: PoolPolicy, previous: PoolState | None = None) -> None:
         self.name = name
         self.policy = policy
         old = previous.replicas if previous is not None else {}
-        same_fingerprint = previous is not None and previous.policy.prefix == policy.prefix
         self.replicas: dict[str, ReplicaState] = {}
         for url in policy.replicas:
             replica = next((r for r in old.values() if r.url == url), None)
             if replica is None:
-                replica = ReplicaState(url, PrefixIndex(policy.prefix.index_blocks))
-            elif not same_fingerprint:
-                replica.index.clear()  # digests of the old block size match nothing now
+                replica = ReplicaState.for_pool(url, policy)
             self.replicas[replica.name] = replica
+        self.router: SelectionPolicy = make_policy(
+            policy, previous.router if previous is not None else None
+        )
+        self._needs = self.router.needs
         self.dispatched: int = previous.dispatched if previous is not None else 0
         self.queue: PoolQueue = previous.queue if previous is not None else PoolQueue()
-        self.selector = REGISTRY[policy.policy]
+        self.chars_per_token: float = (
+            previous.chars_per_token if previous is not None else policy.prefix.chars_per_token
+        )
+        """Bytes of canonical prompt per model token, learned from the replicas' usage."""
         window = policy.autoscale.scale_down_stabilization_s
         keep_history = previous is not None and previous.stabilizer.window_s == window
         self.stabilizer: ScaleDownStabilizer = (
@@ -164,6 +209,10 @@ class PoolState:
         return self.policy.model
 
     @property
+    def needs_fingerprint(self) -> bool:
+        return Need.FINGERPRINT in self._needs
+
+    @property
     def gateway_waiting(self) -> int:
         return len(self.queue)
 
@@ -174,27 +223,34 @@ class PoolState:
         limit = self.policy.max_inflight_per_replica
         return limit is None or replica.inflight < limit
 
-    def snapshot(self, features: RequestFeatures, exclude: Iterable[str] = ()) -> PoolSnapshot:
+    def snapshot(self, exclude: Iterable[str] = (), now: float | None = None) -> PoolSnapshot:
+        """The candidates as the policy needs to see them (nothing it does not read)."""
         skip = set(exclude)
-        with_prefix = self.selector.uses_prefix
+        now = time.monotonic() if now is None else now
+        with_load = Need.LOAD in self._needs
+        with_rates = Need.RATES in self._needs
         candidates = tuple(
             Candidate(
                 r.name,
-                r.load,
-                r.index.match_length(features.block_hashes) if with_prefix else 0,
+                r.inflight,
+                r.load() if with_load else IDLE,
+                r.learner.rates() if with_rates else None,
+                r.recent.value(now) if with_load else 0.0,
             )
             for r in self.replicas.values()
             if r.healthy and r.name not in skip and self._has_slot(r)
         )
-        return PoolSnapshot(candidates, self.dispatched)
+        return PoolSnapshot(candidates, self.dispatched, now, self.chars_per_token)
 
-    def decide(self, features: RequestFeatures, exclude: Iterable[str] = ()) -> Decision | None:
-        return self.selector.select(features, self.snapshot(features, exclude), self.policy)
+    def decide(
+        self, features: RequestFeatures, exclude: Iterable[str] = (), *, explain: bool = False
+    ) -> Decision | None:
+        return self.router.select(features, self.snapshot(exclude), explain=explain)
 
     async def acquire(
-        self, features: RequestFeatures, exclude: Iterable[str] = ()
-    ) -> tuple[Decision, ReplicaState] | None:
-        """A decision and its dispatched replica; waits in line while every replica is full.
+        self, features: RequestFeatures, exclude: Iterable[str] = (), *, retry: bool = False
+    ) -> Dispatch | None:
+        """A dispatched attempt; waits in line while every replica is full.
 
         None when no healthy replica is left to try; PoolSaturated when the wait times out.
         """
@@ -204,7 +260,7 @@ class PoolState:
         if not len(self.queue):
             decision = self.decide(features, skip)
             if decision is not None:
-                return decision, self.begin(decision, features)
+                return self.begin(decision, features, retry=retry)
         while True:
             if not any(r.healthy and r.name not in skip for r in self.replicas.values()):
                 return None
@@ -214,19 +270,74 @@ class PoolState:
             await self.queue.wait(min(remaining, _RECHECK_S))
             decision = self.decide(features, skip)
             if decision is not None:
-                return decision, self.begin(decision, features)
+                return self.begin(decision, features, retry=retry)
 
-    def begin(self, decision: Decision, features: RequestFeatures) -> ReplicaState:
+    def begin(
+        self, decision: Decision, features: RequestFeatures, *, retry: bool = False
+    ) -> Dispatch:
+        """Book the dispatch. A retry does not advance round-robin's cursor: the request's
+        turn was already taken by its first attempt."""
+        now = time.monotonic()
         replica = self.replicas[decision.replica]
+        load = replica.load()
+        own = decision.uncached_tokens
+        ahead = queued_tokens(load, features.hashed_bytes / self.chars_per_token)
+        dispatch = Dispatch(replica, decision, features, ahead, load.running, now)
         replica.inflight += 1
-        self.dispatched += 1
-        if self.selector.uses_prefix:
-            replica.index.insert(features.block_hashes)
-        return replica
+        replica.pending_requests += 1
+        replica.pending_prefill_tokens += own
+        replica.recent.add(now)
+        if not retry:
+            self.dispatched += 1
+        self.router.record(features, decision, now)
+        return dispatch
 
-    def end(self, replica: ReplicaState) -> None:
+    def first_byte(self, dispatch: Dispatch, ttft_s: float) -> None:
+        """The replica started streaming: its prefill is done."""
+        if dispatch.pending:
+            self._settle(dispatch)
+            dispatch.ttft_s = ttft_s
+
+    def observe_usage(self, dispatch: Dispatch, usage: PromptUsage) -> None:
+        """The replica reported the prompt's size: learn characters per token, the request's
+        true prefill work, and how far the prefix index's belief held."""
+        if usage.prompt_tokens <= 0:
+            return
+        if dispatch.request.hashed_bytes > 0:
+            ratio = dispatch.request.hashed_bytes / usage.prompt_tokens
+            self.chars_per_token += _CHARS_PER_TOKEN_WEIGHT * (ratio - self.chars_per_token)
+        if usage.cached_tokens is not None:
+            dispatch.uncached_tokens = max(usage.prompt_tokens - usage.cached_tokens, 0)
+            expected_cached = usage.prompt_tokens - dispatch.decision.uncached_tokens
+            dispatch.replica.index_belief.observe(expected_cached, usage.cached_tokens)
+
+    def end(self, dispatch: Dispatch) -> None:
+        if dispatch.pending:
+            self._settle(dispatch)
+        replica = dispatch.replica
         replica.inflight -= 1
         self.queue.wake_one()
+        if dispatch.ttft_s is not None and self.policy.cost.learn:
+            own = dispatch.uncached_tokens
+            if own is None:
+                own = dispatch.decision.uncached_tokens
+            replica.learner.observe(dispatch.queued_tokens + own, dispatch.running, dispatch.ttft_s)
+
+    @staticmethod
+    def _settle(dispatch: Dispatch) -> None:
+        dispatch.pending = False
+        replica = dispatch.replica
+        replica.pending_requests -= 1
+        replica.pending_prefill_tokens = max(
+            replica.pending_prefill_tokens - dispatch.decision.uncached_tokens, 0.0
+        )
+
+    def apply_engine_stats(self, replica: ReplicaState, stats: EngineStats) -> None:
+        replica.engine = stats
+        if stats.kv_capacity_tokens:
+            tokens = stats.kv_capacity_tokens * replica.index_belief.value
+            blocks = tokens * self.chars_per_token / self.policy.prefix.block_bytes
+            self.router.size_index(replica.name, int(blocks))
 
     def engine_waiting(self) -> float:
         return sum(r.engine.waiting for r in self.replicas.values() if r.healthy)

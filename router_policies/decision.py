@@ -5,13 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from router_policies.cost.rates import Rates
+from router_policies.cost.ttft import IDLE, ReplicaLoad, TtftEstimate
+
 
 class Route(StrEnum):
     """Why a replica was chosen; sent to clients as x-gateway-route (CONTRACT)."""
 
     PREFIX_HIT = "prefix-hit"
+    """The fastest replica holds a useful part of the prompt."""
     PREFIX_HOME = "prefix-home"
+    """A prompt whose shared lead is worth a home went to one (its rendezvous order, skipping
+    replicas over the bounded-load cap; several for a hot prefix)."""
     LEAST_LOADED = "least-loaded"
+    """The prefix did not matter: the fastest, least-loaded replica."""
     ROUND_ROBIN = "round-robin"
     OVERFLOW = "overflow"
     """A tiered request sent to the other pool because its own was saturated."""
@@ -22,10 +29,18 @@ class Candidate:
     """A healthy replica as the router sees it at dispatch time."""
 
     name: str
-    load: float
-    """Requests this gateway has in flight there, plus the replica's scraped waiting queue."""
-    matched_blocks: int = 0
-    """Leading fingerprint blocks of this request the replica is believed to hold."""
+    inflight: int = 0
+    """Requests this gateway has in flight there (counted at dispatch)."""
+    load: ReplicaLoad = IDLE
+    rates: Rates | None = None
+    """Its learned speed (policies that need it); None for those that do not."""
+    recent: float = 0.0
+    """Requests dispatched there lately (a decayed count): the balance rule's measure."""
+
+    @property
+    def queue(self) -> float:
+        """In-flight plus the engine's scraped waiting queue: the baselines' load figure."""
+        return self.inflight + self.load.engine_waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +49,22 @@ class PoolSnapshot:
     """Healthy replicas not yet tried for this request, in the pool's configured order."""
     dispatched: int = 0
     """Requests the pool has dispatched so far: round-robin's cursor."""
+    now: float = 0.0
+    """Monotonic seconds: the clock of the decayed counts."""
+    chars_per_token: float = 4.0
+    """Bytes of canonical prompt per model token, as learned for the pool's model."""
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateCost:
+    """One candidate's part in a cost-model decision, for explanations (/admin/route)."""
+
+    name: str
+    matched_blocks: int
+    uncached_tokens: float
+    estimate: TtftEstimate
+    recent: float
+    rates: Rates
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,3 +72,9 @@ class Decision:
     replica: str
     route: Route
     matched_blocks: int = 0
+    uncached_tokens: float = 0.0
+    """Prompt tokens the chosen replica is expected to prefill (0 where unknown)."""
+    estimate: TtftEstimate | None = None
+    """The chosen replica's predicted TTFT (cost-model policies)."""
+    costs: tuple[CandidateCost, ...] = ()
+    """Every candidate's prediction (cost-model policies)."""

@@ -1,4 +1,4 @@
-"""Load rules shared by the policies: the bounded-load cap and least-loaded picking."""
+"""Load rules shared by the policies: bounded load over recent dispatches, least-loaded picking."""
 
 from __future__ import annotations
 
@@ -8,26 +8,19 @@ from router_policies.decision import Candidate
 from router_policies.rendezvous import hrw_score
 
 
-def load_cap(candidates: Sequence[Candidate], eps: float) -> float:
-    """Highest load a replica may reach by taking one more request.
+def recent_cap(recent: Sequence[float], eps: float) -> float:
+    """Most recent dispatches a replica may have and still take one more request.
 
-    Consistent hashing with bounded loads (Mirrokni et al.): after placing the request no
-    replica exceeds (1 + eps) x the mean load; the + 1 keeps a nearly idle pool from
-    refusing affinity to a second request.
+    Consistent hashing with bounded loads (Mirrokni et al.), applied to decayed dispatch counts
+    rather than instantaneous in-flight counts, so a passing Poisson burst barely moves it while
+    a persistently hot replica crosses it. Counts are smooth, so the bound needs no slack: a
+    young pool's first requests are spread strictly, a busy pool's within (1 + eps).
     """
-    mean_after = (sum(c.load for c in candidates) + 1) / len(candidates)
-    return (1 + eps) * mean_after + 1
-
-
-def under_cap(candidate: Candidate, cap: float) -> bool:
-    return candidate.load + 1 <= cap
+    mean_after = (sum(recent) + 1) / len(recent)
+    return (1 + eps) * mean_after
 
 
 def least_loaded(candidates: Sequence[Candidate], key: int) -> Candidate:
-    """The least-loaded candidate; ties go to the best rendezvous rank for `key`.
-
-    Breaking ties by the request's prefix (rather than by position) spreads distinct prefixes,
-    keeps a hot prefix's overflow on the same second replica (whose cache then holds it), and
-    lets independent gateways break ties the same way.
-    """
-    return min(candidates, key=lambda c: (c.load, -hrw_score(key, c.name)))
+    """The candidate with the fewest queued requests; ties go to the best rendezvous rank for
+    `key`, which spreads distinct prefixes and lets independent gateways break ties alike."""
+    return min(candidates, key=lambda c: (c.queue, -hrw_score(key, c.name)))

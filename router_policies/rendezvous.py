@@ -13,4 +13,3 @@ _SEED_MASK = (1 << 64) - 1
 
 def hrw_score(key: int, name: str) -> int:
     return xxhash.xxh3_64_intdigest(name.encode(), key & _SEED_MASK)
-

@@ -39,23 +39,64 @@ class PrefixSettings(_Strict):
 
     block_bytes: Annotated[int, Field(ge=16, le=65536)] = 128
     """Block size of the fingerprint, in bytes of canonical prompt text (~32 tokens)."""
-    max_blocks: Annotated[int, Field(ge=1, le=65536)] = 256
-    """Cap on fingerprint length: prompts beyond max_blocks * block_bytes are not hashed further."""
+    max_blocks: Annotated[int, Field(ge=1, le=1 << 20)] = 65536
+    """Cap on fingerprint length: 8 MiB at the default block size, above the gateway's body
+    limit, so the whole prompt is hashed and long conversations stay apart."""
     min_match_blocks: Annotated[int, Field(ge=1)] = 1
     """A match shorter than this is not worth pinning for."""
     min_match_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
-    """Pin only when the cached share of the (capped) prompt is at least this. 0.5 follows
-    Preble: a match pays off when the cached part is longer than the part left to prefill."""
+    """A prompt whose shared lead (or match) is at least this share of it is worth a home
+    (Preble: a cache pays when the cached part is longer than the part left to prefill);
+    below it, the prompt goes by load."""
     index_blocks: Annotated[int, Field(ge=1)] = 65536
     """Per-replica index capacity (blocks) until the replica's KV size is known from its metrics."""
     chars_per_token: Annotated[float, Field(gt=0)] = 4.0
-    """Converts a replica's KV capacity in tokens into index blocks."""
+    """Bytes of prompt per model token until the replicas' reported usage teaches the real
+    figure (real BPE tokenizers pack 2-4)."""
+
+
+class CostSettings(_Strict):
+    """The cost model's starting rates, used per replica until learned from observed TTFTs."""
+
+    prefill_tokens_per_s: Annotated[float, Field(gt=0)] = 10000.0
+    """Uncached prompt tokens a replica prefills per second."""
+    step_s: Annotated[float, Field(ge=0)] = 0.01
+    """Seconds of the engine step that emits the first token."""
+    decode_s_per_seq: Annotated[float, Field(ge=0)] = 0.0002
+    """Extra step seconds per sequence decoding in the same batch."""
+    learn: bool = True
+    """Learn each replica's rates online from the TTFTs the gateway observes."""
+    min_samples: Annotated[int, Field(ge=1)] = 8
+    """Observations before a replica's learned rates replace the defaults above."""
+    forgetting: Annotated[float, Field(gt=0.5, le=1.0)] = 0.98
+    """Weight kept by past observations at each new one (0.98: about the last 50 count)."""
+    near_s: Annotated[float, Field(ge=0)] = 0.005
+    near_ratio: Annotated[float, Field(ge=0)] = 0.25
+    """Replicas predicted within near_ratio x the fastest's TTFT + near_s count as equally
+    fast, and the balance rule chooses among them: predictions carry errors (a learned rate
+    moves with the machine's load), and a few milliseconds are not worth a hot spot."""
 
 
 class LoadSettings(_Strict):
     balance_eps: Annotated[float, Field(ge=0.0, le=10.0)] = 0.25
-    """Bounded load: a replica takes pinned work only while its load stays within
-    (1 + balance_eps) x the pool's mean load + 1 (Mirrokni et al.; HAProxy hash-balance-factor)."""
+    """Among equally fast replicas, one takes a request only while its recent dispatches stay
+    within (1 + balance_eps) x the pool's mean (bounded load, Mirrokni et al.)."""
+    recent_half_life_s: Annotated[float, Field(gt=0)] = 10.0
+    """Half-life of the recent-dispatch counts the balance rule compares: long enough that a
+    Poisson burst does not look like a hot spot."""
+
+
+class HotPrefixSettings(_Strict):
+    """Hot prefixes are spread over the first k replicas of their own rendezvous order."""
+
+    spread_factor: Annotated[float, Field(ge=1.0)] = 1.0
+    """k = ceil(share x replicas x spread_factor): no replica takes more than 1/spread_factor
+    of a fair share of the pool's traffic from one prefix alone."""
+    half_life_s: Annotated[float, Field(gt=0)] = 30.0
+    """Half-life of the per-prefix request counts the share is taken from."""
+    min_requests: Annotated[float, Field(ge=1)] = 64.0
+    """Shares are taken over at least this many recent requests, so the first few requests of
+    a new pool do not each look like the whole of its traffic."""
 
 
 class AutoscaleSettings(_Strict):
@@ -105,7 +146,9 @@ class PoolPolicy(_Strict):
     saturation_queue_per_replica: Annotated[float, Field(gt=0)] = 8.0
     """Queue depth per healthy replica at which the pool counts as saturated (tier overflow)."""
     prefix: PrefixSettings = PrefixSettings()
+    cost: CostSettings = CostSettings()
     load: LoadSettings = LoadSettings()
+    hot: HotPrefixSettings = HotPrefixSettings()
     autoscale: AutoscaleSettings = AutoscaleSettings()
 
     @field_validator("replicas")

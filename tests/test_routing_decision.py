@@ -1,187 +1,291 @@
-"""The routing decision, as plain tables of (pool snapshot, request) -> (replica, route)."""
+"""The routing decision as a specification: (request, pool snapshot, what the policy has seen)
+-> (replica, route), with each replica's predicted time to first token as the reason."""
 
 from __future__ import annotations
 
 import pytest
 
+from router_policies.cost.rates import Rates
+from router_policies.cost.ttft import ReplicaLoad
 from router_policies.decision import Candidate, PoolSnapshot, Route
-from router_policies.fingerprint import CanonicalPrompt, fingerprint
-from router_policies.policies import REGISTRY
+from router_policies.fingerprint import CanonicalPrompt, RequestFeatures, fingerprint
+from router_policies.policies import make_policy
+from router_policies.policies.prefix_aware import PrefixAware, default_rates
 from router_policies.rendezvous import hrw_score
 from router_policies.schema import PolicyName, PoolPolicy
 
-POOL = PoolPolicy(model="m", replicas=["http://a:1", "http://b:1", "http://c:1", "http://d:1"])
 NAMES = ("a", "b", "c", "d")
-prefix_aware = REGISTRY[PolicyName.PREFIX_AWARE]
+POOL = PoolPolicy(model="m", replicas=[f"http://{n}:1" for n in NAMES])
+BLOCK = POOL.prefix.block_bytes
+RATES = default_rates(POOL)
 
 
 def system_prompt(text: bytes) -> CanonicalPrompt:
-    """A prompt that is all shared lead (a system prompt), the case a cold home is for."""
+    """A prompt that is all shared lead (a system prompt), the case a home is for."""
     return CanonicalPrompt(text, lead_bytes=len(text))
 
 
-# A prompt of 10 blocks at the default block size.
-FEATURES = fingerprint("m", system_prompt(b"s" * POOL.prefix.block_bytes * 10), 128, 256)
+def features(prompt: CanonicalPrompt) -> RequestFeatures:
+    return fingerprint("m", prompt, BLOCK, POOL.prefix.max_blocks)
+
+
+# 20 blocks of system prompt (~640 tokens at 4 bytes a token).
+FEATURES = features(system_prompt(b"s" * BLOCK * 20))
 # The same length, but only its first block is a shared lead: mostly unique text.
-MOSTLY_UNIQUE = fingerprint(
-    "m",
-    CanonicalPrompt(b"u" * POOL.prefix.block_bytes * 10, lead_bytes=POOL.prefix.block_bytes),
-    128,
-    256,
-)
+MOSTLY_UNIQUE = features(CanonicalPrompt(b"u" * BLOCK * 20, lead_bytes=BLOCK))
 
 
-def home(key: int, names: tuple[str, ...]) -> str:
-    """The rendezvous home: the replica with the highest random weight for the key."""
-    return max(names, key=lambda n: hrw_score(key, n))
+def rendezvous(key: int) -> list[str]:
+    """The replicas in the key's rendezvous order (highest random weight first)."""
+    return sorted(NAMES, key=lambda n: hrw_score(key, n), reverse=True)
 
 
-HOME = home(FEATURES.home_key, NAMES)
-NOT_HOME = next(n for n in NAMES if n != HOME)
+HOME, SECOND, *_ = rendezvous(FEATURES.home_key)
 
 
-def snapshot(loads: dict[str, float], matches: dict[str, int] | None = None) -> PoolSnapshot:
-    matches = matches or {}
-    return PoolSnapshot(tuple(Candidate(n, loads[n], matches.get(n, 0)) for n in loads))
+def candidate(name: str, **load: float) -> Candidate:
+    recent = load.pop("recent", 0.0)
+    inflight = int(load.get("running", 0))
+    return Candidate(name, inflight, ReplicaLoad(**load), RATES, recent)  # type: ignore[arg-type]
 
 
-def idle(**overrides: float) -> dict[str, float]:
-    return {n: overrides.get(n, 0.0) for n in NAMES}
+def snapshot(*candidates: Candidate, now: float = 0.0) -> PoolSnapshot:
+    given = {c.name for c in candidates}
+    rest = tuple(candidate(n) for n in NAMES if n not in given)
+    return PoolSnapshot((*candidates, *rest), now=now)
 
 
-# fmt: off
-CASES = [
-    ("a full match wins on an idle pool", idle(), {"c": 10}, "c", Route.PREFIX_HIT),
-    ("the longest match wins", idle(), {"b": 6, "c": 9}, "c", Route.PREFIX_HIT),
-    ("a match counts while under the cap", idle(c=2, a=2, b=2), {"c": 10}, "c", Route.PREFIX_HIT),
-    ("over the cap, the next-longest match under it", idle(c=5), {"c": 10, "b": 6}, "b", Route.PREFIX_HIT),
-    ("a short match is not worth pinning: home", idle(), {NOT_HOME: 2}, HOME, Route.PREFIX_HOME),
-    ("no match anywhere: the rendezvous home", idle(), {}, HOME, Route.PREFIX_HOME),
-]
-# fmt: on
+def holding(*replicas: str, request: RequestFeatures = FEATURES) -> PrefixAware:
+    """A prefix policy that has sent ``request`` to each of ``replicas`` before."""
+    policy = PrefixAware(POOL)
+    for name in replicas:
+        decision = policy.select(request, snapshot())
+        assert decision is not None
+        policy.record(request, type(decision)(name, decision.route), now=0.0)
+    return policy
 
 
-@pytest.mark.parametrize(("case", "loads", "matches", "replica", "route"), CASES)
-def test_prefix_aware_decision(
-    case: str,
-    loads: dict[str, float],
-    matches: dict[str, int],
-    replica: str,
-    route: Route,
-) -> None:
-    decision = prefix_aware.select(FEATURES, snapshot(loads, matches), POOL)
-    assert decision is not None, case
-    assert (decision.replica, decision.route) == (replica, route), case
-
-
-def test_busy_home_falls_back_to_the_least_loaded_replica() -> None:
-    loads = idle(**{HOME: 4.0, NOT_HOME: 0.0})
-    for n in NAMES:
-        if n not in (HOME, NOT_HOME):
-            loads[n] = 1.0
-    decision = prefix_aware.select(FEATURES, snapshot(loads), POOL)
+def choose(policy: PrefixAware, snap: PoolSnapshot, request: RequestFeatures = FEATURES):  # type: ignore[no-untyped-def]
+    decision = policy.select(request, snap, explain=True)
     assert decision is not None
-    assert (decision.replica, decision.route) == (NOT_HOME, Route.LEAST_LOADED)
+    return decision
 
 
-def test_a_mostly_unique_prompt_goes_by_load_not_to_a_home() -> None:
-    """Preble's rule: when the shared part is small, a cache saves little; balance wins."""
-    home_of_lead = home(MOSTLY_UNIQUE.home_key, NAMES)
-    loads = {n: 1.0 for n in NAMES}
-    emptiest = next(n for n in NAMES if n != home_of_lead)
-    loads[emptiest] = 0.0
-    decision = prefix_aware.select(MOSTLY_UNIQUE, snapshot(loads, {home_of_lead: 1}), POOL)
-    assert decision is not None
-    assert (decision.replica, decision.route) == (emptiest, Route.LEAST_LOADED)
+# --- the cost model's verdicts ---------------------------------------------------------------
 
 
-def test_equal_matches_go_to_the_less_loaded_replica() -> None:
-    decision = prefix_aware.select(FEATURES, snapshot(idle(a=1), {"a": 10, "b": 10}), POOL)
-    assert decision is not None
-    assert (decision.replica, decision.route) == ("b", Route.PREFIX_HIT)
+def test_a_cold_prefix_goes_to_its_rendezvous_home() -> None:
+    decision = choose(PrefixAware(POOL), snapshot())
+    assert (decision.replica, decision.route) == (HOME, Route.PREFIX_HOME)
+
+
+def test_the_replica_holding_the_prefix_wins_and_says_so() -> None:
+    decision = choose(holding("c"), snapshot())
+    assert (decision.replica, decision.route) == ("c", Route.PREFIX_HIT)
+    assert decision.matched_blocks == len(FEATURES.block_hashes)
+    assert decision.uncached_tokens == 0
+
+
+def test_the_longest_match_wins() -> None:
+    short = features(system_prompt(b"s" * BLOCK * 12))
+    policy = holding("b", request=short)
+    policy.record(FEATURES, type(choose(policy, snapshot()))("c", Route.PREFIX_HIT), now=0.0)
+    decision = choose(policy, snapshot())
+    assert decision.replica == "c"
+
+
+def test_a_burst_of_hits_stays_home() -> None:
+    """Ten requests already decoding there cost one slower step, not a cold prefill."""
+    policy = holding(HOME)
+    busy_home = candidate(HOME, running=10, recent=10)
+    decision = choose(policy, snapshot(busy_home))
+    assert (decision.replica, decision.route) == (HOME, Route.PREFIX_HIT)
+
+
+def test_a_queue_on_the_home_sends_the_next_request_to_a_warm_second_replica() -> None:
+    policy = holding(HOME, SECOND)
+    queued_home = candidate(HOME, pending_prefill_tokens=8000, pending_requests=4, running=4)
+    decision = choose(policy, snapshot(queued_home))
+    assert (decision.replica, decision.route) == (SECOND, Route.PREFIX_HIT)
+
+
+def test_a_queue_on_the_home_is_still_better_than_a_cold_prefill_if_it_is_short() -> None:
+    policy = holding(HOME)
+    short_queue = candidate(HOME, pending_prefill_tokens=50, pending_requests=1, running=1)
+    assert choose(policy, snapshot(short_queue)).replica == HOME
+
+
+def test_a_long_queue_on_the_home_sends_even_a_cold_prefill_elsewhere() -> None:
+    policy = holding(HOME)
+    long_queue = candidate(HOME, pending_prefill_tokens=50_000, pending_requests=20, running=16)
+    decision = choose(policy, snapshot(long_queue))
+    assert decision.replica != HOME
+    assert decision.uncached_tokens == pytest.approx(FEATURES.hashed_bytes / 4)
+
+
+def test_a_decoding_only_replica_is_not_busy() -> None:
+    """One replica decodes twelve sequences, another prefills one long prompt: a new unique
+    prompt goes to the one that is only decoding."""
+    others = [n for n in NAMES if n not in ("a", "b")]
+    decoding = candidate("a", running=12, recent=12)
+    prefilling = candidate("b", pending_prefill_tokens=4000, pending_requests=1, running=1)
+    busy = [
+        candidate(n, pending_prefill_tokens=4000, pending_requests=1, running=1) for n in others
+    ]
+    decision = choose(PrefixAware(POOL), snapshot(decoding, prefilling, *busy), MOSTLY_UNIQUE)
+    assert (decision.replica, decision.route) == ("a", Route.LEAST_LOADED)
+
+
+def test_the_engine_queue_of_other_gateways_counts_as_wait() -> None:
+    policy = holding(HOME, SECOND)
+    home_queued_elsewhere = candidate(HOME, engine_waiting=30, running=16)
+    assert choose(policy, snapshot(home_queued_elsewhere)).replica == SECOND
+
+
+def test_a_slower_replica_gets_the_cold_prefill_only_when_the_fast_one_is_busy() -> None:
+    slow = Rates(RATES.prefill_s_per_token * 2, RATES.step_s, RATES.decode_s_per_seq)
+    cands = [Candidate(n, 0, ReplicaLoad(), slow if n != "c" else RATES) for n in NAMES]
+    decision = choose(PrefixAware(POOL), PoolSnapshot(tuple(cands)), MOSTLY_UNIQUE)
+    assert decision.replica == "c"
+
+
+# --- the balance rule among equally fast replicas ----------------------------------------------
+
+
+def test_a_cold_prefix_skips_a_home_over_the_bounded_load_cap() -> None:
+    overloaded_home = candidate(HOME, recent=20)
+    decision = choose(PrefixAware(POOL), snapshot(overloaded_home))
+    assert (decision.replica, decision.route) == (SECOND, Route.PREFIX_HOME)
 
 
 def test_the_cap_follows_the_balance_factor() -> None:
-    # Loads 3,0,0,0: mean after placing is 1, so the cap is (1+eps)*1 + 1.
-    loads = idle(a=3)
-    tight = POOL.model_copy(update={"load": POOL.load.model_copy(update={"balance_eps": 0.25})})
-    loose = POOL.model_copy(update={"load": POOL.load.model_copy(update={"balance_eps": 2.5})})
-    on_tight = prefix_aware.select(FEATURES, snapshot(loads, {"a": 10}), tight)
-    on_loose = prefix_aware.select(FEATURES, snapshot(loads, {"a": 10}), loose)
-    assert on_tight is not None and on_tight.replica != "a"
-    assert on_loose is not None and (on_loose.replica, on_loose.route) == ("a", Route.PREFIX_HIT)
+    loose = POOL.model_copy(update={"load": POOL.load.model_copy(update={"balance_eps": 10.0})})
+    decision = choose(PrefixAware(loose), snapshot(candidate(HOME, recent=6)))
+    assert decision.replica == HOME
+
+
+def test_a_mostly_unique_prompt_goes_to_the_least_recently_loaded_replica() -> None:
+    """Preble's rule: a cache saves little when the shared part is small; balance wins."""
+    recents = {n: 5.0 for n in NAMES}
+    emptiest = rendezvous(MOSTLY_UNIQUE.home_key)[-1]
+    recents[emptiest] = 1.0
+    snap = PoolSnapshot(tuple(candidate(n, recent=r) for n, r in recents.items()))
+    decision = choose(PrefixAware(POOL), snap, MOSTLY_UNIQUE)
+    assert (decision.replica, decision.route) == (emptiest, Route.LEAST_LOADED)
 
 
 def test_distinct_prefixes_spread_over_the_pool() -> None:
+    policy = PrefixAware(POOL)
     homes = set()
     for i in range(64):
-        features = fingerprint(
-            "m", system_prompt(f"system prompt number {i} ".encode() * 20), 128, 256
-        )
-        decision = prefix_aware.select(features, snapshot(idle()), POOL)
-        assert decision is not None and decision.route is Route.PREFIX_HOME
+        request = features(system_prompt(f"system prompt number {i} ".encode() * 20))
+        decision = choose(policy, snapshot(), request)
+        assert decision.route is Route.PREFIX_HOME
         homes.add(decision.replica)
     assert homes == set(NAMES)
 
 
-def test_sticky_under_a_stream_of_dispatches() -> None:
-    """Replaying dispatch bookkeeping: one prefix keeps its replica while the pool stays balanced."""
-    loads = idle(a=2, b=2, c=2, d=2)
-    matches: dict[str, int] = {}
+def test_sticky_under_a_stream_of_sequential_requests() -> None:
+    policy = PrefixAware(POOL)
     chosen = []
-    for _ in range(5):
-        decision = prefix_aware.select(FEATURES, snapshot(loads, matches), POOL)
-        assert decision is not None
+    for i in range(20):
+        decision = choose(policy, snapshot(now=float(i)))
+        policy.record(FEATURES, decision, now=float(i))
         chosen.append(decision.replica)
-        matches[decision.replica] = 10
-        # Each request finishes before the next: load is unchanged.
-    assert len(set(chosen)) == 1
+    assert len(set(chosen)) <= 2, chosen  # its home, and a spread copy once it is all the traffic
 
 
-def test_a_hot_prefix_spills_once_its_replica_hits_the_cap() -> None:
-    """Concurrent requests on one prefix: pinning never piles them onto one replica."""
-    loads = idle()
-    matches: dict[str, int] = {}
-    for _ in range(40):
-        decision = prefix_aware.select(FEATURES, snapshot(loads, matches), POOL)
-        assert decision is not None
-        loads[decision.replica] += 1
-        matches[decision.replica] = 10
-    mean = sum(loads.values()) / len(loads)
-    assert max(loads.values()) <= (1 + POOL.load.balance_eps) * mean + 1
+# --- hot prefixes -----------------------------------------------------------------------------
+
+
+def replay(policy: PrefixAware, requests: list[RequestFeatures]) -> dict[str, int]:
+    """Dispatch requests one after another, as the gateway would, tracking recent loads."""
+    recent = dict.fromkeys(NAMES, 0.0)
+    counts = dict.fromkeys(NAMES, 0)
+    for i, request in enumerate(requests):
+        snap = PoolSnapshot(tuple(candidate(n, recent=recent[n]) for n in NAMES), now=i * 0.01)
+        decision = choose(policy, snap, request)
+        policy.record(request, decision, now=i * 0.01)
+        recent[decision.replica] += 1
+        counts[decision.replica] += 1
+    return counts
+
+
+def test_a_hot_prefix_is_spread_over_k_replicas_that_follow_its_share() -> None:
+    """One prefix with half the traffic on four replicas: k = ceil(0.5 x 4) = 2."""
+    cold = [features(system_prompt(f"tenant {i} ".encode() * 40)) for i in range(40)]
+    mixed = [r for pair in zip([FEATURES] * 40, cold, strict=True) for r in pair]
+    counts = replay(PrefixAware(POOL), mixed)
+    hot_order = rendezvous(FEATURES.home_key)
+    assert max(counts.values()) <= 1.5 * len(mixed) / len(NAMES), counts
+    policy = PrefixAware(POOL)
+    replay(policy, mixed)
+    spread_to = {n for n in NAMES if policy.matched_blocks(n, FEATURES) > 0}
+    assert spread_to == set(hot_order[:2])
+
+
+def test_a_prefix_with_a_small_share_keeps_one_home() -> None:
+    requests = [features(system_prompt(f"tenant {i % 16} ".encode() * 200)) for i in range(160)]
+    policy = PrefixAware(POOL)
+    replay(policy, requests)
+    holders = [sum(policy.matched_blocks(n, r) > 0 for n in NAMES) for r in requests[:16]]
+    assert max(holders) == 1
+
+
+# --- every policy -----------------------------------------------------------------------------
 
 
 def test_no_candidate_gives_no_decision() -> None:
     for name in PolicyName:
-        assert REGISTRY[name].select(FEATURES, PoolSnapshot(()), POOL) is None
+        policy = make_policy(POOL.model_copy(update={"policy": name}))
+        assert policy.select(FEATURES, PoolSnapshot(())) is None
 
 
-def test_unhealthy_replicas_are_never_chosen() -> None:
-    # The snapshot carries healthy replicas only; a match on a missing replica is meaningless.
-    only_b = PoolSnapshot((Candidate("b", 7.0, 0),))
+def test_only_snapshot_candidates_are_ever_chosen() -> None:
+    # The snapshot carries healthy replicas only; what the index says of others is moot.
+    only_b = PoolSnapshot((candidate("b", running=7),))
     for name in PolicyName:
-        decision = REGISTRY[name].select(FEATURES, only_b, POOL)
+        policy = make_policy(POOL.model_copy(update={"policy": name}))
+        policy.record(
+            FEATURES, type(choose(PrefixAware(POOL), snapshot()))("a", Route.PREFIX_HIT), 0.0
+        )
+        decision = policy.select(FEATURES, only_b)
         assert decision is not None and decision.replica == "b"
 
 
+def test_the_decision_explains_every_candidate() -> None:
+    decision = choose(holding(HOME), snapshot(candidate(SECOND, running=3)))
+    assert {c.name for c in decision.costs} == set(NAMES)
+    for cost in decision.costs:
+        parts = cost.estimate.wait_s + cost.estimate.prefill_s + cost.estimate.step_s
+        assert cost.estimate.total_s == pytest.approx(parts)
+    assert decision.estimate is not None
+    assert decision.estimate.total_s == min(c.estimate.total_s for c in decision.costs)
+
+
 def test_least_loaded_baseline_ignores_matches() -> None:
-    decision = REGISTRY[PolicyName.LEAST_LOADED].select(
-        FEATURES, snapshot(idle(a=1, b=0, c=1, d=1), {"a": 10}), POOL
-    )
+    policy = make_policy(POOL.model_copy(update={"policy": PolicyName.LEAST_LOADED}))
+    cands = [candidate(n, running=0 if n == "b" else 1) for n in NAMES]
+    decision = policy.select(FEATURES, PoolSnapshot(tuple(cands)))
     assert decision is not None and (decision.replica, decision.route) == ("b", Route.LEAST_LOADED)
 
 
 def test_least_loaded_ties_follow_the_prefix_not_the_list_order() -> None:
-    decision = REGISTRY[PolicyName.LEAST_LOADED].select(FEATURES, snapshot(idle()), POOL)
+    policy = make_policy(POOL.model_copy(update={"policy": PolicyName.LEAST_LOADED}))
+    decision = policy.select(FEATURES, snapshot())
     assert decision is not None and decision.replica == HOME
 
 
 def test_round_robin_cycles_through_candidates() -> None:
-    rr = REGISTRY[PolicyName.ROUND_ROBIN]
+    rr = make_policy(POOL.model_copy(update={"policy": PolicyName.ROUND_ROBIN}))
     picks = []
     for i in range(8):
-        snap = PoolSnapshot(tuple(Candidate(n, 0.0) for n in NAMES), dispatched=i)
-        decision = rr.select(FEATURES, snap, POOL)
+        decision = rr.select(FEATURES, PoolSnapshot(tuple(Candidate(n) for n in NAMES), i))
         assert decision is not None and decision.route is Route.ROUND_ROBIN
         picks.append(decision.replica)
     assert picks == list(NAMES) * 2
+
+
+def test_round_robin_needs_no_fingerprint_and_no_load() -> None:
+    rr = make_policy(POOL.model_copy(update={"policy": PolicyName.ROUND_ROBIN}))
+    assert not rr.needs

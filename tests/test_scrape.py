@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from gateway.scrape import parse_engine_stats
-from gateway.state import ReplicaState
-from router_policies.prefix_index import PrefixIndex
+from gateway.state import PoolState, ReplicaState
 from router_policies.schema import PoolPolicy
 
 # Shaped like vLLM 0.x output: colons in names, a model_name label, histograms around.
@@ -42,16 +41,25 @@ def test_missing_families_leave_defaults() -> None:
 
 
 def test_kv_capacity_sizes_the_prefix_index() -> None:
-    pool = PoolPolicy(model="m", replicas=["http://a:1"])
-    replica = ReplicaState("http://a:1", PrefixIndex(pool.prefix.index_blocks))
-    replica.apply_engine_stats(parse_engine_stats(VLLM_METRICS), pool)
-    # 32,000 tokens x 4 chars per token / 128-byte blocks
-    assert replica.index.capacity == 1000
-    assert replica.load == 7.0  # nothing in flight from us yet, 7 waiting on the engine
+    pool = PoolState("p", PoolPolicy(model="m", replicas=["http://a:1"]))
+    replica = pool.replicas["a:1"]
+    pool.apply_engine_stats(replica, parse_engine_stats(VLLM_METRICS))
+    # 32,000 tokens x 4 chars per token (until usage teaches better) / 128-byte blocks
+    assert pool.router.index_blocks("a:1") == 1000
+    assert replica.load().engine_waiting == 7.0  # nothing in flight from us, 7 on the engine
+
+
+def test_the_index_shrinks_when_the_replica_reports_fewer_hits_than_it_promised() -> None:
+    pool = PoolState("p", PoolPolicy(model="m", replicas=["http://a:1"]))
+    replica = pool.replicas["a:1"]
+    for _ in range(30):
+        replica.index_belief.observe(expected_cached=1000, cached=500)
+    pool.apply_engine_stats(replica, parse_engine_stats(VLLM_METRICS))
+    assert 500 <= pool.router.index_blocks("a:1") <= 650
 
 
 def test_health_needs_consecutive_evidence_after_the_first_probe() -> None:
-    replica = ReplicaState("http://a:1", PrefixIndex(10))
+    replica = ReplicaState.for_pool("http://a:1", PoolPolicy(model="m", replicas=["http://a:1"]))
     replica.record_probe(False, unhealthy_after=2, healthy_after=2)
     assert not replica.healthy  # the first probe is taken at its word
     replica.record_probe(True, 2, 2)

@@ -1,22 +1,45 @@
-"""The one interface every selection policy implements."""
+"""The one interface every replica-selection policy implements, with no-op hooks by default.
+
+A policy is made per pool (``make``) and may keep state of its own (the prefix policy keeps its
+index of what each replica holds). ``select`` is the pure decision: no I/O, no mutation.
+``needs`` declares what the caller must compute for it, so a simple policy pays for nothing it
+does not read (round-robin: no fingerprint, no load figures).
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from enum import StrEnum
+from typing import ClassVar
 
 from router_policies.decision import Decision, PoolSnapshot
 from router_policies.fingerprint import RequestFeatures
-from router_policies.schema import PoolPolicy
 
 
-class SelectionPolicy(Protocol):
-    uses_prefix: bool
-    """Whether candidates need their prefix match computed (a cost the baselines skip)."""
-    uses_fingerprint: bool
-    """Whether the request's fingerprint is read at all (round-robin reads nothing)."""
+class Need(StrEnum):
+    FINGERPRINT = "fingerprint"
+    """The request's block digests (otherwise the features carry none)."""
+    LOAD = "load"
+    """Each candidate's in-flight count, pending prefill and scraped engine figures."""
+    RATES = "rates"
+    """Each candidate's learned speed."""
+
+
+class SelectionPolicy:
+    needs: ClassVar[frozenset[Need]] = frozenset()
 
     def select(
-        self, features: RequestFeatures, snapshot: PoolSnapshot, policy: PoolPolicy
+        self, request: RequestFeatures, snapshot: PoolSnapshot, *, explain: bool = False
     ) -> Decision | None:
-        """Choose a replica, or None when the snapshot has no candidate. No I/O, no mutation."""
-        ...
+        """Choose a replica, or None when the snapshot has no candidate. With ``explain``,
+        the decision also carries what each candidate was judged on (for operators)."""
+        raise NotImplementedError
+
+    def record(self, request: RequestFeatures, decision: Decision, now: float) -> None:
+        """Called once the request is dispatched where ``decision`` says."""
+
+    def size_index(self, replica: str, blocks: int) -> None:
+        """The replica's KV cache holds about ``blocks`` fingerprint blocks."""
+
+    def index_blocks(self, replica: str) -> int:
+        """Capacity of the policy's index for the replica (0 when it keeps none)."""
+        return 0

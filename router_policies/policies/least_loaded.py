@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from router_policies.decision import Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
 from router_policies.load import least_loaded
-from router_policies.schema import PoolPolicy
+from router_policies.policies.base import Need, SelectionPolicy
 
 
-class LeastLoaded:
-    uses_fingerprint = True
-    uses_prefix = False
+class LeastLoaded(SelectionPolicy):
+    needs: ClassVar[frozenset[Need]] = frozenset({Need.FINGERPRINT, Need.LOAD})
 
     def select(
-        self, features: RequestFeatures, snapshot: PoolSnapshot, policy: PoolPolicy
+        self, request: RequestFeatures, snapshot: PoolSnapshot, *, explain: bool = False
     ) -> Decision | None:
         if not snapshot.candidates:
             return None
-        best = least_loaded(snapshot.candidates, features.home_key)
+        best = least_loaded(snapshot.candidates, request.home_key)
         return Decision(best.name, Route.LEAST_LOADED)

@@ -1,59 +1,181 @@
-"""Prefix-aware routing with bounded load.
+"""Prefix-aware routing by predicted time to first token.
 
-1. prefix-hit: among replicas under the load cap, the one holding the longest useful match.
-2. prefix-home: no useful match under the cap, but a shared lead (system prompt, tools) that is
-   a useful share of the prompt: the lead's rendezvous home, if under the cap, so the first
-   requests of a new system prompt meet on one replica and every gateway agrees which.
-3. least-loaded: otherwise. A prompt that is mostly its own unique text gains little from any
-   cache, so it goes by load (Preble's rule), and a busy home never piles work onto one replica.
+For every healthy replica the cost model predicts this request's TTFT there: the prefill work
+queued ahead of it, plus the prefill of the part of its prompt that replica does not hold
+(from this policy's index of what it sent where), plus one engine step beside the running
+batch. Pinning falls out of the model: a cache hit is cheap and a cold prefill expensive, so a
+burst of hits stays home, while a queue on the home sends the next request to a warm second
+replica. Then:
+
+- Replicas within ``cost.near_s`` of the fastest are equally good; among them the balance rule
+  picks: the first in the prefix's rendezvous order whose recent dispatches are under the
+  bounded-load cap (so every gateway instance agrees where a new prefix lives), or, for a
+  prompt that is mostly its own unique text (Preble's rule), the least recently loaded.
+- A hot prefix, whose recent share of the pool's traffic is more than a fair share of one
+  replica, counts as warm on the first k replicas of its rendezvous order (k follows its share),
+  so it spreads over k warm replicas instead of overloading one.
 """
 
 from __future__ import annotations
 
-from router_policies.decision import Candidate, Decision, PoolSnapshot, Route
+from typing import ClassVar
+
+from router_policies.cost.rates import Rates
+from router_policies.cost.ttft import estimate, predicted_s
+from router_policies.decision import Candidate, CandidateCost, Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
-from router_policies.load import least_loaded, load_cap, under_cap
+from router_policies.hot_prefixes import HotPrefixes, spread
+from router_policies.load import recent_cap
+from router_policies.policies.base import Need, SelectionPolicy
+from router_policies.prefix_index import PrefixIndex
 from router_policies.rendezvous import hrw_score
 from router_policies.schema import PoolPolicy, PrefixSettings
 
+_Scored = tuple[float, Candidate, int, float]
+"""(predicted TTFT, candidate, matched bytes, tokens it is expected to prefill)."""
 
-def _useful(matched_blocks: int, features: RequestFeatures, prefix: PrefixSettings) -> bool:
-    if matched_blocks < prefix.min_match_blocks:
+
+def default_rates(policy: PoolPolicy) -> Rates:
+    cost = policy.cost
+    return Rates(1.0 / cost.prefill_tokens_per_s, cost.step_s, cost.decode_s_per_seq)
+
+
+def _useful(matched_bytes: int, request: RequestFeatures, prefix: PrefixSettings) -> bool:
+    if matched_bytes < prefix.min_match_blocks * prefix.block_bytes:
         return False
-    matched_bytes = min(matched_blocks * prefix.block_bytes, features.hashed_bytes)
-    return matched_bytes >= prefix.min_match_ratio * features.hashed_bytes
+    return matched_bytes >= prefix.min_match_ratio * request.hashed_bytes
 
 
-def _lead_worth_a_home(features: RequestFeatures, prefix: PrefixSettings) -> bool:
-    full_blocks = features.lead_bytes // prefix.block_bytes
-    return _useful(full_blocks, features, prefix)
+class PrefixAware(SelectionPolicy):
+    needs: ClassVar[frozenset[Need]] = frozenset({Need.FINGERPRINT, Need.LOAD, Need.RATES})
 
+    def __init__(self, policy: PoolPolicy, previous: PrefixAware | None = None) -> None:
+        self.policy = policy
+        self._default_rates = default_rates(policy)
+        keep = previous is not None and previous.policy.prefix == policy.prefix
+        # Digests of another block size or seed match nothing: an index survives a reload only
+        # when the fingerprint settings are unchanged.
+        self._indexes: dict[str, PrefixIndex] = dict(previous._indexes) if keep and previous else {}
+        same_hot = previous is not None and previous.policy.hot == policy.hot
+        self.hot: HotPrefixes = (
+            previous.hot if same_hot and previous else HotPrefixes(policy.hot.half_life_s)
+        )
 
-class PrefixAware:
-    uses_fingerprint = True
-    uses_prefix = True
+    def _index(self, replica: str) -> PrefixIndex:
+        index = self._indexes.get(replica)
+        if index is None:
+            index = self._indexes[replica] = PrefixIndex(self.policy.prefix.index_blocks)
+        return index
+
+    def matched_blocks(self, replica: str, request: RequestFeatures) -> int:
+        index = self._indexes.get(replica)
+        return index.match_length(request.block_hashes) if index is not None else 0
+
+    def record(self, request: RequestFeatures, decision: Decision, now: float) -> None:
+        self._index(decision.replica).insert(request.block_hashes)
+        self.hot.record(request.home_key, now)
+
+    def size_index(self, replica: str, blocks: int) -> None:
+        self._index(replica).resize(blocks)
+
+    def index_blocks(self, replica: str) -> int:
+        return self._index(replica).capacity
 
     def select(
-        self, features: RequestFeatures, snapshot: PoolSnapshot, policy: PoolPolicy
+        self, request: RequestFeatures, snapshot: PoolSnapshot, *, explain: bool = False
     ) -> Decision | None:
         candidates = snapshot.candidates
         if not candidates:
             return None
-        cap = load_cap(candidates, policy.load.balance_eps)
-        # Never empty: the least-loaded replica is always under the cap.
-        eligible = [c for c in candidates if under_cap(c, cap)]
-        key = features.home_key
-        best = max(eligible, key=lambda c: _rank(c, key))
-        if _useful(best.matched_blocks, features, policy.prefix):
-            return Decision(best.name, Route.PREFIX_HIT, best.matched_blocks)
-        if _lead_worth_a_home(features, policy.prefix):
-            home = max(candidates, key=lambda c: hrw_score(key, c.name))
-            if under_cap(home, cap):
-                return Decision(home.name, Route.PREFIX_HOME, home.matched_blocks)
-        fallback = least_loaded(candidates, key)
-        return Decision(fallback.name, Route.LEAST_LOADED, fallback.matched_blocks)
+        prefix = self.policy.prefix
+        block = prefix.block_bytes
+        key = request.home_key
+        lead_bytes = (request.lead_bytes // block) * block
+        has_home = _useful(lead_bytes, request, prefix)
+        spread_homes: frozenset[str] = frozenset()
+        if has_home:
+            share = self.hot.share(key, snapshot.now, self.policy.hot.min_requests)
+            k = spread(share, len(candidates), self.policy.hot.spread_factor)
+            if k > 1:
+                # A hot prefix counts as warm on its first k rendezvous replicas, sent there
+                # yet or not (the single home of a cold prefix needs no such credit: a cold
+                # start reaches it anyway).
+                order = sorted(candidates, key=lambda c: hrw_score(key, c.name), reverse=True)
+                spread_homes = frozenset(c.name for c in order[:k])
 
+        per_token_bytes = snapshot.chars_per_token
+        total = request.hashed_bytes
+        prompt_tokens = total / per_token_bytes
+        default = self._default_rates
+        scored = []
+        for c in candidates:
+            matched = self.matched_blocks(c.name, request)
+            matched_bytes = min(matched * block, total)
+            warm_bytes = max(matched_bytes, lead_bytes) if c.name in spread_homes else matched_bytes
+            expected = (total - warm_bytes) / per_token_bytes
+            scored.append(
+                (
+                    predicted_s(c.load, expected, prompt_tokens, c.rates or default),
+                    c,
+                    matched_bytes,
+                    expected,
+                )
+            )
 
-def _rank(c: Candidate, key: int) -> tuple[int, float, int]:
-    # Longest match first; among equal matches the less loaded, then the rendezvous order.
-    return (c.matched_blocks, -c.load, hrw_score(key, c.name))
+        fastest = min(item[0] for item in scored)
+        tolerance = self.policy.cost
+        limit = fastest * (1 + tolerance.near_ratio) + tolerance.near_s
+        near = [item for item in scored if item[0] <= limit]
+        useful = {c.name for _, c, matched, _ in near if _useful(matched, request, prefix)}
+        _, chosen, matched_bytes, expected = self._balance(near, candidates, key, useful, has_home)
+        if chosen.name in useful:
+            route = Route.PREFIX_HIT
+        elif has_home:
+            route = Route.PREFIX_HOME
+        else:
+            route = Route.LEAST_LOADED
+        costs: tuple[CandidateCost, ...] = ()
+        if explain:
+            costs = tuple(
+                CandidateCost(
+                    c.name,
+                    self.matched_blocks(c.name, request),
+                    (total - m) / per_token_bytes,
+                    estimate(c.load, e, prompt_tokens, c.rates or default),
+                    c.recent,
+                    c.rates or default,
+                )
+                for _, c, m, e in scored
+            )
+        return Decision(
+            chosen.name,
+            route,
+            -(-matched_bytes // block),
+            (total - matched_bytes) / per_token_bytes,
+            estimate(chosen.load, expected, prompt_tokens, chosen.rates or default),
+            costs,
+        )
+
+    def _balance(
+        self,
+        near: list[_Scored],
+        candidates: tuple[Candidate, ...],
+        key: int,
+        useful: set[str],
+        has_home: bool,
+    ) -> _Scored:
+        if len(near) == 1:
+            return near[0]
+        if has_home:
+            # Replicas that hold the prompt first (a copy elsewhere costs cache room), then the
+            # prefix's own rendezvous order; skipping those over the bounded-load cap.
+            cap = recent_cap([c.recent for c in candidates], self.policy.load.balance_eps)
+            by_rank = sorted(
+                near,
+                key=lambda item: (item[1].name in useful, hrw_score(key, item[1].name)),
+                reverse=True,
+            )
+            under = next((item for item in by_rank if item[1].recent + 1 <= cap), None)
+            if under is not None:
+                return under
+        return min(near, key=lambda item: (item[1].recent, -hrw_score(key, item[1].name)))

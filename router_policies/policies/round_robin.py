@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from router_policies.decision import Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
-from router_policies.schema import PoolPolicy
+from router_policies.policies.base import SelectionPolicy
 
 
-class RoundRobin:
-    uses_fingerprint = False
-    uses_prefix = False
-
+class RoundRobin(SelectionPolicy):
     def select(
-        self, features: RequestFeatures, snapshot: PoolSnapshot, policy: PoolPolicy
+        self, request: RequestFeatures, snapshot: PoolSnapshot, *, explain: bool = False
     ) -> Decision | None:
         if not snapshot.candidates:
             return None

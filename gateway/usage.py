@@ -1,0 +1,32 @@
+"""The prompt's length and cached part in tokens, as a replica reports them in `usage`.
+
+Read from the raw bytes relayed to the client (a whole body, or the stream chunk that carries
+the usage) without parsing the JSON: the figures teach the pool's characters per token, each
+replica's true prefill work (for its learned rates) and how far the prefix index can be
+believed. vLLM reports cached tokens with --enable-prompt-tokens-details (the launch recipe
+sets it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+
+
+@dataclass(frozen=True, slots=True)
+class PromptUsage:
+    prompt_tokens: int
+    cached_tokens: int | None
+
+
+def prompt_usage(data: bytes) -> PromptUsage | None:
+    if b'"prompt_tokens"' not in data:
+        return None
+    prompt = _PROMPT_TOKENS.search(data)
+    if prompt is None:
+        return None
+    cached = _CACHED_TOKENS.search(data, prompt.end())
+    return PromptUsage(int(prompt.group(1)), int(cached.group(1)) if cached else None)

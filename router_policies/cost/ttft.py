@@ -1,0 +1,67 @@
+"""One replica's predicted time to first token for one request, in seconds, term by term."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router_policies.cost.rates import Rates
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """What is known of a replica's work at dispatch time."""
+
+    pending_prefill_tokens: float = 0.0
+    """Uncached prompt tokens of the requests this gateway sent there that have not produced a
+    first byte yet: prefill work the engine does before (or alongside) a new request's."""
+    pending_requests: int = 0
+    """How many requests those are."""
+    running: float = 0.0
+    """Sequences in the engine's batch: the larger of the scraped figure and this gateway's
+    own in-flight count (scrapes lag; dispatches do not)."""
+    engine_waiting: float = 0.0
+    """The engine's own waiting queue, as last scraped (it also holds other gateways' work)."""
+
+
+IDLE = ReplicaLoad()
+
+
+@dataclass(frozen=True, slots=True)
+class TtftEstimate:
+    wait_s: float
+    """Prefill work queued ahead of this request on the replica."""
+    prefill_s: float
+    """This request's own uncached tokens."""
+    step_s: float
+    """The engine step that emits the first token, slowed by the sequences decoding in it."""
+
+    @property
+    def total_s(self) -> float:
+        return self.wait_s + self.prefill_s + self.step_s
+
+
+def queued_tokens(load: ReplicaLoad, prompt_tokens: float) -> float:
+    """Prefill tokens ahead of a new request. Requests in the engine's queue that this gateway
+    did not send (another instance's, or ones a stale scrape still shows) are counted as long
+    as this prompt: the best guess without their prompts."""
+    unknown = max(load.engine_waiting - load.pending_requests, 0.0)
+    return load.pending_prefill_tokens + unknown * prompt_tokens
+
+
+def predicted_s(
+    load: ReplicaLoad, uncached_tokens: float, prompt_tokens: float, rates: Rates
+) -> float:
+    """``estimate(...).total_s`` without building the parts: the decision's inner loop."""
+    work = queued_tokens(load, prompt_tokens) + uncached_tokens
+    return work * rates.prefill_s_per_token + rates.step_s + rates.decode_s_per_seq * load.running
+
+
+def estimate(
+    load: ReplicaLoad, uncached_tokens: float, prompt_tokens: float, rates: Rates
+) -> TtftEstimate:
+    per_token = rates.prefill_s_per_token
+    return TtftEstimate(
+        wait_s=queued_tokens(load, prompt_tokens) * per_token,
+        prefill_s=uncached_tokens * per_token,
+        step_s=rates.step_s + rates.decode_s_per_seq * load.running,
+    )

@@ -1,0 +1,105 @@
+"""The cost model's parts: learned rates, the TTFT estimate, decayed counts, hot prefixes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from router_policies.cost.rates import RateLearner, Rates
+from router_policies.cost.ttft import ReplicaLoad, estimate, predicted_s, queued_tokens
+from router_policies.decay import DecayedCount
+from router_policies.hot_prefixes import HotPrefixes, spread
+
+PRIOR = Rates(prefill_s_per_token=1e-4, step_s=0.01, decode_s_per_seq=2e-4)
+
+
+def observe_replica(learner: RateLearner, true: Rates, n: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    for _ in range(n):
+        tokens = rng.choice([64, 200, 1500, 2200, 4000])
+        running = rng.randint(0, 16)
+        ttft = true.step_s + true.prefill_s_per_token * tokens + true.decode_s_per_seq * running
+        learner.observe(tokens, running, ttft * rng.uniform(0.95, 1.05))
+
+
+def test_learned_rates_converge_on_a_replica_twice_as_slow() -> None:
+    slow = Rates(PRIOR.prefill_s_per_token * 2, PRIOR.step_s, PRIOR.decode_s_per_seq)
+    learner = RateLearner(PRIOR)
+    observe_replica(learner, slow, 60)
+    assert learner.rates().prefill_s_per_token == pytest.approx(slow.prefill_s_per_token, rel=0.1)
+
+
+def test_learned_rates_track_a_replica_that_slows_down() -> None:
+    learner = RateLearner(PRIOR)
+    observe_replica(learner, PRIOR, 100)
+    slower = Rates(PRIOR.prefill_s_per_token * 3, PRIOR.step_s, PRIOR.decode_s_per_seq)
+    observe_replica(learner, slower, 150, seed=1)
+    assert learner.rates().prefill_s_per_token == pytest.approx(slower.prefill_s_per_token, rel=0.1)
+
+
+def test_the_defaults_hold_until_enough_samples() -> None:
+    learner = RateLearner(PRIOR, min_samples=8)
+    observe_replica(learner, Rates(1e-2, 1.0, 1e-2), 7)
+    assert learner.rates() == PRIOR
+    observe_replica(learner, Rates(1e-2, 1.0, 1e-2), 1)
+    assert learner.rates() != PRIOR
+
+
+def test_noise_never_yields_a_free_or_negative_cost() -> None:
+    learner = RateLearner(PRIOR)
+    for _ in range(50):
+        learner.observe(1000, 0, 0.0)  # absurd observations: zero TTFT
+    rates = learner.rates()
+    assert rates.prefill_s_per_token > 0 and rates.step_s > 0 and rates.decode_s_per_seq >= 0
+
+
+def test_the_estimate_is_wait_plus_prefill_plus_one_step() -> None:
+    load = ReplicaLoad(pending_prefill_tokens=1000, pending_requests=1, running=10)
+    est = estimate(load, uncached_tokens=500, prompt_tokens=2000, rates=PRIOR)
+    assert est.wait_s == pytest.approx(1000 * 1e-4)
+    assert est.prefill_s == pytest.approx(500 * 1e-4)
+    assert est.step_s == pytest.approx(0.01 + 10 * 2e-4)
+    assert est.total_s == pytest.approx(est.wait_s + est.prefill_s + est.step_s)
+    assert predicted_s(load, 500, 2000, PRIOR) == pytest.approx(est.total_s)
+
+
+def test_engine_queue_beyond_our_own_requests_counts_as_prompts_like_this_one() -> None:
+    load = ReplicaLoad(pending_prefill_tokens=300, pending_requests=2, engine_waiting=5)
+    assert queued_tokens(load, prompt_tokens=1000) == 300 + 3 * 1000
+    # A stale scrape showing fewer than our own pending requests adds nothing.
+    assert queued_tokens(ReplicaLoad(300, 2, 0, 1), 1000) == 300
+
+
+def test_a_decayed_count_halves_every_half_life() -> None:
+    count = DecayedCount(half_life_s=10)
+    count.add(0.0, 8)
+    assert count.value(10.0) == pytest.approx(4)
+    assert count.value(30.0) == pytest.approx(1)
+    count.add(30.0)
+    assert count.value(30.0) == pytest.approx(2)
+
+
+def test_shares_follow_recent_traffic() -> None:
+    hot = HotPrefixes(half_life_s=10)
+    for i in range(100):
+        hot.record(1 if i % 2 else i, now=i * 0.01)
+    assert hot.share(1, 1.0) == pytest.approx(0.5, abs=0.02)
+    for i in range(100, 300):  # key 1 goes quiet
+        hot.record(i, now=1 + i * 0.1)
+    assert hot.share(1, 31.0) < 0.1
+
+
+def test_a_young_pool_does_not_mistake_a_few_requests_for_all_its_traffic() -> None:
+    hot = HotPrefixes(half_life_s=10)
+    hot.record(7, now=0.0)
+    assert hot.share(7, 0.0) == 1.0
+    assert hot.share(7, 0.0, min_total=32) == pytest.approx(1 / 32)
+
+
+@pytest.mark.parametrize(
+    ("share", "replicas", "k"),
+    [(0.0, 8, 1), (1 / 32, 8, 1), (0.25, 8, 3), (0.125, 8, 2), (1.0, 8, 8), (0.9, 1, 1)],
+)
+def test_k_follows_the_share(share: float, replicas: int, k: int) -> None:
+    assert spread(share, replicas, factor=1.25) == k
