@@ -9,15 +9,19 @@ much as a busy one).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-QUERIES = "vllm:prefix_cache_queries_total"
-HITS = "vllm:prefix_cache_hits_total"
+from replica.vllm_metrics import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, total
+
+QUERIES = total(PREFIX_CACHE_QUERIES)
+HITS = total(PREFIX_CACHE_HITS)
 _TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,31 +47,43 @@ Snapshot = dict[str, CacheCounters]
 """Counters per replica base URL."""
 
 
-def parse_cache_counters(text: str) -> CacheCounters:
-    """The two counters from a Prometheus text exposition, summed over label sets (model names,
-    LoRA adapters). Missing series count as zero."""
-    queries = hits = 0.0
+def sum_samples(text: str, names: Collection[str]) -> dict[str, float]:
+    """Each named sample of a Prometheus text exposition, summed over its label sets (model
+    names, LoRA adapters, finish reasons); a missing series counts as zero."""
+    sums = dict.fromkeys(names, 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == QUERIES:
-                queries += sample.value
-            elif sample.name == HITS:
-                hits += sample.value
-    return CacheCounters(queries, hits)
+            if sample.name in sums:
+                sums[sample.name] += sample.value
+    return sums
 
 
-async def scrape(session: aiohttp.ClientSession, url: str) -> CacheCounters:
-    """One replica's counters; ``url`` is its base URL. Raises on a failed scrape: a missing
+def cache_counters(sums: Mapping[str, float]) -> CacheCounters:
+    """The prefix-cache counters out of ``sum_samples`` taken over (at least) QUERIES and HITS."""
+    return CacheCounters(sums[QUERIES], sums[HITS])
+
+
+def parse_cache_counters(text: str) -> CacheCounters:
+    """The two counters from a Prometheus text exposition, summed over label sets."""
+    return cache_counters(sum_samples(text, (QUERIES, HITS)))
+
+
+async def scrape_all(urls: Sequence[str], parse: Callable[[str], T]) -> dict[str, T]:
+    """Every replica's /metrics, parsed, by base URL. Raises on a failed scrape: a missing
     replica must not silently count as a replica with no traffic."""
-    async with session.get(f"{url}/metrics", timeout=_TIMEOUT) as response:
-        response.raise_for_status()
-        return parse_cache_counters(await response.text())
+    async with aiohttp.ClientSession() as session:
+
+        async def scrape(url: str) -> T:
+            async with session.get(f"{url}/metrics", timeout=_TIMEOUT) as response:
+                response.raise_for_status()
+                return parse(await response.text())
+
+        parsed = await asyncio.gather(*(scrape(url) for url in urls))
+    return dict(zip(urls, parsed, strict=True))
 
 
 async def snapshot(urls: Sequence[str]) -> Snapshot:
-    async with aiohttp.ClientSession() as session:
-        counters = await asyncio.gather(*(scrape(session, url) for url in urls))
-    return dict(zip(urls, counters, strict=True))
+    return await scrape_all(urls, parse_cache_counters)
 
 
 async def reset_prefix_caches(urls: Sequence[str]) -> None:

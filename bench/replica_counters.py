@@ -14,15 +14,21 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
+from bench.fleet_stats import (
+    HITS,
+    QUERIES,
+    CacheCounters,
+    cache_counters,
+    fleet_counters,
+    reset_prefix_caches,
+    scrape_all,
+    sum_samples,
+)
+from replica.vllm_metrics import NUM_RUNNING, NUM_WAITING, REQUEST_SUCCESS, total
 
-from bench.fleet_stats import CacheCounters, parse_cache_counters, reset_prefix_caches
-
-REQUESTS = "vllm:request_success_total"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+REQUESTS = total(REQUEST_SUCCESS)
+RUNNING = NUM_RUNNING
+WAITING = NUM_WAITING
 SETTLE_S = 0.3
 """Two scrapes this far apart must agree before a replica counts as quiet."""
 
@@ -53,31 +59,16 @@ class ReplicaCounters:
 
 
 def parse_replica_counters(text: str) -> ReplicaCounters:
-    """A replica's counters from its Prometheus text exposition, summed over label sets."""
-    requests = running = waiting = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == REQUESTS:
-                requests += sample.value
-            elif sample.name == RUNNING:
-                running += sample.value
-            elif sample.name == WAITING:
-                waiting += sample.value
-    return ReplicaCounters(requests, parse_cache_counters(text), running, waiting)
-
-
-async def _scrape(session: aiohttp.ClientSession, url: str) -> ReplicaCounters:
-    async with session.get(f"{url}/metrics", timeout=_TIMEOUT) as response:
-        response.raise_for_status()
-        return parse_replica_counters(await response.text())
+    """A replica's counters from its Prometheus text exposition (parsed once), summed over
+    label sets."""
+    sums = sum_samples(text, (REQUESTS, RUNNING, WAITING, QUERIES, HITS))
+    return ReplicaCounters(sums[REQUESTS], cache_counters(sums), sums[RUNNING], sums[WAITING])
 
 
 async def snapshot(urls: Sequence[str]) -> dict[str, ReplicaCounters]:
     """Every replica's counters by base URL; raises if one cannot be scraped (a missing replica
     must not pass for an idle one)."""
-    async with aiohttp.ClientSession() as session:
-        counters = await asyncio.gather(*(_scrape(session, url) for url in urls))
-    return dict(zip(urls, counters, strict=True))
+    return await scrape_all(urls, parse_replica_counters)
 
 
 def delta(
@@ -87,10 +78,7 @@ def delta(
 
 
 def fleet_cache(counters: Mapping[str, ReplicaCounters]) -> CacheCounters:
-    return CacheCounters(
-        sum(c.cache.queries for c in counters.values()),
-        sum(c.cache.hits for c in counters.values()),
-    )
+    return fleet_counters({url: c.cache for url, c in counters.items()})
 
 
 def max_over_mean(values: Sequence[float]) -> float | None:

@@ -20,14 +20,17 @@ from bench.compare import (
     CompareConfig,
     PlannedWorkload,
     SimScale,
-    _planned,
     code_line,
+    planned,
     run_sim_fleet,
     sim_notes,
     sim_workloads,
     source_digest,
 )
-from bench.compare_results import (
+from bench.compare.checks import real_checks, sim_checks
+from bench.compare.markdown import RunInfo, render_markdown
+from bench.compare.plots import plots_available, write_plots
+from bench.compare.results import (
     CACHE_AWARE_PEERS,
     GATEWAY_TARGETS,
     LEAST_LOADED,
@@ -39,8 +42,6 @@ from bench.compare_results import (
     Measurement,
     Target,
     WorkloadInfo,
-    real_checks,
-    sim_checks,
     summarize,
 )
 from bench.driver import RequestResult, RunResult, run_conversations
@@ -53,7 +54,6 @@ from bench.replica_counters import (
     reset_and_verify,
     snapshot,
 )
-from bench.report import RunInfo, plots_available, render_markdown, write_plots
 from bench.workloads import Conversation, generated_shared_prefix
 from replica.sim.tokenizer import render_chat
 from tests.conftest import MODEL, running_sims
@@ -249,10 +249,10 @@ def test_sim_checks_read_the_figures() -> None:
 def test_notes_explain_a_failed_check_with_its_figures() -> None:
     fleet = _fleet()
     pa = fleet.measurements[0]
-    fleet.measurements[0] = replace(pa, routes=(("prefix-hit", 15), ("prefix-spill", 5)))
+    fleet.measurements[0] = replace(pa, routes=(("prefix-hit", 15), ("least-loaded", 5)))
     fleet.measurements.append(_m(ROUND_ROBIN, "low", 0.01, 0.05, ttfts=(0.05,)))
     notes = sim_notes(fleet, sim_checks(fleet, "gsp", "low", "zipf"))
-    assert any("5 of 20 (25%) requests `prefix-spill`" in line for line in notes)
+    assert any("5 of 20 (25%) requests `least-loaded`" in line for line in notes)
     assert any("round-robin's (50 ms)" in line for line in notes)
 
 
@@ -429,7 +429,7 @@ async def test_arrivals_schedule_the_conversations() -> None:
 
 def _tiny_workload() -> PlannedWorkload:
     conversations = generated_shared_prefix(3, 4, 256, 16, 4, seed=2)
-    return _planned("gsp", "Tiny shared prefix", "test", "3 x 4", conversations, 8.0, seed=2)
+    return planned("gsp", "Tiny shared prefix", "test", "3 x 4", conversations, 8.0, seed=2)
 
 
 def _assert_sane(fleet: FleetResult, targets: list[Target]) -> None:

@@ -170,12 +170,12 @@ def test_process_cpu_reads_this_process() -> None:
 
 
 async def test_no_peers_starts_none(tmp_path: Path) -> None:
-    started = await overhead._start_peers(OverheadConfig(peers=False), "http://127.0.0.1:9")
+    started = await overhead.start_peers(OverheadConfig(peers=False), "http://127.0.0.1:9")
     assert [(t.name, t.status, p) for t, p in started] == [
         (name, "skipped (--no-peers)", None) for name in PEERS
     ]
     missing = OverheadConfig(peers_venv=tmp_path / "nothing-here")
-    started = await overhead._start_peers(missing, "http://127.0.0.1:9")
+    started = await overhead.start_peers(missing, "http://127.0.0.1:9")
     assert [(t.name, t.status, p) for t, p in started] == [
         (name, "not installed", None) for name in PEERS
     ]

@@ -1,4 +1,4 @@
-"""The autoscaling simulation (bench/scaling.py): its HPA, its engine model, and what it shows."""
+"""The autoscaling simulation (bench/scaling/): its HPA, its engine model, and what it shows."""
 
 from __future__ import annotations
 

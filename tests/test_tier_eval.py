@@ -1,4 +1,4 @@
-"""The tier-classifier evaluation (bench/tier_eval.py) and the labelled set it runs on."""
+"""The tier-classifier evaluation (bench/tier_eval/) and the labelled set it runs on."""
 
 from __future__ import annotations
 

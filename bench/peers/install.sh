@@ -8,7 +8,7 @@
 #   PEERS_VENV=/opt/peers bench/peers/install.sh
 #
 # Environment: PEERS_VENV (where the venv goes), PEERS_PYTHON (the interpreter that creates it;
-# default python3). The versions are the ones the flags in bench/peers.py were checked against.
+# default python3). The versions are the ones the flags in bench/peers/__init__.py were checked against.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -31,10 +31,12 @@ from replica.processes import (
     start_on_free_port,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 VENV_ENV = "PEERS_VENV"
 """Overrides where the peers' virtualenv is (the same variable install.sh reads)."""
-INSTALL_SCRIPT = ROOT / "bench" / "peers" / "install.sh"
+INSTALL_SCRIPT = HERE / "install.sh"
+"""Installs the peers; it sits beside this module."""
 VERSIONS = {"vllm-router": "0.1.17", "sglang-router": "0.3.2"}
 """The releases whose flags are used here (TOOLS.md)."""
 PeerKind = Literal["vllm-router", "sglang-router"]

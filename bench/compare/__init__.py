@@ -1,0 +1,49 @@
+"""``llm-gateway bench compare``: the gateway against vllm-router and sglang-router, same fleet.
+
+Targets, one after another on the same replicas: this gateway with prefix-aware, least-loaded
+and round-robin routing; vllm-router round_robin and cache_aware; sglang-router cache_aware
+(peers installed by bench/peers/install.sh, started with their documented flags, untuned).
+
+Fleets:
+  sim   8 simulated vLLM replicas (replica/sim, default timing and KV size) and four workloads:
+        SGLang's generated-shared-prefix, vLLM production-stack's multi-round QA, llm-d's
+        low-sharing control, and Zipf popularity over prefix groups, scaled to this machine.
+  real  2 real vLLM CPU replicas (the "small" ~41M-parameter Llama, one core each) and a small
+        shared-prefix workload; gateway prefix-aware vs round-robin, and the cache-aware peers.
+
+Before each target the replicas' prefix caches are emptied (POST /reset_prefix_cache) and their
+counters checked to stand still. Hit rates and requests per replica come from the replicas'
+own /metrics; every hit rate is also shown as a fraction of the workload's affinity bound.
+Writes docs/benchmarks.md and PNG plots next to it.
+"""
+
+# Modules: ``plan`` (workloads), ``results`` and ``checks`` (figures and acceptance), ``runner``
+# and ``fleets`` (what runs), ``comparison`` (the whole run), ``notes``, ``markdown`` and ``plots``
+# (the report), ``code_state``, ``cli``.
+
+from __future__ import annotations
+
+from bench.compare.cli import add_arguments, run
+from bench.compare.code_state import CodeState, code_line, source_digest
+from bench.compare.comparison import CompareConfig, CompareResult, run_compare
+from bench.compare.fleets import run_real_fleet, run_sim_fleet
+from bench.compare.notes import sim_notes
+from bench.compare.plan import PlannedWorkload, SimScale, planned, sim_workloads
+
+__all__ = [
+    "CodeState",
+    "CompareConfig",
+    "CompareResult",
+    "PlannedWorkload",
+    "SimScale",
+    "add_arguments",
+    "code_line",
+    "planned",
+    "run",
+    "run_compare",
+    "run_real_fleet",
+    "run_sim_fleet",
+    "sim_notes",
+    "sim_workloads",
+    "source_digest",
+]

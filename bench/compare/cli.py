@@ -1,0 +1,131 @@
+"""The command line of ``llm-gateway bench compare``: run, print a summary, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+import uvloop
+
+from bench.compare.code_state import CodeState, code_line
+from bench.compare.comparison import CompareConfig, CompareResult, run_compare
+from bench.compare.markdown import RunInfo, pct, ratio, render_markdown
+from bench.compare.notes import METHOD, notes
+from bench.compare.plots import plots_available, write_plots
+from bench.host import machine_description
+
+
+def write_report(result: CompareResult, config: CompareConfig, out: TextIO) -> Path | None:
+    if config.out is None:
+        return None
+    out_dir = config.out
+    images: dict[str, list[str]] = {}
+    missing = plots_available()
+    if missing is not None:
+        print(f"[compare] no plots: {missing}", file=out)
+    else:
+        for fleet in result.fleets:
+            if fleet.skipped is None:
+                images[fleet.key] = write_plots(fleet, out_dir)
+    info = RunInfo(
+        command=config.command(),
+        code=code_line(result.code or CodeState.now(), CodeState.now()),
+        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        machine=f"{machine_description()}; load average at the end "
+        + ", ".join(f"{load:.2f}" for load in os.getloadavg())
+        + " (1, 5, 15 min: anything else running on the machine shows here)",
+        duration_s=result.duration_s,
+        peers=result.peers,
+    )
+    text = render_markdown(info, result.fleets, result.checks, METHOD, notes(result), images)
+    path = out_dir / "benchmarks.md"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def print_summary(result: CompareResult, out: TextIO) -> None:
+    """The tables and checks on the terminal, in short."""
+    for fleet in result.fleets:
+        print(f"\n{fleet.title}", file=out)
+        if fleet.skipped is not None:
+            print(f"  skipped: {fleet.skipped}", file=out)
+            continue
+        for workload in fleet.workloads:
+            measurements = fleet.for_workload(workload.key)
+            bound = measurements[0].bound.bound if measurements else math.nan
+            print(f"  {workload.title} (affinity bound {100 * bound:.1f}%)", file=out)
+            print(
+                f"    {'target':28}{'ok':>9}{'TTFT p50':>10}{'p90':>8}{'p99':>8}{'ITL':>7}"
+                f"{'hit':>8}{'/bound':>8}{'max/mean':>9}",
+                file=out,
+            )
+            for m in measurements:
+                print(
+                    f"    {m.target.label:28}{f'{m.ok}/{m.planned}':>9}"
+                    f"{1000 * m.ttft(50):>8.0f}ms{1000 * m.ttft(90):>6.0f}ms"
+                    f"{1000 * m.ttft(99):>6.0f}ms{1000 * m.itl(50):>5.1f}ms"
+                    f"{pct(m.hit_rate):>8}{ratio(m.hit_fraction_of_bound):>8}"
+                    f"{ratio(m.balance):>9}",
+                    file=out,
+                )
+    print("\nAcceptance checks", file=out)
+    for check in result.checks:
+        print(f"  {check.status:4}  {check.name}: {check.figures}", file=out)
+    for line in notes(result):
+        print(f"  {line}", file=out)
+    print(f"\nTotal {result.duration_s / 60:.1f} min", file=out)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fleet",
+        choices=("sim", "real", "all"),
+        default="all",
+        help="fleets to run (default: all)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller workloads, gateway-only real fleet (minutes)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("docs"), help="where benchmarks.md and the PNGs go"
+    )
+    parser.add_argument("--no-out", action="store_true", help="print only, write nothing")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the workloads' text and arrivals"
+    )
+    parser.add_argument(
+        "--no-install",
+        action="store_true",
+        help="never run bench/peers/install.sh or replica/vllm_cpu/install.sh; "
+        "skip what is missing",
+    )
+    parser.add_argument("--no-peers", action="store_true", help="gateway targets only")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Entry point of ``llm-gateway bench compare``; 0 when every run completed."""
+    config = CompareConfig(
+        fleet=args.fleet,
+        quick=args.quick,
+        out=None if args.no_out else args.out,
+        seed=args.seed,
+        install=not args.no_install,
+        peers=not args.no_peers,
+        progress=not args.no_progress,
+    )
+    try:
+        result = uvloop.run(run_compare(config))
+    except KeyboardInterrupt:
+        return 130
+    print_summary(result, out)
+    path = write_report(result, config, out)
+    if path is not None:
+        print(f"\nWrote {path} and its plots.", file=out)
+    return 0

@@ -1,0 +1,124 @@
+"""The whole comparison: which targets run on which fleet, and the checks on the results."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from tqdm import tqdm
+
+from bench import peers
+from bench.compare.checks import Check, real_checks, sim_checks
+from bench.compare.code_state import CodeState
+from bench.compare.fleets import prepare_real_fleet, run_real_fleet, run_sim_fleet
+from bench.compare.plan import GSP, LOW, REAL_GSP, ZIPF, SimScale, real_workloads, sim_workloads
+from bench.compare.results import (
+    CACHE_AWARE_PEERS,
+    GATEWAY_TARGETS,
+    PEER_TARGETS,
+    PREFIX_AWARE,
+    ROUND_ROBIN,
+    FleetResult,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CompareConfig:
+    fleet: str = "all"
+    quick: bool = False
+    out: Path | None = Path("docs")
+    seed: int = 0
+    install: bool = True
+    peers: bool = True
+    progress: bool = True
+
+    def command(self) -> str:
+        parts = ["llm-gateway bench compare", f"--fleet {self.fleet}"]
+        if self.quick:
+            parts.append("--quick")
+        if self.seed:
+            parts.append(f"--seed {self.seed}")
+        if not self.peers:
+            parts.append("--no-peers")
+        parts.append(f"--out {self.out}" if self.out is not None else "--no-out")
+        return " ".join(parts)
+
+
+@dataclass(slots=True)
+class CompareResult:
+    fleets: list[FleetResult]
+    checks: list[Check]
+    peers: str
+    duration_s: float
+    code: CodeState | None = None
+    """The code when the run started."""
+
+
+def _peer_targets(config: CompareConfig, out: TextIO) -> tuple[str | None, str]:
+    """(why peers cannot run or None, the peers line of the report)."""
+    if not config.peers:
+        return "left out (--no-peers)", "left out (--no-peers)"
+    reason = peers.peers_available()
+    if reason is not None and config.install:
+        print(f"[compare] peers missing ({reason}); running {peers.INSTALL_SCRIPT.name}", file=out)
+        failed = peers.install_peers()
+        reason = failed if failed is not None else peers.peers_available()
+    if reason is not None:
+        return reason, f"not run: {reason}"
+    versions = ", ".join(f"{name} {version}" for name, version in peers.VERSIONS.items())
+    return None, f"{versions} (bench/peers/install.sh, flags in bench/peers/__init__.py)"
+
+
+async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> CompareResult:
+    started = time.perf_counter()
+    code = CodeState.now()
+    peer_reason, peers_line = _peer_targets(config, out)
+    fleets: list[FleetResult] = []
+    checks: list[Check] = []
+    sim_targets = list(GATEWAY_TARGETS)
+    real_targets = [PREFIX_AWARE, ROUND_ROBIN]
+    skipped: dict[str, str] = {}
+    if peer_reason is None:
+        sim_targets += PEER_TARGETS
+        if not config.quick:
+            real_targets += CACHE_AWARE_PEERS
+    else:
+        skipped = {t.label: peer_reason for t in PEER_TARGETS}
+    run_sim = config.fleet in ("sim", "all")
+    run_real = config.fleet in ("real", "all")
+    scale = SimScale.quick() if config.quick else SimScale()
+    sim_plan = sim_workloads(scale, config.seed)
+    real_plan = real_workloads(config.quick, config.seed)
+    model_dir, real_reason = (Path(), None)
+    if run_real:
+        model_dir, real_reason = prepare_real_fleet(config.install, out)
+        if real_reason is not None:
+            print(f"[compare] real vLLM fleet skipped: {real_reason}", file=out)
+    total = (len(sim_plan) * len(sim_targets) if run_sim else 0) + (
+        len(real_plan) * len(real_targets) if run_real and real_reason is None else 0
+    )
+    with tqdm(total=total, unit="run", desc="compare", disable=not config.progress) as bar:
+        if run_sim:
+            sim = await run_sim_fleet(
+                sim_plan, sim_targets, scale=scale, skipped_targets=skipped, bar=bar
+            )
+            fleets.append(sim)
+            checks += sim_checks(sim, GSP, LOW, ZIPF)
+        if run_real:
+            if real_reason is None:
+                real_skipped = (
+                    {t.label: peer_reason for t in CACHE_AWARE_PEERS} if peer_reason else {}
+                )
+                if config.quick and peer_reason is None:
+                    real_skipped = {t.label: "left out by --quick" for t in CACHE_AWARE_PEERS}
+                real = await run_real_fleet(
+                    real_plan, real_targets, model_dir, skipped_targets=real_skipped, bar=bar
+                )
+            else:
+                real = FleetResult("real", "Real vLLM fleet (2 CPU replicas)", skipped=real_reason)
+            fleets.append(real)
+            checks += real_checks(real, REAL_GSP)
+    return CompareResult(fleets, checks, peers_line, time.perf_counter() - started, code)

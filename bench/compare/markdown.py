@@ -1,0 +1,174 @@
+"""docs/benchmarks.md and its pictures, from the results of ``bench compare``.
+
+Rendering is pure (results in, markdown out) so it can be tested without running anything;
+the plots need matplotlib (the ``bench`` extra) and are skipped, with a note, without it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.compare.checks import Check
+from bench.compare.results import (
+    FleetResult,
+    Measurement,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """The header of the report."""
+
+    command: str
+    code: str
+    """The git revision (and uncommitted paths) the run used."""
+    date: str
+    machine: str
+    duration_s: float
+    peers: str
+    """Which peer versions ran, or why none did."""
+
+
+def _ms(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{1000 * seconds:.0f}"
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def measurement_row(m: Measurement) -> str:
+    """One table row; columns as in TABLE_HEADER."""
+    counts = m.requests_per_replica
+    spread = f"{min(counts):.0f}-{max(counts):.0f}" if counts else "-"
+    cells = [
+        m.target.label,
+        f"{m.ok}/{m.planned}",
+        str(m.errors),
+        _ms(m.ttft(50)),
+        _ms(m.ttft(90)),
+        _ms(m.ttft(99)),
+        f"{1000 * m.itl(50):.1f}" if m.itls else "-",
+        _ms(m.latency(50)),
+        _ms(m.latency(90)),
+        _ms(m.latency(99)),
+        f"{m.output_tokens_per_s:.0f}",
+        pct(m.hit_rate),
+        ratio(m.hit_fraction_of_bound),
+        spread,
+        ratio(m.balance),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+TABLE_HEADER = (
+    "| target | ok/planned | errors | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | E2E p50 "
+    "| E2E p90 | E2E p99 | out tok/s | hit rate | hit / bound | req per replica | max/mean |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def checks_table(checks: Sequence[Check]) -> list[str]:
+    lines = ["| check | result | figures |", "|---|---|---|"]
+    lines += [f"| {c.name} | **{c.status}** | {c.figures} |" for c in checks]
+    return lines
+
+
+def fleet_section(fleet: FleetResult, images: Sequence[str]) -> list[str]:
+    lines = [f"## {fleet.title}", ""]
+    if fleet.skipped is not None:
+        return [*lines, f"Not run: {fleet.skipped}", ""]
+    lines += fleet.description
+    if fleet.skipped_targets:
+        lines += [f"- Not run: {label} ({why})" for label, why in fleet.skipped_targets.items()]
+    lines += [f"- Wall time of this fleet's comparison: {fleet.wall_s / 60:.1f} min", ""]
+    for workload in fleet.workloads:
+        measurements = fleet.for_workload(workload.key)
+        bound = measurements[0].bound if measurements else None
+        lines += [
+            f"### {workload.title}",
+            "",
+            f"- Definition: {workload.definition}",
+            f"- Here: {workload.parameters}",
+            f"- Arrivals: {workload.arrival}; {workload.requests} requests per target.",
+        ]
+        if bound is not None:
+            lines.append(
+                f"- Affinity bound: {pct(bound.bound)} ({bound.reusable_tokens:,} of "
+                f"{bound.prompt_tokens:,} prompt tokens were seen in an earlier prompt)."
+            )
+        lines += ["", TABLE_HEADER]
+        lines += [measurement_row(m) for m in measurements]
+        errors = [m for m in measurements if m.first_error]
+        lines += [""]
+        lines += [
+            f"- {m.target.label} routes (x-gateway-route): "
+            + ", ".join(f"{route} {count}" for route, count in m.routes)
+            for m in measurements
+            if m.routes
+        ]
+        lines += [f"- {m.target.label}, first error: `{_one_line(m.first_error)}`" for m in errors]
+        if errors:
+            lines.append("")
+    lines += [f"![{alt}]({name})" for alt, name in _image_alts(images)]
+    lines.append("")
+    return lines
+
+
+def _one_line(text: str | None) -> str:
+    return " ".join((text or "").split())[:200].replace("`", "'")
+
+
+def _image_alts(images: Sequence[str]) -> list[tuple[str, str]]:
+    return [(Path(name).stem.replace("-", " "), name) for name in images]
+
+
+def render_markdown(
+    info: RunInfo,
+    fleets: Sequence[FleetResult],
+    checks: Sequence[Check],
+    method: Sequence[str],
+    notes: Sequence[str],
+    images: dict[str, list[str]],
+) -> str:
+    """The whole docs/benchmarks.md. ``method`` and ``notes`` are markdown lines; ``images``
+    maps a fleet key to its PNG file names (relative to the markdown file)."""
+    lines = [
+        "# Benchmarks: the gateway against vllm-router and sglang-router",
+        "",
+        "Generated by the command below from the committed code; do not edit by hand.",
+        "",
+        f"- Command: `{info.command}`",
+        f"- Code: {info.code}",
+        f"- Date: {info.date}",
+        f"- Machine: {info.machine}",
+        f"- Duration: {info.duration_s / 60:.1f} min",
+        f"- Peers: {info.peers}",
+        "",
+        "## How it is measured",
+        "",
+        *method,
+        "",
+        "## Acceptance checks",
+        "",
+        *checks_table(checks),
+        "",
+    ]
+    if notes:
+        lines += ["### Reading the checks", "", *notes, ""]
+    lines += [
+        "Units: milliseconds unless marked; `hit / bound` is the fleet hit rate over the "
+        "workload's affinity bound; `req per replica` is the fewest-most requests a "
+        "replica finished; `max/mean` the busiest replica over the mean.",
+        "",
+    ]
+    for fleet in fleets:
+        lines += fleet_section(fleet, images.get(fleet.key, []))
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,145 @@
+"""One runner for both fleets: every target on every workload, each from emptied caches."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import aiohttp
+import orjson
+from tqdm import tqdm
+
+from bench import peers
+from bench.affinity import affinity_bound
+from bench.compare.plan import PlannedWorkload
+from bench.compare.results import (
+    FleetResult,
+    Measurement,
+    Target,
+    summarize,
+)
+from bench.driver import CHAT_PATH, run_conversations
+from bench.launcher import start_gateway
+from bench.replica_counters import (
+    delta,
+    reset_and_verify,
+    wait_quiet,
+)
+from replica.processes import ManagedProcess
+
+CONCURRENCY_CAP = 1024
+"""The driver's bound on requests in flight: far above what any run reaches, so load stays
+open-loop (arrivals never wait for earlier requests)."""
+SIM_TIMEOUT_S = 60.0
+REAL_TIMEOUT_S = 180.0
+
+
+async def start_target(target: Target, urls: Sequence[str], model: str) -> ManagedProcess:
+    """The target's router in front of ``urls``, ready to route."""
+    if target.kind == "gateway":
+        policy = {
+            "pools": {"bench": {"model": model, "replicas": list(urls), "policy": target.policy}}
+        }
+        return await start_gateway(policy)
+    return await peers.start_peer(target.kind, target.policy, urls)
+
+
+async def stop_all(processes: Sequence[ManagedProcess]) -> None:
+    # Shielded: after Ctrl-C cancels the run, the children must still be stopped.
+    stops = asyncio.gather(*(p.stop() for p in processes), return_exceptions=True)
+    await asyncio.shield(stops)
+
+
+async def measure(
+    target: Target,
+    workload: PlannedWorkload,
+    urls: Sequence[str],
+    model: str,
+    *,
+    timeout_s: float,
+    live: list[ManagedProcess],
+) -> Measurement:
+    """One target through one workload, from emptied caches; the router is stopped after."""
+    router = await start_target(target, urls, model)
+    live.append(router)
+    try:
+        before = await reset_and_verify(urls)
+        run = await run_conversations(
+            router.url,
+            workload.conversations,
+            model=model,
+            concurrency=CONCURRENCY_CAP,
+            timeout_s=timeout_s,
+            arrivals=workload.arrivals,
+            progress=False,
+        )
+    finally:
+        await stop_all([router])
+        live.remove(router)
+    after = await wait_quiet(urls, timeout_s)
+    bound = affinity_bound(r.messages for r in run.results)
+    return summarize(target, workload.info.key, run, delta(before, after), urls, bound)
+
+
+async def warm_up(urls: Sequence[str], model: str) -> None:
+    """One short request straight to each replica, so no target pays a replica's first-request
+    costs; the caches are emptied before every target anyway."""
+    body = orjson.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2}
+    )
+    timeout = aiohttp.ClientTimeout(total=REAL_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for url in urls:
+            async with session.post(
+                url + CHAT_PATH, data=body, headers={"Content-Type": "application/json"}
+            ) as response:
+                response.raise_for_status()
+                await response.read()
+
+
+async def run_targets(
+    fleet: FleetResult,
+    urls: Sequence[str],
+    model: str,
+    workloads: Sequence[PlannedWorkload],
+    *,
+    timeout_s: float,
+    live: list[ManagedProcess],
+    bar: tqdm[Any] | None,
+) -> None:
+    for workload in workloads:
+        fleet.workloads.append(workload.info)
+        for target in fleet.targets:
+            if bar is not None:
+                bar.set_postfix_str(f"{fleet.key} {workload.info.key}: {target.label}")
+            fleet.measurements.append(
+                await measure(target, workload, urls, model, timeout_s=timeout_s, live=live)
+            )
+            if bar is not None:
+                bar.update()
+
+
+async def run_fleet(
+    fleet: FleetResult,
+    start_replicas: Callable[[], Awaitable[Sequence[ManagedProcess]]],
+    model: str,
+    workloads: Sequence[PlannedWorkload],
+    *,
+    timeout_s: float,
+    bar: tqdm[Any] | None,
+) -> FleetResult:
+    """Start the fleet's replicas, run every target on every workload, stop everything."""
+    started = time.perf_counter()
+    live: list[ManagedProcess] = []
+    try:
+        replicas = await start_replicas()
+        live += replicas
+        urls = [replica.url for replica in replicas]
+        await warm_up(urls, model)
+        await run_targets(fleet, urls, model, workloads, timeout_s=timeout_s, live=live, bar=bar)
+    finally:
+        await stop_all(live)
+    fleet.wall_s = time.perf_counter() - started
+    return fleet

@@ -1,0 +1,108 @@
+"""The command line of ``llm-gateway bench overhead``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import uvloop
+
+from bench.overhead.config import (
+    OverheadConfig,
+)
+from bench.overhead.report import format_report, keep_notes
+from bench.overhead.runner import run_overhead
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = OverheadConfig()
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=defaults.requests,
+        help="measured requests per target, mode and concurrency (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=defaults.concurrency,
+        help="requests in flight (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=defaults.rounds,
+        help="interleaved batches per target and cell (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--unloaded-requests",
+        type=int,
+        default=defaults.unloaded_requests,
+        help="measured requests per target and mode at concurrency 1; 0 skips that pass "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=defaults.max_tokens,
+        help="completion tokens per request (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="measure only direct and this gateway, not vllm-router and sglang-router",
+    )
+    parser.add_argument(
+        "--peers-venv",
+        type=Path,
+        default=defaults.peers_venv,
+        help="virtualenv holding vllm-router and sglang-router (bench/peers/install.sh); "
+        "without one the report says they are not installed (default: $PEERS_VENV or "
+        ".cache/peers-venv)",
+    )
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument(
+        "--out",
+        type=Path,
+        default=defaults.out,
+        help="markdown report to write; notes below its marker line are kept "
+        "(default: %(default)s)",
+    )
+    out.add_argument("--no-out", action="store_true", help="print only, write no file")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``llm-gateway bench overhead``; 0 when every request succeeded and every
+    installed peer started."""
+    if min(args.requests, args.concurrency, args.rounds) < 1 or args.unloaded_requests < 0:
+        print(
+            "error: --requests, --concurrency and --rounds must be at least 1, "
+            "--unloaded-requests at least 0",
+            file=sys.stderr,
+        )
+        return 2
+    config = OverheadConfig(
+        requests=args.requests,
+        concurrency=args.concurrency,
+        rounds=args.rounds,
+        unloaded_requests=args.unloaded_requests,
+        max_tokens=args.max_tokens,
+        peers=not args.no_peers,
+        peers_venv=args.peers_venv,
+        out=None if args.no_out else args.out,
+    )
+    print("Starting a zero-delay simulated replica and the routers...", file=sys.stderr)
+    try:
+        result = uvloop.run(run_overhead(config))
+    except KeyboardInterrupt:
+        return 130
+    report = format_report(result)
+    sys.stdout.write(report)
+    if config.out is not None:
+        previous = config.out.read_text(encoding="utf-8") if config.out.exists() else None
+        config.out.parent.mkdir(parents=True, exist_ok=True)
+        config.out.write_text(keep_notes(report, previous), encoding="utf-8")
+        print(f"\nwrote {config.out}", file=sys.stderr)
+    broken = [t.name for t in result.targets if t.status.startswith("failed")]
+    return 0 if result.failed == 0 and not broken else 1

@@ -1,0 +1,142 @@
+"""What ``bench overhead`` runs and what it records: the targets, and per cell (mode and
+concurrency) every request each target served with the CPU it took."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench import peers
+from bench.driver import RequestResult, percentile
+
+MODEL = "sim-model"
+ZERO_DELAY = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
+DIRECT = "direct"
+GATEWAY = "gateway"
+PEERS: tuple[peers.PeerKind, ...] = ("vllm-router", "sglang-router")
+PEER_POLICY = "round_robin"
+TARGETS = (DIRECT, GATEWAY, *PEERS)
+NOTES_MARKER = "<!-- Hand-written notes below this line are kept when the benchmark rewrites -->"
+"""Everything after this line in an existing report survives a rerun (the reading of the
+figures is written by a person, not generated)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OverheadConfig:
+    requests: int = 8000
+    """Measured requests per target, mode and concurrency level, split over the rounds."""
+    concurrency: int = 32
+    rounds: int = 8
+    unloaded_requests: int = 1000
+    """Measured requests per target and mode at concurrency 1 (0 leaves that pass out)."""
+    max_tokens: int = 16
+    timeout_s: float = 30.0
+    peers: bool = True
+    """Also measure vllm-router and sglang-router when they are installed."""
+    peers_venv: Path | None = None
+    """Where the peers' virtualenv is; None: bench.peers' default ($PEERS_VENV or
+    .cache/peers-venv)."""
+    out: Path | None = Path("docs/overhead.md")
+
+    def command(self) -> str:
+        """The command line that reproduces this run, every option spelled out."""
+        parts = [
+            "llm-gateway bench overhead",
+            f"--requests {self.requests}",
+            f"--concurrency {self.concurrency}",
+            f"--rounds {self.rounds}",
+            f"--unloaded-requests {self.unloaded_requests}",
+            f"--max-tokens {self.max_tokens}",
+        ]
+        if not self.peers:
+            parts.append("--no-peers")
+        elif self.peers_venv is not None:
+            parts.append(f"--peers-venv {self.peers_venv}")
+        parts.append(f"--out {self.out}" if self.out is not None else "--no-out")
+        return " ".join(parts)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
+            "max_tokens": self.max_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One thing requests are sent to, or why it was not measured."""
+
+    name: str
+    url: str | None = None
+    pid: int | None = None
+    """The router's process (its CPU time is read around its batches); None for direct."""
+    status: str = ""
+    """Empty when measured; otherwise what the table shows instead of figures."""
+    detail: str = ""
+    """Why it was not measured, at more length (the report's list of peers)."""
+
+    @property
+    def measured(self) -> bool:
+        return self.url is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """Every measured request to one target in one cell, the time and CPU they took."""
+
+    results: tuple[RequestResult, ...]
+    wall_s: float
+    router_cpu_s: float | None = None
+    """CPU the router process used during this target's batches; None when not read."""
+    replica_cpu_s: float | None = None
+
+    @property
+    def req_per_s(self) -> float:
+        return len(self.results) / self.wall_s if self.wall_s else math.nan
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.results if not r.ok)
+
+    def latency_ms(self, q: float) -> float:
+        return 1000 * percentile([r.latency_s for r in self.results if r.ok], q)
+
+    def ttft_ms(self, q: float) -> float:
+        ttfts = [r.ttft_s for r in self.results if r.ok and r.ttft_s is not None]
+        return 1000 * percentile(ttfts, q)
+
+    def cpu_us_per_request(self, cpu_s: float | None) -> float:
+        if cpu_s is None or not self.results:
+            return math.nan
+        return 1e6 * cpu_s / len(self.results)
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One mode (streaming or not) at one concurrency: every measured target."""
+
+    stream: bool
+    concurrency: int
+    sides: Mapping[str, Side] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> str:
+        return "streaming" if self.stream else "non-streaming"
+
+
+@dataclass(frozen=True, slots=True)
+class OverheadResult:
+    config: OverheadConfig
+    targets: tuple[Target, ...]
+    cells: tuple[Cell, ...]
+    started: datetime
+    machine: str
+
+    @property
+    def failed(self) -> int:
+        return sum(side.failed for cell in self.cells for side in cell.sides.values())

@@ -1,0 +1,174 @@
+"""The measurement: one zero-delay replica, the routers in front of it, and interleaved
+batches per cell with each process's CPU time read around its own batches."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from bench import peers
+from bench.driver import RequestResult, RunResult, run_plain
+from bench.host import machine_description, process_cpu_s
+from bench.launcher import start_gateway
+from bench.overhead.config import (
+    DIRECT,
+    GATEWAY,
+    MODEL,
+    PEER_POLICY,
+    PEERS,
+    ZERO_DELAY,
+    Cell,
+    OverheadConfig,
+    OverheadResult,
+    Side,
+    Target,
+)
+from bench.overhead.report import fmt
+from replica.processes import ManagedProcess, start_sim_replicas
+
+
+def round_order(names: Sequence[str], round_index: int) -> tuple[str, ...]:
+    """The targets' order in one round: rotated by one place per round, so each target takes
+    every position equally often over ``len(names)`` rounds."""
+    if not names:
+        return ()
+    shift = round_index % len(names)
+    return (*names[shift:], *names[:shift])
+
+
+def split_requests(total: int, rounds: int) -> list[int]:
+    """``total`` requests over ``rounds`` batches, as even as whole numbers allow."""
+    return [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
+
+
+def _add(total: float | None, start: float | None, end: float | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return (total or 0.0) + end - start
+
+
+async def _cell(
+    targets: Sequence[Target],
+    replica_pid: int | None,
+    body: dict[str, Any],
+    *,
+    stream: bool,
+    concurrency: int,
+    total: int,
+    rounds: int,
+    timeout_s: float,
+) -> Cell:
+    by_name = {t.name: t for t in targets if t.measured}
+    names = tuple(by_name)
+    results: dict[str, list[RequestResult]] = {name: [] for name in names}
+    walls = dict.fromkeys(names, 0.0)
+    router_cpu: dict[str, float | None] = dict.fromkeys(names)
+    replica_cpu: dict[str, float | None] = dict.fromkeys(names)
+
+    async def batch(target: Target, requests: int) -> RunResult:
+        assert target.url is not None
+        return await run_plain(
+            target.url,
+            body,
+            requests=requests,
+            concurrency=concurrency,
+            stream=stream,
+            timeout_s=timeout_s,
+        )
+
+    # Unmeasured warm-up: connections, caches and allocator pools on every path.
+    for name in names:
+        await batch(by_name[name], 2 * concurrency)
+    for i, count in enumerate(split_requests(total, rounds)):
+        for name in round_order(names, i):
+            target = by_name[name]
+            router_before, replica_before = process_cpu_s(target.pid), process_cpu_s(replica_pid)
+            run = await batch(target, count)
+            router_after, replica_after = process_cpu_s(target.pid), process_cpu_s(replica_pid)
+            results[name] += run.results
+            walls[name] += run.wall_s
+            router_cpu[name] = _add(router_cpu[name], router_before, router_after)
+            replica_cpu[name] = _add(replica_cpu[name], replica_before, replica_after)
+    sides = {
+        name: Side(tuple(results[name]), walls[name], router_cpu[name], replica_cpu[name])
+        for name in names
+    }
+    return Cell(stream, concurrency, sides)
+
+
+async def start_peers(
+    config: OverheadConfig, replica_url: str
+) -> list[tuple[Target, ManagedProcess | None]]:
+    """Each peer as a target, with its process (None where it was not started)."""
+    if not config.peers:
+        return [(Target(name, status="skipped (--no-peers)"), None) for name in PEERS]
+    # A subprocess checks the venv's versions: off the event loop.
+    problem = await asyncio.to_thread(peers.peers_available, config.peers_venv)
+    if problem is not None:
+        return [(Target(name, status="not installed", detail=problem), None) for name in PEERS]
+    started: list[tuple[Target, ManagedProcess | None]] = []
+    for name in PEERS:
+        try:
+            process = await peers.start_peer(
+                name, PEER_POLICY, [replica_url], venv=config.peers_venv
+            )
+        except Exception as exc:
+            print(f"warning: {name} did not start: {exc}", file=sys.stderr)
+            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+            started.append((Target(name, status="failed to start", detail=first_line), None))
+            continue
+        started.append((Target(name, process.url, process.pid), process))
+    return started
+
+
+def _progress(cell: Cell) -> None:
+    figures = ", ".join(
+        f"{name} {side.req_per_s:.0f} req/s p50 {fmt(side.latency_ms(50))} ms"
+        for name, side in cell.sides.items()
+    )
+    print(f"{cell.mode}, concurrency {cell.concurrency}: {figures}", file=sys.stderr)
+
+
+async def run_overhead(config: OverheadConfig) -> OverheadResult:
+    """Start the zero-delay replica and the routers, measure every cell, stop them all."""
+    started = datetime.now(UTC)
+    processes: list[ManagedProcess] = []
+    try:
+        replicas = await start_sim_replicas(1, model=MODEL, **ZERO_DELAY)
+        processes += replicas
+        replica = replicas[0]
+        policy = {
+            "pools": {"bench": {"model": MODEL, "replicas": [replica.url], "policy": "round-robin"}}
+        }
+        gateway = await start_gateway(policy)
+        processes.append(gateway)
+        targets = [Target(DIRECT, replica.url), Target(GATEWAY, gateway.url, gateway.pid)]
+        for target, process in await start_peers(config, replica.url):
+            targets.append(target)
+            if process is not None:
+                processes.append(process)
+        plan = [(config.concurrency, config.requests)]
+        if config.unloaded_requests and config.concurrency != 1:
+            plan.append((1, config.unloaded_requests))
+        cells = []
+        for stream in (False, True):
+            for concurrency, total in plan:
+                cell = await _cell(
+                    targets,
+                    replica.pid,
+                    config.body(),
+                    stream=stream,
+                    concurrency=concurrency,
+                    total=total,
+                    rounds=config.rounds,
+                    timeout_s=config.timeout_s,
+                )
+                _progress(cell)
+                cells.append(cell)
+    finally:
+        # Shielded: after Ctrl-C cancels this task, the children must still be stopped.
+        await asyncio.shield(asyncio.gather(*(p.stop() for p in processes), return_exceptions=True))
+    return OverheadResult(config, tuple(targets), tuple(cells), started, machine_description())
