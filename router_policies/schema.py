@@ -89,7 +89,7 @@ class LoadSettings(_Strict):
 class HotPrefixSettings(_Strict):
     """Hot prefixes are spread over the first k replicas of their own rendezvous order."""
 
-    spread_factor: Annotated[float, Field(ge=1.0)] = 1.0
+    spread_factor: Annotated[float, Field(ge=1.0)] = 1.25
     """k = ceil(share x replicas x spread_factor): no replica takes more than 1/spread_factor
     of a fair share of the pool's traffic from one prefix alone."""
     half_life_s: Annotated[float, Field(gt=0)] = 30.0

@@ -92,25 +92,15 @@ class PrefixAware(SelectionPolicy):
         key = request.home_key
         lead_bytes = (request.lead_bytes // block) * block
         has_home = _useful(lead_bytes, request, prefix)
-        spread_homes: frozenset[str] = frozenset()
-        if has_home:
-            share = self.hot.share(key, snapshot.now, self.policy.hot.min_requests)
-            k = spread(share, len(candidates), self.policy.hot.spread_factor)
-            if k > 1:
-                # A hot prefix counts as warm on its first k rendezvous replicas, sent there
-                # yet or not (the single home of a cold prefix needs no such credit: a cold
-                # start reaches it anyway).
-                order = sorted(candidates, key=lambda c: hrw_score(key, c.name), reverse=True)
-                spread_homes = frozenset(c.name for c in order[:k])
+        total = request.hashed_bytes
+        matched = [min(self.matched_blocks(c.name, request) * block, total) for c in candidates]
+        spread_homes = self._spread_homes(request, snapshot, matched) if has_home else frozenset()
 
         per_token_bytes = snapshot.chars_per_token
-        total = request.hashed_bytes
         prompt_tokens = total / per_token_bytes
         default = self._default_rates
         scored = []
-        for c in candidates:
-            matched = self.matched_blocks(c.name, request)
-            matched_bytes = min(matched * block, total)
+        for c, matched_bytes in zip(candidates, matched, strict=True):
             warm_bytes = max(matched_bytes, lead_bytes) if c.name in spread_homes else matched_bytes
             expected = (total - warm_bytes) / per_token_bytes
             scored.append(
@@ -127,7 +117,9 @@ class PrefixAware(SelectionPolicy):
         limit = fastest * (1 + tolerance.near_ratio) + tolerance.near_s
         near = [item for item in scored if item[0] <= limit]
         useful = {c.name for _, c, matched, _ in near if _useful(matched, request, prefix)}
-        _, chosen, matched_bytes, expected = self._balance(near, candidates, key, useful, has_home)
+        _, chosen, matched_bytes, expected = self._balance(
+            near, candidates, key, useful | spread_homes, has_home
+        )
         if chosen.name in useful:
             route = Route.PREFIX_HIT
         elif has_home:
@@ -156,6 +148,29 @@ class PrefixAware(SelectionPolicy):
             costs,
         )
 
+    def _spread_homes(
+        self, request: RequestFeatures, snapshot: PoolSnapshot, matched: list[int]
+    ) -> frozenset[str]:
+        """The k replicas a hot prefix counts as warm on, sent there yet or not: those that
+        hold its lead, plus, while they are fewer than k, the least recently loaded others, so
+        the hot prefix's traffic fills the pool's valleys. A cold prefix (k = 1) needs no such
+        credit: its one home is where a cold start goes anyway."""
+        candidates = snapshot.candidates
+        share = self.hot.share(request.home_key, snapshot.now, self.policy.hot.min_requests)
+        k = spread(share, len(candidates), self.policy.hot.spread_factor)
+        if k <= 1:
+            return frozenset()
+        lead = request.lead_bytes // self.policy.prefix.block_bytes * self.policy.prefix.block_bytes
+        holders = [c.name for c, m in zip(candidates, matched, strict=True) if m >= lead]
+        if len(holders) >= k:
+            return frozenset(holders)
+        key = request.home_key
+        others = sorted(
+            (c for c in candidates if c.name not in holders),
+            key=lambda c: (c.recent, -hrw_score(key, c.name)),
+        )
+        return frozenset([*holders, *(c.name for c in others[: k - len(holders)])])
+
     def _balance(
         self,
         near: list[_Scored],
@@ -164,18 +179,21 @@ class PrefixAware(SelectionPolicy):
         useful: set[str],
         has_home: bool,
     ) -> _Scored:
-        if len(near) == 1:
-            return near[0]
         if has_home:
-            # Replicas that hold the prompt first (a copy elsewhere costs cache room), then the
-            # prefix's own rendezvous order; skipping those over the bounded-load cap.
-            cap = recent_cap([c.recent for c in candidates], self.policy.load.balance_eps)
-            by_rank = sorted(
-                near,
-                key=lambda item: (item[1].name in useful, hrw_score(key, item[1].name)),
-                reverse=True,
-            )
-            under = next((item for item in by_rank if item[1].recent + 1 <= cap), None)
-            if under is not None:
-                return under
+            # Among equally fast replicas, those warm for the prompt (holding it, or a spread
+            # home of a hot prefix): a cold copy elsewhere costs a prefill and cache room, so
+            # the balance rule only moves a prompt between warm replicas, or places a new one.
+            # Several warm replicas share the prompt's traffic evenly: the least recently loaded.
+            warm = [item for item in near if item[1].name in useful]
+            if warm:
+                near = warm
+            else:
+                # A new home: the prefix's own rendezvous order, skipping replicas over the
+                # bounded-load cap, so every gateway instance places it alike while the pool
+                # is balanced.
+                cap = recent_cap([c.recent for c in candidates], self.policy.load.balance_eps)
+                by_rank = sorted(near, key=lambda item: hrw_score(key, item[1].name), reverse=True)
+                under = next((item for item in by_rank if item[1].recent + 1 <= cap), None)
+                if under is not None:
+                    return under
         return min(near, key=lambda item: (item[1].recent, -hrw_score(key, item[1].name)))
