@@ -216,6 +216,8 @@ def chat_body(spec: RequestSpec, model: str, *, stream: bool = True) -> bytes:
         "max_tokens": spec.max_tokens,
         "stream": stream,
     }
+    if spec.tools:
+        body["tools"] = list(spec.tools)
     if stream:
         body["stream_options"] = {"include_usage": True}
     return orjson.dumps(body)

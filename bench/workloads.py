@@ -11,19 +11,29 @@ sim's tokenizer and llm-d's estimate). Every string comes from a ``random.Random
 (seed, group, user), so a group's system prompt does not change when users or rounds are added.
 
 Arrival times are a separate schedule (``poisson_arrivals``) that the driver follows, so the
-same conversations can be sent closed-loop or open-loop.
+same conversations can be sent closed-loop or open-loop. Open-loop workloads that come with
+their own times (overload phases, trace replay) are lists of (arrival, conversation) pairs
+(``Schedule``); ``split_schedule`` gives the driver its two arguments.
+
+More workloads live beside this module: ``workloads_agents`` (long-context tool-calling
+agents), ``workloads_overload`` (phases over and under the fleet's capacity) and
+``workloads_mooncake`` (replay of Mooncake's public traces).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 CHARS_PER_TOKEN = 4
 
-Message = dict[str, str]
+Message = dict[str, Any]
+"""One OpenAI chat message (role, content, and for agents tool_calls or tool_call_id)."""
+Tool = dict[str, Any]
 
 _ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "st")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
@@ -39,7 +49,11 @@ def _word(rng: random.Random) -> str:
 
 def random_text(rng: random.Random, tokens: int, lead: str = "") -> str:
     """``lead`` followed by pseudo-random words, exactly ``tokens x 4`` characters long."""
-    size = tokens * CHARS_PER_TOKEN
+    return random_chars(rng, tokens * CHARS_PER_TOKEN, lead)
+
+
+def random_chars(rng: random.Random, size: int, lead: str = "") -> str:
+    """``lead`` followed by pseudo-random words, exactly ``size`` characters long."""
     words = [lead] if lead else []
     length = len(lead)
     while length < size:
@@ -47,6 +61,22 @@ def random_text(rng: random.Random, tokens: int, lead: str = "") -> str:
         length += len(word) + (1 if words else 0)  # the joining space
         words.append(word)
     return " ".join(words)[:size]
+
+
+@functools.cache
+def word_pool(size: int = 4096) -> tuple[str, ...]:
+    """A fixed list of pseudo-random words, the same in every process."""
+    rng = random.Random("word-pool")
+    return tuple(_word(rng) for _ in range(size))
+
+
+def pool_chars(rng: random.Random, size: int, lead: str = "") -> str:
+    """``random_chars`` at a fraction of its cost, for long texts: words drawn from
+    ``word_pool`` (one ``choices`` call instead of a generator loop per word)."""
+    room = max(size - len(lead), 0)
+    # Pool words average over 6 characters with their space: this many always suffice.
+    words = rng.choices(word_pool(), k=room // 3 + 1)
+    return (lead + " " + " ".join(words) if lead else " ".join(words))[:size]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +88,8 @@ class RequestSpec:
     round: int
     messages: tuple[Message, ...]
     max_tokens: int
+    tools: tuple[Tool, ...] = ()
+    """Tool definitions to send with the request (the body's ``tools``); none when empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +112,10 @@ class Conversation:
             raise IndexError(f"conversation {self.id} has no round {round_}")
         if len(answers) != round_:
             raise ValueError(f"round {round_} needs {round_} earlier answers, got {len(answers)}")
-        messages: list[Message] = [{"role": "system", "content": self.system}]
+        # An empty system prompt sends none (trace replay: the whole prompt is the user's).
+        messages: list[Message] = (
+            [{"role": "system", "content": self.system}] if self.system else []
+        )
         for question, answer in zip(self.questions, answers, strict=False):
             messages.append({"role": "user", "content": question})
             messages.append({"role": "assistant", "content": answer})
@@ -232,6 +267,16 @@ def zipf_groups(
             )
         )
     return conversations  # the draws are already in random order
+
+
+Schedule = list[tuple[float, Conversation]]
+"""An open-loop workload: (start offset in seconds, conversation) pairs in arrival order."""
+
+
+def split_schedule(schedule: Schedule) -> tuple[list[float], list[Conversation]]:
+    """The arrival offsets and the conversations, as ``driver.run_conversations`` takes them
+    (``run_conversations(url, conversations, arrivals=arrivals, ...)``)."""
+    return [at for at, _ in schedule], [conversation for _, conversation in schedule]
 
 
 def poisson_arrivals(count: int, rate: float, seed: int = 0) -> list[float]:

@@ -2,24 +2,40 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
+import json
 import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench.workloads import (
     CHARS_PER_TOKEN,
     Conversation,
+    RequestSpec,
     generated_shared_prefix,
     low_sharing,
     multi_turn_shared_prefix,
     poisson_arrivals,
     random_text,
+    split_schedule,
     total_requests,
     zipf_groups,
     zipf_weights,
 )
+from bench.workloads_agents import (
+    AgentConversation,
+    content_chars,
+    long_context_agents,
+    tools_json_chars,
+)
+from bench.workloads_mooncake import mooncake_schedule, read_trace, summarise
+from bench.workloads_overload import OVERLOAD_PHASES, Phase, overload, phase_arrivals, phase_of
+from replica.sim.tokenizer import render_chat
 
 KV_BLOCK_CHARS = 16 * CHARS_PER_TOKEN
 """One KV block of the sim's (and vLLM's) default 16 tokens, in characters."""
@@ -260,3 +276,200 @@ def test_poisson_arrivals_edge_cases() -> None:
         poisson_arrivals(3, 0.0)
     with pytest.raises(ValueError):
         poisson_arrivals(-1, 1.0)
+
+
+def test_an_empty_system_prompt_sends_no_system_message() -> None:
+    spec = Conversation("t", 0, "", ("the whole prompt",), 4).request(0, [])
+    assert spec.messages == ({"role": "user", "content": "the whole prompt"},)
+    assert split_schedule([(0.5, Conversation("t", 0, "", ("q",), 4))]) == (
+        [0.5],
+        [Conversation("t", 0, "", ("q",), 4)],
+    )
+
+
+# --- long-context agents ----------------------------------------------------------------------
+
+
+@functools.cache
+def _agents(seed: int = 3) -> tuple[AgentConversation, ...]:
+    return tuple(long_context_agents(seed=seed))
+
+
+def _lead_chars(conversation: AgentConversation) -> int:
+    return len(conversation.system) + tools_json_chars(conversation.tools)
+
+
+def _last_round(conversation: AgentConversation, answer: str = "") -> RequestSpec:
+    return conversation.request(conversation.rounds - 1, [answer] * (conversation.rounds - 1))
+
+
+def test_agents_have_the_issues_shape() -> None:
+    workload = _agents()
+    assert len(workload) == 32
+    assert sorted(Counter(c.group for c in workload).values()) == [4] * 8
+    assert all(10 <= c.rounds <= 20 for c in workload)
+    assert len({c.rounds for c in workload}) > 3
+    # Each lead (system prompt + tool schemas as the sim renders them) is exactly 40 KB,
+    # shared by the agent's conversations and by no other agent.
+    assert {_lead_chars(c) for c in workload} == {40_000}
+    leads = {c.group: (c.system, c.tools) for c in workload}
+    assert all((c.system, c.tools) == leads[c.group] for c in workload)
+    assert len({system for system, _ in leads.values()}) == 8
+    # Every conversation grows to exactly 200 KB of content (the model's answers aside).
+    assert {content_chars(_last_round(c)) for c in workload} == {200_000}
+    assert [c.group for c in workload] != sorted(c.group for c in workload)
+
+
+def test_agents_are_seeded() -> None:
+    assert _agents(3) == tuple(long_context_agents(seed=3))
+    assert {c.system for c in _agents(3)}.isdisjoint({c.system for c in _agents(4)})
+
+
+def test_an_agents_conversations_part_right_after_the_shared_lead() -> None:
+    one, other = [c for c in _agents() if c.group == 0][:2]
+    first = render_chat(one.request(0, []).messages, one.tools)
+    second = render_chat(other.request(0, []).messages, other.tools)
+    shared = _common_prefix(first, second)
+    # Past 32 KB (where a capped fingerprint stops) and within the first words of the task.
+    assert 40_000 < shared < 40_000 + 100
+
+
+def test_agent_rounds_grow_by_tool_calls_and_results() -> None:
+    conversation = _agents()[0]
+    names = {tool["function"]["name"] for tool in conversation.tools}
+    answers = [f"answer {k} " for k in range(conversation.rounds)]
+    previous = render_chat(conversation.request(0, []).messages, conversation.tools, add_generation_prompt=False)  # fmt: skip
+    for round_ in range(1, conversation.rounds):
+        spec = conversation.request(round_, answers[:round_])
+        assert spec.tools == conversation.tools
+        call, result = spec.messages[-2:]
+        assert call["role"] == "assistant" and call["content"] == answers[round_ - 1]
+        assert call["tool_calls"][0]["function"]["name"] in names
+        assert result == {
+            "role": "tool",
+            "tool_call_id": call["tool_calls"][0]["id"],
+            "content": conversation.steps[round_ - 1].result,
+        }
+        # The earlier round's prompt is a prefix of this one: its KV blocks stay reusable.
+        text = render_chat(spec.messages, spec.tools, add_generation_prompt=False)
+        assert text.startswith(previous)
+        previous = text
+    assert len({tuple(c.steps) == tuple(conversation.steps) for c in _agents()}) == 2
+
+
+def test_agent_sizes_are_parameters() -> None:
+    small = long_context_agents(
+        agents=2, conversations=3, lead_chars=4_000, final_chars=9_000, min_turns=2,
+        max_turns=4, task_chars=100, call_chars=20, answer_tokens=5, seed=1,
+    )  # fmt: skip
+    assert sorted(c.group for c in small) == [0, 0, 1]
+    assert {_lead_chars(c) for c in small} == {4_000}
+    assert {content_chars(_last_round(c)) for c in small} == {9_000}
+    assert all(2 <= c.rounds <= 4 and c.max_tokens == 5 for c in small)
+    with pytest.raises(ValueError):
+        long_context_agents(min_turns=5, max_turns=4)
+
+
+# --- overload -------------------------------------------------------------------------------
+
+
+def test_overload_follows_its_phases() -> None:
+    arrivals = phase_arrivals(50.0, OVERLOAD_PHASES, seed=2)
+    assert arrivals == phase_arrivals(50.0, OVERLOAD_PHASES, seed=2)
+    assert arrivals != phase_arrivals(50.0, OVERLOAD_PHASES, seed=3)
+    assert all(b > a for a, b in itertools.pairwise(arrivals))
+    assert 0 < arrivals[0] and arrivals[-1] < 120
+    burst = sum(1 for at in arrivals if at < 60)
+    recovery = len(arrivals) - burst
+    # 60 s at 1.3 x 50/s and 60 s at 0.6 x 50/s (Poisson: within 5 standard deviations).
+    assert burst == pytest.approx(3900, abs=5 * 3900**0.5)
+    assert recovery == pytest.approx(1800, abs=5 * 1800**0.5)
+
+
+def test_overload_scales_down_in_time() -> None:
+    phases = (Phase(10.0, 1.3), Phase(0.0, 5.0), Phase(10.0, 0.0), Phase(10.0, 0.6))
+    arrivals = phase_arrivals(20.0, phases, seed=1, time_scale=0.5)
+    assert arrivals[-1] < 15.0
+    # The idle phase (load 0, 5 s once scaled) gets no arrivals.
+    assert not [at for at in arrivals if 5.0 <= at < 10.0]
+    assert [phase_of(at, phases, 0.5) for at in (0.1, 7.0, 14.0, 99.0)] == [0, 2, 3, 3]
+    with pytest.raises(ValueError):
+        phase_arrivals(0.0, phases)
+
+
+def test_overload_requests_are_shared_prefix_requests() -> None:
+    schedule = overload(
+        8.0, (Phase(5.0, 1.3), Phase(5.0, 0.6)), seed=4, groups=4, system_tokens=64,
+        question_tokens=8, output_tokens=3,
+    )  # fmt: skip
+    assert schedule == overload(
+        8.0, (Phase(5.0, 1.3), Phase(5.0, 0.6)), seed=4, groups=4, system_tokens=64,
+        question_tokens=8, output_tokens=3,
+    )  # fmt: skip
+    arrivals, conversations = split_schedule(schedule)
+    assert arrivals == phase_arrivals(8.0, (Phase(5.0, 1.3), Phase(5.0, 0.6)), seed=4)
+    assert all(c.rounds == 1 and c.max_tokens == 3 for c in conversations)
+    assert all(len(c.system) == 64 * CHARS_PER_TOKEN for c in conversations)
+    assert len({c.group for c in conversations}) == 4
+    assert all(len({c.system for c in conversations if c.group == g}) == 1 for g in range(4))
+    assert len({c.questions[0] for c in conversations}) == len(conversations)
+
+
+# --- Mooncake trace replay ----------------------------------------------------------------------
+
+TINY_TRACE: list[dict[str, Any]] = [
+    {"timestamp": 0, "input_length": 1200, "output_length": 40, "hash_ids": [0, 1, 2]},
+    {"timestamp": 1500, "input_length": 1900, "output_length": 3, "hash_ids": [0, 1, 3, 4]},
+    {"timestamp": 2500, "input_length": 100, "output_length": 9, "hash_ids": [5]},
+    {"timestamp": 4000, "input_length": 600, "output_length": 12, "hash_ids": [0, 6]},
+]
+
+
+def _trace_file(tmp_path: Path) -> Path:
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in TINY_TRACE) + "\n\n")
+    return path
+
+
+def test_trace_prompts_follow_input_length_and_share_blocks_by_id(tmp_path: Path) -> None:
+    schedule = mooncake_schedule(_trace_file(tmp_path), length_scale=0.125)
+    prompts = [c.questions[0] for _, c in schedule]
+    block = 512 // 8 * CHARS_PER_TOKEN  # 64 tokens x 4 characters
+    assert [len(p) for p in prompts] == [r["input_length"] // 2 for r in TINY_TRACE]
+    # Shared hash ids, byte-identical text; a different id, different text.
+    assert prompts[0][: 2 * block] == prompts[1][: 2 * block] == schedule[0][1].questions[0][: 2 * block]  # fmt: skip
+    assert prompts[0][2 * block : 2 * block + 20] != prompts[1][2 * block : 2 * block + 20]
+    assert prompts[3][:block] == prompts[0][:block]
+    assert prompts[3][block:] != prompts[0][block : len(prompts[3])]
+    assert prompts[2] != prompts[0][: len(prompts[2])]
+    # One user message, no system prompt; max_tokens scales with the lengths, at least 1.
+    assert schedule[0][1].request(0, []).messages == ({"role": "user", "content": prompts[0]},)
+    assert [c.max_tokens for _, c in schedule] == [5, 1, 1, 2]
+    assert [c.group for _, c in schedule] == [0, 0, 5, 0]
+
+
+def test_trace_window_and_rate_scale(tmp_path: Path) -> None:
+    schedule = mooncake_schedule(
+        _trace_file(tmp_path), start_s=1.0, end_s=4.0, rate_scale=2.0, length_scale=0.125
+    )
+    assert [(at, c.id) for at, c in schedule] == [(0.25, "m000001"), (0.75, "m000002")]
+    capped = mooncake_schedule(_trace_file(tmp_path), length_scale=0.125, max_requests=2)
+    assert len(capped) == 2
+    # Same ids, same text, whatever the window.
+    whole = mooncake_schedule(_trace_file(tmp_path), length_scale=0.125)
+    assert schedule[0][1].questions == whole[1][1].questions
+
+
+def test_trace_summary_is_the_traces_own_bound(tmp_path: Path) -> None:
+    summary = summarise(read_trace(_trace_file(tmp_path)))
+    assert (summary.requests, summary.span_s) == (4, 4.0)
+    assert summary.mean_input_tokens == pytest.approx(3800 / 4)
+    # Reused leading blocks: 0 + 2 (ids 0, 1) + 0 + 1 (id 0), over 3 + 4 + 1 + 2 blocks.
+    assert summary.block_reuse == pytest.approx(3 / 10)
+
+
+def test_a_bad_trace_line_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n{"x": 1}\n')  # fmt: skip
+    with pytest.raises(ValueError, match=":2:"):
+        list(read_trace(path))

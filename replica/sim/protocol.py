@@ -26,35 +26,70 @@ class ParsedRequest:
     max_tokens: int
     stream: bool
     include_usage: bool
+    prompt_text: str | None = None
+    """The rendered prompt, or None when the client sent token ids."""
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def _prompt_tokens(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> list[int]:
+def flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    """A boolean field of the body; null reads as the default."""
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _bad(f"'{name}' must be a boolean", name)
+    return value
+
+
+def render_chat_body(body: Mapping[str, Any]) -> str:
+    """The prompt text of a chat body (``messages``, ``tools`` and the generation-prompt
+    options), as generation, ``/tokenize`` and render all see it."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty list", "messages")
+    if not all(isinstance(message, Mapping) for message in messages):
+        raise _bad("each message must be an object", "messages")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise _bad("'tools' must be a list", "tools")
+    add_generation_prompt = flag(body, "add_generation_prompt", True)
+    continue_final_message = flag(body, "continue_final_message", False)
+    if add_generation_prompt and continue_final_message and "add_generation_prompt" in body:
+        # vLLM refuses the pair only when both are asked for explicitly.
+        raise _bad(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            "continue_final_message",
+        )
+    try:
+        return render_chat(
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message,
+        )
+    except TemplateError as exc:
+        raise _bad(str(exc), "messages") from exc
+
+
+def _prompt(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> tuple[list[int], str | None]:
     if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _bad("'messages' must be a non-empty list", "messages")
-        if not all(isinstance(message, Mapping) for message in messages):
-            raise _bad("each message must be an object", "messages")
-        try:
-            return tokenize(render_chat(messages), config.chars_per_token)
-        except TemplateError as exc:
-            raise _bad(str(exc), "messages") from exc
+        text = render_chat_body(body)
+        return tokenize(text, config.chars_per_token), text
     prompt = body.get("prompt")
     # A batch of one prompt is accepted; larger batches are not simulated.
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
-        return tokenize(prompt, config.chars_per_token)
+        return tokenize(prompt, config.chars_per_token), prompt
     if (
         isinstance(prompt, list)
         and prompt
         and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
     ):
-        return list(prompt)
+        return list(prompt), None
     raise _bad("'prompt' must be a non-empty string or list of token ids", "prompt")
 
 
@@ -70,8 +105,8 @@ def _max_tokens(body: Mapping[str, Any], kind: Kind) -> int | None:
     return value
 
 
-def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> ParsedRequest:
-    """Validate a completions or chat completions body the way vLLM would."""
+def load_body(raw: bytes, config: SimConfig) -> Body:
+    """A JSON object body naming this replica's model (or none)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -84,6 +119,16 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> ParsedRequest:
         raise ApiError(
             404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
         )
+    return body
+
+
+def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> ParsedRequest:
+    """Validate a completions or chat completions body the way vLLM would."""
+    return parse_body(load_body(raw, config), kind, config)
+
+
+def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> ParsedRequest:
+    """``parse_request`` for a body already loaded by ``load_body``."""
     if body.get("n") not in (None, 1):
         raise _bad("only n=1 is supported", "n")
     stream = body.get("stream", False)
@@ -93,7 +138,7 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> ParsedRequest:
     if not isinstance(stream_options, Mapping):
         raise _bad("'stream_options' must be an object", "stream_options")
 
-    tokens = _prompt_tokens(body, kind, config)
+    tokens, text = _prompt(body, kind, config)
     max_tokens = _max_tokens(body, kind)
     room = config.max_model_len - len(tokens)
     if max_tokens is None:
@@ -113,6 +158,7 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> ParsedRequest:
         max_tokens=max_tokens,
         stream=stream,
         include_usage=bool(stream and stream_options.get("include_usage")),
+        prompt_text=text,
     )
 
 

@@ -18,6 +18,7 @@ from replica.sim.config import SimConfig
 from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest
 from replica.sim.metrics import SimMetrics
 from replica.sim.protocol import FORMATS, Kind, ResponseFormat, parse_request, usage
+from replica.sim.tokenization import Vocabulary, add_routes
 from replica.sim.tokenizer import detokenize
 
 ENGINE_KEY = web.AppKey("sim_engine", Engine)
@@ -35,10 +36,13 @@ def _json(body: Any, headers: dict[str, str], status: int = 200) -> web.Response
 
 
 class _Handlers:
-    def __init__(self, config: SimConfig, engine: Engine, metrics: SimMetrics) -> None:
+    def __init__(
+        self, config: SimConfig, engine: Engine, metrics: SimMetrics, vocabulary: Vocabulary
+    ) -> None:
         self.config = config
         self.engine = engine
         self.metrics = metrics
+        self.vocabulary = vocabulary
         self.created = int(time.time())
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -55,6 +59,7 @@ class _Handlers:
         try:
             parsed = parse_request(await request.read(), kind, self.config)
             sim_request = self.engine.submit(request_id, parsed.prompt_tokens, parsed.max_tokens)
+            self.vocabulary.remember(parsed.prompt_text)
         except ApiError as exc:
             return exc.response(headers)
         except RequestRejected as exc:
@@ -173,7 +178,8 @@ def build_app(config: SimConfig) -> web.Application:
     # Long prompts (or token-id lists) easily pass aiohttp's 1 MiB default; vLLM has no cap.
     app = web.Application(client_max_size=_MAX_BODY_BYTES)
     engine = Engine(config)
-    handlers = _Handlers(config, engine, SimMetrics(engine))
+    vocabulary = Vocabulary(config.chars_per_token)
+    handlers = _Handlers(config, engine, SimMetrics(engine), vocabulary)
     app[ENGINE_KEY] = engine
     app[CONFIG_KEY] = config
     app.router.add_post("/v1/chat/completions", handlers.chat)
@@ -182,6 +188,7 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_post("/reset_prefix_cache", handlers.reset_prefix_cache)
     app.router.add_get("/metrics", handlers.metrics_page)
+    add_routes(app, config, vocabulary)
 
     async def finish_then_abort(app: web.Application) -> None:
         # Runs before aiohttp waits on open handlers: aborting ends their streams at once.

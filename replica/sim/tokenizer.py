@@ -8,6 +8,7 @@ and repeated runs behave exactly like a real engine with greedy sampling.
 from array import array
 from collections.abc import Mapping, Sequence
 
+import orjson
 import xxhash
 
 # Short, distinct words: the output must look like text and stay cheap to produce.
@@ -46,15 +47,48 @@ def _content_text(content: object) -> str:
     raise TemplateError("message content must be a string or a list of parts")
 
 
-def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
-    """Render an OpenAI message list with a fixed template ending in the assistant's turn."""
+def _tool_calls_text(tool_calls: object) -> str:
+    if not isinstance(tool_calls, list) or not all(isinstance(c, Mapping) for c in tool_calls):
+        raise TemplateError("'tool_calls' must be a list of objects")
+    return orjson.dumps(tool_calls).decode()
+
+
+def render_chat(
+    messages: Sequence[Mapping[str, object]],
+    tools: Sequence[Mapping[str, object]] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
+    """Render an OpenAI message list with a fixed template, by default ending in the
+    assistant's turn.
+
+    Tool definitions come first, as one block (real templates put them in or beside the system
+    turn; either way they are part of the shared lead), and an assistant's ``tool_calls``
+    follow its content, so tools and tool calls are prefilled like any other text. With
+    ``continue_final_message`` the last message stays open (no newline after it, no generation
+    prompt), as vLLM's option of the same name.
+    """
     pieces: list[str] = []
+    if tools:
+        if not all(isinstance(tool, Mapping) for tool in tools):
+            raise TemplateError("each tool must be an object")
+        pieces.append(f"<|tools|>\n{orjson.dumps(list(tools)).decode()}\n")
     for message in messages:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise TemplateError("each message needs a string 'role'")
-        pieces.append(f"<|{role}|>\n{_content_text(message.get('content'))}\n")
-    pieces.append("<|assistant|>\n")
+        text = _content_text(message.get("content"))
+        tool_calls = message.get("tool_calls")
+        if tool_calls:
+            text += "\n<|tool_calls|>" + _tool_calls_text(tool_calls)
+        pieces.append(f"<|{role}|>\n{text}\n")
+    if continue_final_message:
+        if not messages:
+            raise TemplateError("continue_final_message needs a final message to continue")
+        pieces[-1] = pieces[-1][:-1]
+    elif add_generation_prompt:
+        pieces.append("<|assistant|>\n")
     return "".join(pieces)
 
 
@@ -63,10 +97,23 @@ def tokenize(text: str, chars_per_token: int) -> list[int]:
 
     Equal text prefixes give equal token prefixes, which is all a prefix cache needs.
     """
+    if text.isascii():
+        # One character is one byte: slice the encoded bytes (same ids, ~2x faster on the
+        # 200 KB prompts of the agents workload, which render and generation both tokenize).
+        data = text.encode()
+        return [
+            xxhash.xxh32_intdigest(data[i : i + chars_per_token])
+            for i in range(0, len(data), chars_per_token)
+        ]
     return [
         xxhash.xxh32_intdigest(text[i : i + chars_per_token].encode())
         for i in range(0, len(text), chars_per_token)
     ]
+
+
+def token_strs(text: str, chars_per_token: int) -> list[str]:
+    """The text of each token ``tokenize`` gives for ``text``, in order."""
+    return [text[i : i + chars_per_token] for i in range(0, len(text), chars_per_token)]
 
 
 def token_bytes(tokens: Sequence[int]) -> bytes:
