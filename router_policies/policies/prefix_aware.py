@@ -151,9 +151,11 @@ class PrefixAware(SelectionPolicy):
     def _spread_homes(
         self, request: RequestFeatures, snapshot: PoolSnapshot, matched: list[int]
     ) -> frozenset[str]:
-        """The k replicas a hot prefix counts as warm on, sent there yet or not: those that
-        hold its lead, plus, while they are fewer than k, the least recently loaded others, so
-        the hot prefix's traffic fills the pool's valleys. A cold prefix (k = 1) needs no such
+        """The replicas a hot prefix counts as warm on, sent there yet or not: those that hold
+        its lead, plus, while they are fewer than k, the least recently loaded others, and the
+        pool's least loaded replica whenever every holder is busier than it by more than the
+        balance factor: the hot prefix's traffic is the fluid that fills the pool's valleys,
+        which the sticky single-home prefixes cannot do. A cold prefix (k = 1) needs no such
         credit: its one home is where a cold start goes anyway."""
         candidates = snapshot.candidates
         share = self.hot.share(request.home_key, snapshot.now, self.policy.hot.min_requests)
@@ -161,15 +163,18 @@ class PrefixAware(SelectionPolicy):
         if k <= 1:
             return frozenset()
         lead = request.lead_bytes // self.policy.prefix.block_bytes * self.policy.prefix.block_bytes
-        holders = [c.name for c, m in zip(candidates, matched, strict=True) if m >= lead]
-        if len(holders) >= k:
-            return frozenset(holders)
+        holding = [c for c, m in zip(candidates, matched, strict=True) if m >= lead]
+        holders = frozenset(c.name for c in holding)
         key = request.home_key
         others = sorted(
             (c for c in candidates if c.name not in holders),
             key=lambda c: (c.recent, -hrw_score(key, c.name)),
         )
-        return frozenset([*holders, *(c.name for c in others[: k - len(holders)])])
+        missing = k - len(holding)
+        if missing <= 0 and others:
+            valley = others[0].recent * (1 + self.policy.load.balance_eps) + 1
+            missing = int(min(c.recent for c in holding) > valley)
+        return holders | {c.name for c in others[:missing]}
 
     def _balance(
         self,
