@@ -9,8 +9,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from gateway.outlier import Outlier
 from gateway.usage import PromptUsage
-from router_policies.autoscale import RateMeter, ScaleDownStabilizer, desired_replicas
+from router_policies.autoscale import (
+    CapacityMeter,
+    RateMeter,
+    ScaleDownStabilizer,
+    desired_replicas,
+)
 from router_policies.cost.rates import RateLearner
 from router_policies.cost.ttft import IDLE, ReplicaLoad, queued_tokens
 from router_policies.decay import DecayedCount
@@ -59,6 +65,8 @@ class ReplicaState:
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     probed: bool = False
+    outlier: Outlier = field(default_factory=Outlier)
+    """Passive health from real requests (gateway/outlier.py)."""
 
     def __post_init__(self) -> None:
         self.name = self.name or urlsplit(self.url).netloc
@@ -87,6 +95,10 @@ class ReplicaState:
             self.consecutive_failures += 1
             if self.healthy and self.consecutive_failures >= unhealthy_after:
                 self.healthy = False
+
+    def available(self, now: float) -> bool:
+        """Routable: passes health checks and is not ejected for failing requests."""
+        return self.healthy and not self.outlier.ejected(now)
 
     def mark_down(self) -> None:
         """A refused connection is proof enough: stop sending here until probes succeed again."""
@@ -203,6 +215,14 @@ class PoolState:
             else RateMeter(policy.autoscale.rate_window_s)
         )
         self.arrival_rate: float = previous.arrival_rate if previous is not None else 0.0
+        self.completions: int = previous.completions if previous is not None else 0
+        """Requests (attempts) that ended: with saturation, they teach the capacity."""
+        self.capacity: CapacityMeter = (
+            previous.capacity
+            if previous is not None
+            and previous.capacity.window_s == policy.autoscale.capacity_window_s
+            else CapacityMeter(policy.autoscale.capacity_window_s)
+        )
 
     @property
     def model(self) -> str:
@@ -238,7 +258,7 @@ class PoolState:
                 r.recent.value(now) if with_load else 0.0,
             )
             for r in self.replicas.values()
-            if r.healthy and r.name not in skip and self._has_slot(r)
+            if r.available(now) and r.name not in skip and self._has_slot(r)
         )
         return PoolSnapshot(candidates, self.dispatched, now, self.chars_per_token)
 
@@ -262,7 +282,8 @@ class PoolState:
             if decision is not None:
                 return self.begin(decision, features, retry=retry)
         while True:
-            if not any(r.healthy and r.name not in skip for r in self.replicas.values()):
+            now = time.monotonic()
+            if not any(r.available(now) and r.name not in skip for r in self.replicas.values()):
                 return None
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -316,6 +337,7 @@ class PoolState:
             self._settle(dispatch)
         replica = dispatch.replica
         replica.inflight -= 1
+        self.completions += 1
         self.queue.wake_one()
         if dispatch.ttft_s is not None and self.policy.cost.learn:
             own = dispatch.uncached_tokens
@@ -349,13 +371,19 @@ class PoolState:
     def update_desired(self, now: float) -> None:
         """Called once per scrape round, so the stabilisation window counts real time."""
         depth = self.gateway_waiting + self.engine_waiting()
+        healthy = len(self.healthy())
         self.arrival_rate = self.arrival_meter.rate(now, self.arrivals)
+        had_capacity = self.capacity.value is not None
+        self.capacity.update(now, self.completions, healthy, depth)
+        if not had_capacity and self.capacity.value is not None:
+            self.stabilizer.forget()
         self.raw_desired = desired_replicas(
-            len(self.healthy()),
+            healthy,
             depth,
             self.mean_kv_usage(),
             self.policy.autoscale,
             self.arrival_rate,
+            self.capacity.value,
         )
         self.desired = self.stabilizer.recommend(now, self.raw_desired)
 

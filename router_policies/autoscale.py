@@ -1,10 +1,11 @@
 """The autoscaling signal: how many replicas a pool should have, from what the gateway sees.
 
 Replicas needed by load and by KV pressure, whichever is higher:
-  load, with target_rate_per_replica set (recommended):
-         (arrival rate + queue_depth / backlog_drain_s) / target_rate_per_replica
+  load, with a target rate per replica (target_rate_per_replica, or else the capacity the
+  gateway learns x target_utilization):
+         (arrival rate + queue_depth / backlog_drain_s) / target rate
          proportional to the load, so its fixed point is the right count;
-  load, without it: queue_depth / target_queue_per_replica
+  load, before any capacity is known: queue_depth / target_queue_per_replica
          sees backlog only, so it keeps growing while new replicas cold-start and falls to
          the minimum once the queue drains (docs/scaling.md measures both);
   KV:    healthy x mean KV-cache usage / kv_usage_ceiling
@@ -23,19 +24,29 @@ from collections import deque
 from router_policies.schema import AutoscaleSettings
 
 
+def target_rate(settings: AutoscaleSettings, capacity: float | None) -> float | None:
+    """Requests/s per replica to scale at: the configured target, else the learned capacity
+    x target_utilization, else None (not known yet)."""
+    if settings.target_rate_per_replica is not None:
+        return settings.target_rate_per_replica
+    return None if capacity is None else capacity * settings.target_utilization
+
+
 def desired_replicas(
     healthy: int,
     queue_depth: float,
     mean_kv_usage: float,
     settings: AutoscaleSettings,
     arrival_rate: float = 0.0,
+    capacity: float | None = None,
 ) -> int:
     if healthy <= 0:
         # Nothing serves: ask for at least one replica so the pool can come back.
         return max(settings.min_replicas, 1)
-    if settings.target_rate_per_replica is not None:
+    per_replica = target_rate(settings, capacity)
+    if per_replica is not None:
         demand = arrival_rate + queue_depth / settings.backlog_drain_s
-        by_load = demand / settings.target_rate_per_replica
+        by_load = demand / per_replica
     else:
         by_load = queue_depth / settings.target_queue_per_replica
     by_kv = healthy * mean_kv_usage / settings.kv_usage_ceiling
@@ -60,12 +71,47 @@ class RateMeter:
         return (count - first_count) / elapsed if elapsed > 0 else 0.0
 
 
+class CapacityMeter:
+    """A replica's capacity in requests/s, learned from the pool's completions: their rate
+    per healthy replica, sampled only once the pool has stayed saturated (a request waiting
+    per healthy replica) with the same healthy replicas for a whole window, when replicas
+    complete as fast as they can."""
+
+    def __init__(self, window_s: float, weight: float = 0.3) -> None:
+        self.window_s = window_s
+        self._weight = weight
+        self._completions = RateMeter(window_s)
+        self._saturated_since: float | None = None
+        self._healthy = 0
+        self.value: float | None = None
+
+    def update(self, now: float, completions: int, healthy: int, queue_depth: float) -> None:
+        rate = self._completions.rate(now, completions)
+        if healthy <= 0 or queue_depth < healthy or healthy != self._healthy:
+            self._saturated_since = None
+            self._healthy = healthy
+            return
+        if self._saturated_since is None:
+            self._saturated_since = now
+        if now - self._saturated_since < self.window_s or rate <= 0:
+            return
+        sample = rate / healthy
+        self.value = (
+            sample if self.value is None else self.value + self._weight * (sample - self.value)
+        )
+
+
 class ScaleDownStabilizer:
     """Rises at once, falls only to the highest recommendation of the trailing window."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self._history: deque[tuple[float, int]] = deque()
+
+    def forget(self) -> None:
+        """Drop the history: recommendations made on a basis since replaced (the queue term,
+        before a capacity was learned) should not hold the signal up."""
+        self._history.clear()
 
     def recommend(self, now: float, raw: int) -> int:
         self._history.append((now, raw))

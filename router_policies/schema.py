@@ -103,10 +103,16 @@ class AutoscaleSettings(_Strict):
     """Inputs of gateway_pool_desired_replicas (see router_policies/autoscale.py)."""
 
     target_rate_per_replica: Annotated[float, Field(gt=0)] | None = None
-    """Requests per second one replica should serve (e.g. 0.8 x its measured capacity). Set,
-    the load term is (arrival rate + queue / backlog_drain_s) / this: proportional to load, so
-    it settles on the right count. Unset, the queue term below is used, which only sees
-    backlog and winds up during cold starts (docs/scaling.md)."""
+    """Requests per second one replica should serve. The load term is (arrival rate + queue /
+    backlog_drain_s) / this: proportional to load, so it settles on the right count. Unset,
+    the gateway uses target_utilization x the capacity it learns (a replica's completions per
+    second while the pool is saturated); until it has learned one, the queue term below, which
+    only sees backlog and winds up during cold starts (docs/scaling.md)."""
+    target_utilization: Annotated[float, Field(gt=0, le=1)] = 0.8
+    """Share of a replica's learned capacity to run at when target_rate_per_replica is unset."""
+    capacity_window_s: Annotated[float, Field(gt=0)] = 30.0
+    """The pool must stay saturated (a request waiting per healthy replica) this long before its
+    completion rate counts as its capacity."""
     backlog_drain_s: Annotated[float, Field(gt=0)] = 120.0
     """Time within which extra replicas should clear the waiting queue (rate term)."""
     rate_window_s: Annotated[float, Field(gt=0)] = 15.0

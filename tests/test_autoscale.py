@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from router_policies.autoscale import RateMeter, ScaleDownStabilizer, desired_replicas
+from router_policies.autoscale import (
+    CapacityMeter,
+    RateMeter,
+    ScaleDownStabilizer,
+    desired_replicas,
+)
 from router_policies.schema import AutoscaleSettings
 
 S = AutoscaleSettings(
@@ -70,3 +75,52 @@ def test_the_rate_meter_reads_like_promql_rate() -> None:
     for t in range(121, 181):
         rate = meter.rate(t, 600)  # then nothing arrives for a full window
     assert rate == 0.0
+
+
+# --- the capacity the gateway learns, for a pool with no target rate configured -------------
+
+
+def saturated_pool(meter: CapacityMeter, per_replica: float, healthy: int, seconds: int) -> None:
+    """Feed the meter one round a second of a pool completing per_replica req/s per replica
+    with a request waiting on every replica."""
+    completions = 0.0
+    for t in range(seconds):
+        completions += per_replica * healthy
+        meter.update(float(t), int(completions), healthy, queue_depth=healthy * 3)
+
+
+def test_capacity_is_learned_from_completions_while_saturated() -> None:
+    meter = CapacityMeter(window_s=10)
+    saturated_pool(meter, per_replica=9.0, healthy=2, seconds=40)
+    assert meter.value is not None and abs(meter.value - 9.0) < 0.5
+
+
+def test_no_capacity_is_learned_from_a_pool_that_is_not_saturated() -> None:
+    meter = CapacityMeter(window_s=10)
+    for t in range(60):
+        meter.update(float(t), completions=t * 6, healthy=2, queue_depth=0)
+    assert meter.value is None
+
+
+def test_a_change_of_healthy_replicas_restarts_the_window() -> None:
+    meter = CapacityMeter(window_s=10)
+    saturated_pool(meter, per_replica=9.0, healthy=2, seconds=8)
+    meter.update(8.0, 150, healthy=6, queue_depth=100)  # new replicas: old completions mislead
+    assert meter.value is None
+
+
+def test_the_learned_capacity_drives_the_rate_term() -> None:
+    settings = AutoscaleSettings(target_utilization=0.8, max_replicas=64)
+    # 48 req/s at 0.8 x 9 req/s per replica: 6.67 -> 7 replicas; the queue adds its drain.
+    assert desired_replicas(2, 0, 0.0, settings, arrival_rate=48.0, capacity=9.0) == 7
+    assert desired_replicas(2, 1200, 0.0, settings, arrival_rate=48.0, capacity=9.0) == 9
+    # A configured target wins over the learned capacity.
+    fixed = settings.model_copy(update={"target_rate_per_replica": 4.0})
+    assert desired_replicas(2, 0, 0.0, fixed, arrival_rate=48.0, capacity=9.0) == 12
+
+
+def test_forgetting_drops_recommendations_made_blind() -> None:
+    stabilizer = ScaleDownStabilizer(window_s=300)
+    assert stabilizer.recommend(0.0, 64) == 64
+    stabilizer.forget()
+    assert stabilizer.recommend(1.0, 9) == 9

@@ -167,7 +167,10 @@ def test_a_step_makes_the_gateway_strategy_scale_up(step_run: ScalingResult) -> 
     assert run.summary.ready_at_s == pytest.approx(82.5 + 90 - 60, abs=1.0)
     # The HPA sync at 67.5 s still reads the scrape of t=60, taken before the step.
     after = [v for t, v in zip(s.hpa_t, s.hpa_value, strict=True) if 60 < t < 160]
-    assert after[:6] == [2, 6, 12, 24, 48, 64]
+    # Blind at first (the queue term), then on the capacity learned 30 s into saturation.
+    assert after[:2] == [2, 6]
+    assert max(after) <= 2 * run.summary.right_after
+    assert after[-1] >= run.summary.right_after
 
 
 def test_the_gateway_stabilizer_holds_the_signal_after_the_queue_drains(
@@ -175,13 +178,11 @@ def test_the_gateway_stabilizer_holds_the_signal_after_the_queue_drains(
 ) -> None:
     s = next(o for o in step_run.scenarios[0].outcomes if o.strategy.key == "A").series
     drained = next(t for t, q in zip(s.t, s.queue_depth, strict=True) if t > 120 and q == 0)
-    dropped = next(
-        t for t, v in zip(s.scrape_t, s.scrape_signal, strict=True) if t > drained and v < 64
-    )
-    assert dropped - drained >= 300 - 15  # ScaleDownStabilizer's window, seen at a scrape
-    # ...and the HPA on it, its own scale-down window at 0, follows at its next sync.
-    removed = next(t for t, v in zip(s.hpa_t, s.hpa_value, strict=True) if t > drained and v < 64)
-    assert 0 < removed - dropped <= ScalingConfig().hpa_sync_s
+    scrapes = list(zip(s.scrape_t, s.scrape_signal, strict=True))
+    held = next(v for t, v in reversed(scrapes) if t <= drained)
+    peaked = min(t for t, v in scrapes if t > 120 and v == held)
+    dropped = next(t for t, v in scrapes if t > drained and v < held)
+    assert dropped - peaked >= 300 - 15  # ScaleDownStabilizer's window, seen at a scrape
 
 
 def test_hpa_scale_down_window_is_zero_on_the_gateway_signal_only(
@@ -225,29 +226,27 @@ def test_engine_only_signal_misses_requests_held_in_the_gateway() -> None:
 # -- the acceptance criterion, measured --------------------------------------------------------
 
 
-def test_current_formula_reaches_the_right_value_fast_by_overshooting(
+def test_defaults_learn_the_capacity_and_overshoot_only_while_blind(
     step_run: ScalingResult,
 ) -> None:
-    """What the current formula does achieve: the queue term jumps at the first scrape."""
+    """With the schema defaults the queue term jumps at the first scrape, then the capacity
+    learned once the pool has been saturated for capacity_window_s takes over: the target
+    comes back down once, to the rate term's count, instead of winding up to max_replicas."""
     a = summary(step_run, "A")
     assert a.right_after == 6
     assert a.reach_intervals is not None and a.reach_intervals <= 2
-    # ...but it overshoots to max_replicas (the queue term grows with the backlog while new
-    # pods start), then falls to min_replicas once the queue is gone (nothing in the formula
-    # tracks load below saturation), and the pool overloads again.
-    assert a.peak_target == ScalingConfig().settings.max_replicas
+    assert a.peak_target <= 2 * a.right_after + 1
+    assert a.peak_target < ScalingConfig().settings.max_replicas
     assert a.max_changes_per_window == 2
 
 
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "default settings (no target_rate_per_replica, queue term): reaches the right value in "
-        "1 scrape interval, but overshoots to max_replicas (ceil(queue/4) integrates the "
-        "backlog during the cold start) and, 300 s after the queue drains (the gateway's "
-        "stabilization), drops to min_replicas because KV usage at low per-replica load is far "
-        "below the ceiling; the pool overloads and scales up again: 2 direction changes "
-        "within 300 s"
+        "default settings (no target_rate_per_replica): reaches the right value in 1 scrape "
+        "interval on the queue term, then comes down once when the learned capacity (30 s of "
+        "saturation) replaces it, and goes up again as the backlog's drain term grows: 2 "
+        "direction changes within 300 s"
     ),
 )
 def test_current_formula_meets_the_acceptance(step_run: ScalingResult) -> None:
@@ -262,7 +261,7 @@ def test_gateway_with_target_rate_meets_the_acceptance(step_run: ScalingResult) 
     assert p.reach_intervals is not None and p.reach_intervals <= 1
     assert p.max_changes_per_window <= 1
     assert p.peak_target <= 2 * p.right_after
-    assert p.replica_s < summary(step_run, "A").replica_s / 3
+    assert p.replica_s <= summary(step_run, "A").replica_s
     s = next(o for o in step_run.scenarios[0].outcomes if o.strategy.key == "P").series
     assert s.hpa_value[-1] >= p.right_after  # settles above the right value, not at the floor
 

@@ -210,13 +210,16 @@ class _Simulation:
             if k % hpa_every == hpa_offset:
                 self.hpa_sync(now)
             self.dispatch()
+            held = self._inflight()
             for pod in self.pods:
                 if pod.inflight:
                     pod.advance(now, dt, timing, first)
             if self.draining:
                 for pod in self.draining:
                     pod.advance(now, dt, timing, first)
-                self.draining = [p for p in self.draining if p.inflight]
+            # The gateway counts each request that ends: what its capacity is learned from.
+            self.pool.completions += held - self._inflight()
+            self.draining = [p for p in self.draining if p.inflight]
             self.pod_s += (len(self.pods) + len(self.draining)) * dt
             if k % round_every == 0:
                 self._sample(now)
@@ -225,6 +228,9 @@ class _Simulation:
         if progress is not None:
             progress(ticks % 1000)
         return StrategyOutcome(self.strategy, series, self._summarize(ticks * dt))
+
+    def _inflight(self) -> int:
+        return sum(p.inflight for p in self.pods) + sum(p.inflight for p in self.draining)
 
     def _sample(self, now: float) -> None:
         s, model = self.series, self.model
