@@ -9,13 +9,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Only what `pip install .` needs: the packaging metadata and the four packages it lists.
+# Only what `pip install .` needs: the packaging metadata and the product's three packages.
+# The tooling (bench/: demo, benchmarks) stays out of the production image;
+# tests/test_wheel_install.py installs exactly these COPY lines into a fresh virtualenv.
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY router_policies ./router_policies
 COPY replica ./replica
-COPY bench ./bench
 RUN pip install . && rm -rf /src
 
 RUN groupadd --system --gid 10001 gateway \

@@ -1,16 +1,24 @@
-"""Shared fixtures: real subprocesses for replicas and gateways, real clients against them."""
+"""Shared fixtures: replicas and gateways in-process (aiohttp test servers on the test's own
+event loop) for behaviour the HTTP surface decides, real subprocesses where the process itself
+matters (signals, the CLI, start-up), and real clients against both."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from bench.launcher import start_gateway
+from gateway.app import build_app
+from gateway.settings import Settings
 from replica.processes import ManagedProcess, start_sim_replicas
+from replica.sim.config import SimConfig
+from replica.sim.server import build_app as build_sim_app
+from router_policies.schema import parse_policy
 
 MODEL = "sim-model"
 
@@ -22,6 +30,9 @@ FAST_PROBES = {
     "GATEWAY_UNHEALTHY_AFTER": "1",
     "GATEWAY_HEALTHY_AFTER": "1",
 }
+FAST_PROBE_SETTINGS = {k.removeprefix("GATEWAY_").lower(): v for k, v in FAST_PROBES.items()}
+
+GatewayClient = TestClient[web.Request, web.Application]
 
 
 def pool_policy(urls: Sequence[str], policy: str = "prefix-aware", **extra: Any) -> dict[str, Any]:
@@ -55,6 +66,37 @@ async def running_gateway(
         yield gateway
     finally:
         await gateway.stop()
+
+
+@contextlib.asynccontextmanager
+async def in_process_sims(
+    n: int, model: str = MODEL, **config_overrides: Any
+) -> AsyncIterator[list[str]]:
+    """Simulated replicas on the test's event loop, as the real ones serve (a client that goes
+    away cancels its handler); yields their base URLs."""
+    async with contextlib.AsyncExitStack() as stack:
+        urls = []
+        for _ in range(n):
+            app = build_sim_app(SimConfig(model=model, **config_overrides))
+            server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
+            await stack.enter_async_context(server)
+            urls.append(str(server.make_url("")).rstrip("/"))
+        yield urls
+
+
+@contextlib.asynccontextmanager
+async def in_process_gateway(
+    policy: Mapping[str, Any], **settings: Any
+) -> AsyncIterator[GatewayClient]:
+    """``build_app`` with ``policy`` (the policy file's content as data) behind a test client.
+
+    The first health round runs before the client is handed out, as before a real gateway
+    serves. ``settings`` override the fast probes and any other Settings field.
+    """
+    app = build_app(Settings(**{**FAST_PROBE_SETTINGS, **settings}), parse_policy(dict(policy)))
+    server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
+    async with TestClient(server) as client:
+        yield client
 
 
 async def _alive(_: web.Request) -> web.Response:

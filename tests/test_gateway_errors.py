@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import pytest
 import pytest_asyncio
 
-from bench.launcher import start_gateway
 from gateway import headers
-from replica.processes import ManagedProcess, free_port
-from tests.conftest import MODEL, running_sims
+from replica.processes import free_port
+from tests.conftest import MODEL, GatewayClient, in_process_gateway, in_process_sims
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -20,29 +18,23 @@ BODY_LIMIT = 4096
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def gateway() -> AsyncIterator[ManagedProcess]:
+async def gateway() -> AsyncIterator[GatewayClient]:
     dead = f"http://127.0.0.1:{free_port()}"
-    async with running_sims(1) as [replica]:
+    async with in_process_sims(1) as [replica]:
         policy = {
             "pools": {
-                "small": {"model": MODEL, "replicas": [replica.url]},
+                "small": {"model": MODEL, "replicas": [replica]},
                 "down": {"model": "nobody-home", "replicas": [dead]},
             }
         }
-        gw = await start_gateway(
-            policy, env={"GATEWAY_MAX_BODY_BYTES": str(BODY_LIMIT)}, wait_path="/health"
-        )
-        yield gw
-        await gw.stop()
+        async with in_process_gateway(policy, max_body_bytes=BODY_LIMIT) as client:
+            yield client
 
 
-async def post(url: str, path: str, data: bytes) -> tuple[int, dict[str, Any], str]:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"{url}{path}", data=data, headers={"Content-Type": "application/json"}
-        ) as response,
-    ):
+async def post(client: GatewayClient, path: str, data: bytes) -> tuple[int, dict[str, Any], str]:
+    async with client.post(
+        path, data=data, headers={"Content-Type": "application/json"}
+    ) as response:
         body = await response.json(content_type=None)
         return response.status, body, response.headers.get(headers.REQUEST_ID, "")
 
@@ -70,9 +62,9 @@ CASES = [
 
 @pytest.mark.parametrize(("case", "path", "data", "status", "param"), CASES)
 async def test_bad_requests_get_openai_errors(
-    gateway: ManagedProcess, case: str, path: str, data: bytes, status: int, param: str | None
+    gateway: GatewayClient, case: str, path: str, data: bytes, status: int, param: str | None
 ) -> None:
-    got, body, request_id = await post(gateway.url, path, data)
+    got, body, request_id = await post(gateway, path, data)
     assert got == status, case
     assert set(body["error"]) == {"message", "type", "param", "code"}, case
     assert body["error"]["message"], case
@@ -80,29 +72,28 @@ async def test_bad_requests_get_openai_errors(
     assert request_id, case
 
 
-async def test_unknown_model_has_the_model_not_found_code(gateway: ManagedProcess) -> None:
-    _, body, _ = await post(gateway.url, CHAT, CASES[10][2])
+async def test_unknown_model_has_the_model_not_found_code(gateway: GatewayClient) -> None:
+    _, body, _ = await post(gateway, CHAT, CASES[10][2])
     assert body["error"]["code"] == "model_not_found"
 
 
-async def test_a_body_over_the_limit_is_413(gateway: ManagedProcess) -> None:
+async def test_a_body_over_the_limit_is_413(gateway: GatewayClient) -> None:
     big = b'{"model": "sim-model", "prompt": "' + b"x" * BODY_LIMIT + b'"}'
-    status, body, _ = await post(gateway.url, COMPLETIONS, big)
+    status, body, _ = await post(gateway, COMPLETIONS, big)
     assert status == 413
     assert body["error"]["code"] == "request_too_large"
 
 
-async def test_unknown_paths_and_methods_are_openai_errors(gateway: ManagedProcess) -> None:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{gateway.url}/v1/nothing-here") as response:
-            assert response.status == 404
-            assert "error" in await response.json()
-        async with session.get(f"{gateway.url}{CHAT}") as response:
-            assert response.status == 405
-            assert "error" in await response.json()
+async def test_unknown_paths_and_methods_are_openai_errors(gateway: GatewayClient) -> None:
+    async with gateway.get("/v1/nothing-here") as response:
+        assert response.status == 404
+        assert "error" in await response.json()
+    async with gateway.get(CHAT) as response:
+        assert response.status == 405
+        assert "error" in await response.json()
 
 
-async def test_ready_names_the_pool_without_replicas(gateway: ManagedProcess) -> None:
-    async with aiohttp.ClientSession() as session, session.get(f"{gateway.url}/ready") as response:
+async def test_ready_names_the_pool_without_replicas(gateway: GatewayClient) -> None:
+    async with gateway.get("/ready") as response:
         assert response.status == 503
         assert (await response.json())["healthy_replicas"] == {"small": 1, "down": 0}

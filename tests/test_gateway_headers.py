@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from gateway import headers
-from tests.conftest import chat, fake_replica, running_gateway
+from tests.conftest import chat, fake_replica, in_process_gateway, pool_policy
 
 
 async def test_request_id_credentials_and_trace_context_reach_the_replica() -> None:
@@ -27,11 +26,8 @@ async def test_request_id_credentials_and_trace_context_reach_the_replica() -> N
         "x-request-id": "client-chosen-id",
         "x-internal-secret": "must-not-leak",
     }
-    async with fake_replica(record) as url, running_gateway([url]) as gw:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(f"{gw.url}/v1/chat/completions", data=body, headers=sent) as response,
-        ):
+    async with fake_replica(record) as url, in_process_gateway(pool_policy([url])) as gw:
+        async with gw.post("/v1/chat/completions", data=body, headers=sent) as response:
             assert response.status == 200
             assert response.headers[headers.REQUEST_ID] == "client-chosen-id"
             assert response.headers[headers.REPLICA] == url.removeprefix("http://")
@@ -47,13 +43,8 @@ async def test_a_request_id_is_made_when_the_client_sends_none() -> None:
     async def ok(request: web.Request) -> web.Response:
         return web.json_response({"id": request.headers["X-Request-Id"]})
 
-    async with fake_replica(ok) as url, running_gateway([url]) as gw:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(
-                f"{gw.url}/v1/chat/completions", data=orjson.dumps(chat("s", "q"))
-            ) as response,
-        ):
+    async with fake_replica(ok) as url, in_process_gateway(pool_policy([url])) as gw:
+        async with gw.post("/v1/chat/completions", data=orjson.dumps(chat("s", "q"))) as response:
             made = response.headers[headers.REQUEST_ID]
             assert len(made) >= 16
             assert (await response.json())["id"] == made

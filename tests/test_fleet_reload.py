@@ -1,0 +1,218 @@
+"""A policy reload builds a new Fleet from the old one: what carries over, and what must not."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gateway.state import EngineStats, Fleet, PoolState
+from router_policies.fingerprint import RequestFeatures, canonical_chat, fingerprint
+from router_policies.schema import parse_policy
+
+MODEL = "sim-model"
+A, B, C = (f"http://127.0.0.1:{port}" for port in (9101, 9102, 9103))
+
+
+def name(url: str) -> str:
+    return url.removeprefix("http://")
+
+
+def fleet(replicas: list[str], previous: Fleet | None = None, **pool: Any) -> Fleet:
+    policy = parse_policy({"pools": {"small": {"model": MODEL, "replicas": replicas, **pool}}})
+    return Fleet(policy, previous=previous)
+
+
+def small(f: Fleet) -> PoolState:
+    return f.pools["small"]
+
+
+def features(
+    pool: PoolState, system: str = "You are the billing assistant. " * 30
+) -> RequestFeatures:
+    prompt = canonical_chat(
+        [{"role": "system", "content": system}, {"role": "user", "content": "hello"}]
+    )
+    prefix = pool.policy.prefix
+    return fingerprint(MODEL, prompt, prefix.block_bytes, prefix.max_blocks)
+
+
+def send_to(pool: PoolState, url: str, request: RequestFeatures) -> None:
+    """Dispatch one request to ``url`` (the others excluded), leaving it in flight."""
+    others = [r for r in pool.replicas if r != name(url)]
+    decision = pool.decide(request, exclude=others)
+    assert decision is not None and decision.replica == name(url)
+    pool.begin(decision, request)
+
+
+def test_a_surviving_replica_keeps_its_state_object_health_and_in_flight_count() -> None:
+    old = fleet([A, B])
+    pool = small(old)
+    send_to(pool, A, features(pool))
+    pool.replicas[name(B)].mark_down()
+    a_state = pool.replicas[name(A)]
+
+    new = fleet([A, B], previous=old, load={"balance_eps": 0.5})
+
+    replicas = small(new).replicas
+    assert replicas[name(A)] is a_state
+    assert replicas[name(A)].inflight == 1
+    assert replicas[name(B)].healthy is False
+
+
+def test_the_prefix_index_survives_a_reload_that_keeps_the_fingerprint_settings() -> None:
+    old = fleet([A, B])
+    pool = small(old)
+    request = features(pool)
+    send_to(pool, A, request)
+
+    new = small(fleet([A, B], previous=old, load={"balance_eps": 0.5}))
+
+    decision = new.decide(request)
+    assert decision is not None
+    assert decision.replica == name(A)
+    assert decision.matched_blocks == len(request.block_hashes)
+
+
+def test_changed_fingerprint_settings_clear_the_index() -> None:
+    old = fleet([A, B])
+    pool = small(old)
+    request = features(pool)
+    send_to(pool, A, request)
+
+    new = small(fleet([A, B], previous=old, prefix={"block_bytes": 256}))
+
+    # Digests of 128-byte blocks would match nothing under 256-byte ones; an index kept
+    # anyway would still claim the old request's blocks.
+    for probe in (request, features(new)):
+        decision = new.decide(probe)
+        assert decision is not None
+        assert decision.matched_blocks == 0
+
+
+def test_removed_replicas_are_dropped_and_new_ones_start_fresh() -> None:
+    old = fleet([A, B])
+    pool = small(old)
+    send_to(pool, B, features(pool))
+    a_state = pool.replicas[name(A)]
+
+    new = small(fleet([A, C], previous=old))
+
+    assert list(new.replicas) == [name(A), name(C)]
+    assert new.replicas[name(A)] is a_state
+    added = new.replicas[name(C)]
+    assert (added.healthy, added.inflight, added.probed) == (True, 0, False)
+    decision = new.decide(features(new))
+    assert decision is not None and decision.replica in {name(A), name(C)}
+
+
+async def test_requests_waiting_for_a_slot_stay_first_in_line_across_a_reload() -> None:
+    old = fleet([A], max_inflight_per_replica=1)
+    pool = small(old)
+    request = features(pool)
+    decision = pool.decide(request)
+    assert decision is not None
+    running = pool.begin(decision, request)
+    first = asyncio.create_task(pool.acquire(features(pool, "tenant one " * 30)))
+    await asyncio.sleep(0.01)
+
+    new = small(fleet([A], previous=old, max_inflight_per_replica=1, load={"balance_eps": 0.5}))
+
+    assert new.gateway_waiting == 1
+    second = asyncio.create_task(new.acquire(features(new, "tenant two " * 30)))
+    await asyncio.sleep(0.01)
+    assert new.gateway_waiting == 2  # the newcomer queues behind the one carried over
+    # Requests keep the generation they started under: the old one's end frees the slot.
+    pool.end(running)
+    got_first = await asyncio.wait_for(first, 1.0)
+    assert got_first is not None and not second.done()
+    pool.end(got_first)
+    got_second = await asyncio.wait_for(second, 1.0)
+    assert got_second is not None and got_second.replica is new.replicas[name(A)]
+    assert new.replicas[name(A)].inflight == 1
+
+
+def _scale_up_then_calm(pool: PoolState) -> None:
+    """A deep engine queue asks for more replicas; then the queue empties."""
+    replica = pool.replicas[name(A)]
+    pool.apply_engine_stats(replica, EngineStats(waiting=40))
+    pool.update_desired(1000.0)
+    assert pool.desired > 1
+    pool.apply_engine_stats(replica, EngineStats(waiting=0))
+
+
+def test_the_autoscale_history_carries_over_so_a_reload_does_not_scale_down() -> None:
+    old = fleet([A])
+    pool = small(old)
+    pool.arrivals = 7
+    _scale_up_then_calm(pool)
+    peak = pool.desired
+
+    new = small(fleet([A], previous=old, load={"balance_eps": 0.5}))
+
+    new.update_desired(1001.0)
+    assert new.raw_desired == 1
+    assert new.desired == peak  # the scale-down stabilisation window still remembers the peak
+    assert new.arrivals == 7
+
+
+def test_a_changed_stabilisation_window_starts_a_new_history() -> None:
+    old = fleet([A])
+    _scale_up_then_calm(small(old))
+
+    new = small(fleet([A], previous=old, autoscale={"scale_down_stabilization_s": 60}))
+
+    new.update_desired(1001.0)
+    assert new.desired == new.raw_desired == 1
+
+
+def tiered(previous: Fleet | None = None, **tier: Any) -> Fleet:
+    settings = {
+        "small": "small",
+        "large": "large",
+        "threshold": 0.5,
+        "calibration": {"target_large_share": 0.5, "window": 10, "min_samples": 10},
+        **tier,
+    }
+    policy = parse_policy(
+        {
+            "pools": {
+                "small": {"model": "small-model", "replicas": [A]},
+                "large": {"model": "large-model", "replicas": [B]},
+            },
+            "tiers": {"auto": settings},
+        }
+    )
+    return Fleet(policy, previous=previous)
+
+
+def calibrated(f: Fleet) -> float:
+    """Feed the tier router ten requests of rising difficulty; its calibrated threshold."""
+    router = f.tiers["auto"]
+    for i in range(10):
+        text = "Prove that the sum is convergent step by step. " * i + "hi"
+        body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
+        router.observe(router.classify(body))
+    assert router.threshold != 0.5
+    return router.threshold
+
+
+def test_tier_calibration_survives_a_reload_with_the_same_weights_and_calibration() -> None:
+    old = tiered()
+    threshold = calibrated(old)
+
+    new = tiered(previous=old, allow_header_override=True)
+
+    assert new.tiers["auto"].threshold == threshold
+
+
+def test_changed_weights_or_calibration_restart_the_tier_calibration() -> None:
+    old = tiered()
+    calibrated(old)
+
+    reweighted = tiered(previous=old, weights={"math": 4.0})
+    retargeted = tiered(
+        previous=old, calibration={"target_large_share": 0.2, "window": 10, "min_samples": 10}
+    )
+
+    assert reweighted.tiers["auto"].threshold == 0.5
+    assert retargeted.tiers["auto"].threshold == 0.5
