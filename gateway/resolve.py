@@ -12,7 +12,7 @@ from gateway.errors import model_not_found
 from gateway.request_body import ParsedRequest
 from gateway.state import Fleet, PoolState
 from router_policies.decision import Route
-from router_policies.fingerprint import RequestFeatures, fingerprint
+from router_policies.fingerprint import RequestFeatures
 from router_policies.tier_router import TierRouter, TierVerdict
 from router_policies.tiers import PoolChoice, choose_pool
 
@@ -54,16 +54,5 @@ def resolve(fleet: Fleet, parsed: ParsedRequest, forced_tier: str | None) -> Res
         pool = fleet.pools[choice.pool]
         body = {**parsed.body, "model": pool.model}
         parsed = dataclasses.replace(parsed, body=body, raw=orjson.dumps(body), model=pool.model)
-    if pool.needs_fingerprint:
-        prefix = pool.policy.prefix
-        features = fingerprint(
-            parsed.model,
-            parsed.canonical_text(),
-            prefix.block_bytes,
-            prefix.max_blocks,
-            parsed.cache_salt,
-        )
-    else:
-        # Round-robin reads nothing of the prompt: it pays for no hashing.
-        features = RequestFeatures(parsed.model, (), 0)
+    features = pool.router.features(parsed.model, parsed.canonical_text, parsed.cache_salt)
     return Resolution(parsed, pool, features, verdict, choice, tier_router)

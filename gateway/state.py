@@ -229,10 +229,6 @@ class PoolState:
         return self.policy.model
 
     @property
-    def needs_fingerprint(self) -> bool:
-        return Need.FINGERPRINT in self._needs
-
-    @property
     def gateway_waiting(self) -> int:
         return len(self.queue)
 

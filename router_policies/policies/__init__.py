@@ -20,7 +20,7 @@ def _prefix_aware(policy: PoolPolicy, previous: SelectionPolicy | None) -> Selec
 
 REGISTRY: Mapping[PolicyName, Factory] = {
     PolicyName.PREFIX_AWARE: _prefix_aware,
-    PolicyName.LEAST_LOADED: lambda policy, previous: LeastLoaded(),
+    PolicyName.LEAST_LOADED: lambda policy, previous: LeastLoaded(policy.prefix),
     PolicyName.ROUND_ROBIN: lambda policy, previous: RoundRobin(),
 }
 

@@ -2,22 +2,23 @@
 
 A policy is made per pool (``make``) and may keep state of its own (the prefix policy keeps its
 index of what each replica holds). ``select`` is the pure decision: no I/O, no mutation.
-``needs`` declares what the caller must compute for it, so a simple policy pays for nothing it
-does not read (round-robin: no fingerprint, no load figures).
+The policy computes the request's features itself (``features``: the fingerprint, with its own
+settings), and ``needs`` declares what the caller must gather for it, so a simple policy pays
+for nothing it does not read (round-robin: no hashing, no load figures).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from typing import ClassVar
 
 from router_policies.decision import Decision, PoolSnapshot
-from router_policies.fingerprint import RequestFeatures
+from router_policies.fingerprint import CanonicalPrompt, RequestFeatures, fingerprint
+from router_policies.schema import PrefixSettings
 
 
 class Need(StrEnum):
-    FINGERPRINT = "fingerprint"
-    """The request's block digests (otherwise the features carry none)."""
     LOAD = "load"
     """Each candidate's in-flight count, pending prefill and scraped engine figures."""
     RATES = "rates"
@@ -26,6 +27,17 @@ class Need(StrEnum):
 
 class SelectionPolicy:
     needs: ClassVar[frozenset[Need]] = frozenset()
+    prefix: PrefixSettings | None = None
+    """Fingerprint settings, for a policy that reads the prompt; None: it reads nothing of it."""
+
+    def features(
+        self, model: str, prompt: Callable[[], CanonicalPrompt], salt: str = ""
+    ) -> RequestFeatures:
+        """What the policy reads of a request, computed once before any decision. ``prompt``
+        builds the canonical text only when called: a policy that reads none pays nothing."""
+        if self.prefix is None:
+            return RequestFeatures(model, (), 0)
+        return fingerprint(model, prompt(), self.prefix.block_bytes, self.prefix.max_blocks, salt)
 
     def select(
         self, request: RequestFeatures, snapshot: PoolSnapshot, *, explain: bool = False

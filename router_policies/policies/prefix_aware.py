@@ -47,10 +47,11 @@ def _useful(matched_bytes: int, request: RequestFeatures, prefix: PrefixSettings
 
 
 class PrefixAware(SelectionPolicy):
-    needs: ClassVar[frozenset[Need]] = frozenset({Need.FINGERPRINT, Need.LOAD, Need.RATES})
+    needs: ClassVar[frozenset[Need]] = frozenset({Need.LOAD, Need.RATES})
 
     def __init__(self, policy: PoolPolicy, previous: PrefixAware | None = None) -> None:
         self.policy = policy
+        self.prefix = policy.prefix
         self._default_rates = default_rates(policy)
         keep = previous is not None and previous.policy.prefix == policy.prefix
         # Digests of another block size or seed match nothing: an index survives a reload only
