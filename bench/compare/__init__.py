@@ -7,7 +7,11 @@ and round-robin routing; vllm-router round_robin and cache_aware; sglang-router 
 Fleets:
   sim   8 simulated vLLM replicas (replica/sim, default timing and KV size) and four workloads:
         SGLang's generated-shared-prefix, vLLM production-stack's multi-round QA, llm-d's
-        low-sharing control, and Zipf popularity over prefix groups, scaled to this machine.
+        low-sharing control, and Zipf popularity over prefix groups, scaled to this machine;
+        generated-shared-prefix and Zipf on 3 seeds (--seeds). Then two fleets of their own:
+        long-context agents on 8 sims with 64k-token context and 16x the KV cache (closed
+        loop), and overload on 8 sims slowed to saturate at ~10 requests/s (1.3x capacity,
+        then 0.6x; goodput within a TTFT objective).
   real  2 real vLLM CPU replicas (the "small" ~41M-parameter Llama, one core each) and a small
         shared-prefix workload; gateway prefix-aware vs round-robin, and the cache-aware peers.
 
@@ -17,9 +21,10 @@ own /metrics; every hit rate is also shown as a fraction of the workload's affin
 Writes docs/benchmarks.md and PNG plots next to it.
 """
 
-# Modules: ``plan`` (workloads), ``results`` and ``checks`` (figures and acceptance), ``runner``
-# and ``fleets`` (what runs), ``comparison`` (the whole run), ``notes``, ``markdown`` and ``plots``
-# (the report), ``code_state``, ``cli``.
+# Modules: ``plan`` (workloads), ``results``, ``seeds``, ``phases`` and ``checks`` (figures and
+# acceptance), ``runner`` and ``fleets`` (what runs), ``agents`` and ``overload`` (the workloads
+# with fleets of their own), ``comparison`` (the whole run), ``notes``, ``markdown`` and
+# ``plots`` (the report), ``code_state``, ``cli``.
 
 from __future__ import annotations
 

@@ -1,21 +1,38 @@
-"""The acceptance checks of ``bench compare``, read from the measurements."""
+"""The acceptance checks of ``bench compare`` (issue 13's), read from the measurements.
+
+Generated-shared-prefix and Zipf ran on several seeds: their checks compare the means over
+seeds. A check whose other side did not run (peers not installed, left out) says so and is
+SKIP, not PASS; it is FAIL all the same when prefix-aware already loses to a target that ran.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from bench.compare.plan import GSP, LOW, MRQA, OVERLOAD, REAL_GSP, ZIPF
 from bench.compare.results import (
     CACHE_AWARE_PEERS,
+    GATEWAY_TARGETS,
     LEAST_LOADED,
+    PEER_TARGETS,
     PREFIX_AWARE,
     ROUND_ROBIN,
+    SGLANG_CA,
     FleetResult,
     Measurement,
+    Target,
 )
+from bench.compare.seeds import Figures, Spread, figures, mean, seeds_text
 
 Status = Literal["PASS", "FAIL", "SKIP"]
+
+GSP_BOUND_FRACTION = 0.95
+ZIPF_MAX_OVER_MEAN = 1.25
+LOW_TTFT_SLACK = 1.05
+ALL_PHASES = "all"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,113 +42,252 @@ class Check:
     figures: str
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}%"
+def pct(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{100 * value:.1f}%"
 
 
-def _ms(seconds: float) -> str:
-    return "n/a" if math.isnan(seconds) else f"{1000 * seconds:.0f} ms"
+def ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None or math.isnan(seconds) else f"{1000 * seconds:.0f} ms"
 
 
 def _status(ok: bool) -> Status:
     return "PASS" if ok else "FAIL"
 
 
-def sim_checks(fleet: FleetResult, gsp: str, low: str, zipf: str) -> list[Check]:
-    """The simulated fleet's acceptance checks (the issue's text), on workload keys given."""
-    checks: list[Check] = []
-    pa = fleet.get(gsp, PREFIX_AWARE)
-    if pa is None or pa.hit_rate is None:
-        checks.append(Check("generated-shared-prefix: hit rate >= 0.9 x bound", "SKIP", "no run"))
-    else:
-        fraction = pa.hit_fraction_of_bound or 0.0
-        checks.append(
-            Check(
-                "generated-shared-prefix: prefix-aware hit rate >= 0.9 x the affinity bound",
-                _status(fraction >= 0.9),
-                f"hit rate {_pct(pa.hit_rate)}, bound {_pct(pa.bound.bound)}: "
-                f"{fraction:.2f} x the bound",
-            )
-        )
-    peers = [m for t in CACHE_AWARE_PEERS if (m := fleet.get(gsp, t)) is not None]
-    peers = [m for m in peers if m.hit_rate is not None]
-    if pa is None or pa.hit_rate is None or not peers:
-        reasons = "; ".join(f"{k}: {v}" for k, v in fleet.skipped_targets.items()) or "no run"
-        checks.append(
-            Check("generated-shared-prefix: hit rate >= best cache_aware peer", "SKIP", reasons)
-        )
-        checks.append(Check("generated-shared-prefix: TTFT p90 <= that peer's", "SKIP", reasons))
-    else:
-        best = max(peers, key=lambda m: m.hit_rate or 0.0)
-        checks.append(
-            Check(
-                "generated-shared-prefix: prefix-aware hit rate >= the better cache_aware peer's",
-                _status((pa.hit_rate or 0.0) >= (best.hit_rate or 0.0)),
-                f"prefix-aware {_pct(pa.hit_rate)} vs {best.target.label} {_pct(best.hit_rate)} ("
-                + ", ".join(f"{m.target.label} {_pct(m.hit_rate)}" for m in peers)
-                + ")",
-            )
-        )
-        ours, theirs = pa.ttft(90), best.ttft(90)
-        checks.append(
-            Check(
-                f"generated-shared-prefix: prefix-aware TTFT p90 <= {best.target.label}'s",
-                _status(ours <= theirs),
-                f"{_ms(ours)} vs {_ms(theirs)}",
-            )
-        )
-    pa_low, ll_low = fleet.get(low, PREFIX_AWARE), fleet.get(low, LEAST_LOADED)
-    if pa_low is None or ll_low is None:
-        checks.append(Check("low-sharing: TTFT p50 within 10% of least-loaded", "SKIP", "no run"))
-    else:
-        ours, theirs = pa_low.ttft(50), ll_low.ttft(50)
-        checks.append(
-            Check(
-                "low-sharing: prefix-aware TTFT p50 within 10% of least-loaded's",
-                _status(ours <= 1.1 * theirs),
-                f"{_ms(ours)} vs {_ms(theirs)} ({ours / theirs:.2f}x)",
-            )
-        )
-    pa_zipf = fleet.get(zipf, PREFIX_AWARE)
-    if pa_zipf is None or pa_zipf.balance is None:
-        checks.append(Check("zipf: max/mean requests per replica <= 1.3", "SKIP", "no run"))
-    else:
-        counts = ", ".join(f"{c:.0f}" for c in pa_zipf.requests_per_replica)
-        checks.append(
-            Check(
-                "zipf: prefix-aware max/mean requests per replica <= 1.3",
-                _status(pa_zipf.balance <= 1.3),
-                f"{pa_zipf.balance:.2f} (requests per replica: {counts})",
-            )
-        )
-    return checks
+def _not_run(fleet: FleetResult, target: Target) -> str:
+    why = fleet.skipped_targets.get(target.label)
+    return f"{target.label} not run ({why})" if why else f"{target.label} not run"
 
 
-def real_checks(fleet: FleetResult, workload: str) -> list[Check]:
-    """The real-vLLM fleet's check: prefix-aware's fleet hit rate above round-robin's."""
-    name = "real vLLM: prefix-aware fleet hit rate > round-robin's"
+def compare(
+    name: str,
+    fleet: FleetResult,
+    ours: Figures | None,
+    others: Sequence[Target],
+    figure: Callable[[Figures], Spread | None],
+    show: Callable[[float], str],
+    *,
+    higher_is_better: bool,
+    slack: float = 1.0,
+) -> Check:
+    """Prefix-aware's figure (mean over seeds) against each of ``others``': at least as good
+    as every one of them (within ``slack``, a factor on theirs)."""
+    if ours is None or figure(ours) is None:
+        return Check(name, "SKIP", f"{PREFIX_AWARE.label}: no run")
+    value = mean(figure(ours))
+    parts = [f"{PREFIX_AWARE.label} {_spread_text(figure(ours), show)}"]
+    beaten, missing = False, []
+    for target in others:
+        theirs = figures(fleet, ours.runs[0].workload, target)
+        spread_ = figure(theirs) if theirs is not None else None
+        if spread_ is None:
+            missing.append(_not_run(fleet, target))
+            continue
+        limit = spread_.mean * slack
+        beaten |= value < limit if higher_is_better else value > limit
+        parts.append(f"{target.label} {_spread_text(spread_, show)}")
+    text = " vs ".join(parts[:2]) + "".join(f", {p}" for p in parts[2:])
+    if len(ours.runs) > 1:
+        text += f" (means over seeds {seeds_text(ours.seeds)}, range in brackets)"
+    if missing:
+        text += "; " + "; ".join(missing)
+    status: Status = "FAIL" if beaten else ("SKIP" if missing or len(parts) == 1 else "PASS")
+    return Check(name, status, text)
+
+
+def _spread_text(value: Spread | None, show: Callable[[float], str]) -> str:
+    return "n/a" if value is None else value.text(show)
+
+
+def _hit(f: Figures) -> Spread | None:
+    return f.hit_rate
+
+
+def _p90(f: Figures) -> Spread | None:
+    return f.ttft(90)
+
+
+def gsp_checks(fleet: FleetResult) -> list[Check]:
+    pa = figures(fleet, GSP, PREFIX_AWARE)
+    name = (
+        f"generated-shared-prefix: prefix-aware hit rate >= {GSP_BOUND_FRACTION:g} x the "
+        "affinity bound"
+    )
+    if pa is None or pa.hit_fraction is None:
+        bound_check = Check(name, "SKIP", "no run")
+    else:
+        fraction = pa.hit_fraction
+        bound_check = Check(
+            name,
+            _status(fraction.mean >= GSP_BOUND_FRACTION),
+            f"hit rate {_spread_text(pa.hit_rate, pct)}, bound {_spread_text(pa.bound, pct)}: "
+            f"{fraction.text(lambda v: f'{v:.2f}')} x the bound"
+            + (f" (seeds {seeds_text(pa.seeds)})" if len(pa.runs) > 1 else ""),
+        )
+    return [
+        bound_check,
+        compare(
+            "generated-shared-prefix: prefix-aware hit rate >= sglang-router cache_aware's",
+            fleet,
+            pa,
+            [SGLANG_CA],
+            _hit,
+            pct,
+            higher_is_better=True,
+        ),
+        compare(
+            "generated-shared-prefix: prefix-aware TTFT p90 <= sglang-router cache_aware's",
+            fleet,
+            pa,
+            [SGLANG_CA],
+            _p90,
+            ms,
+            higher_is_better=False,
+        ),
+    ]
+
+
+def _per_replica(runs: Sequence[Measurement]) -> str:
+    return "; ".join(
+        f"seed {m.seed}: " + ", ".join(f"{c:.0f}" for c in m.requests_per_replica) for m in runs
+    )
+
+
+def zipf_checks(fleet: FleetResult) -> list[Check]:
+    pa = figures(fleet, ZIPF, PREFIX_AWARE)
+    name = f"zipf: prefix-aware max/mean requests per replica <= {ZIPF_MAX_OVER_MEAN:g}"
+    if pa is None or pa.balance is None:
+        balance = Check(name, "SKIP", "no run")
+    else:
+        balance = Check(
+            name,
+            _status(pa.balance.mean <= ZIPF_MAX_OVER_MEAN),
+            f"{pa.balance.text(lambda v: f'{v:.2f}')} "
+            f"(requests per replica, {_per_replica(pa.runs)})",
+        )
+    return [
+        balance,
+        compare(
+            "zipf: prefix-aware TTFT p90 <= sglang-router cache_aware's",
+            fleet,
+            pa,
+            [SGLANG_CA],
+            _p90,
+            ms,
+            higher_is_better=False,
+        ),
+    ]
+
+
+def mrqa_checks(fleet: FleetResult) -> list[Check]:
+    pa = figures(fleet, MRQA, PREFIX_AWARE)
+    others = [t for t in [*fleet.targets, *_skipped(fleet)] if t != PREFIX_AWARE]
+    return [
+        compare(
+            "multi-round QA: prefix-aware has the best hit rate of all targets",
+            fleet,
+            pa,
+            others,
+            _hit,
+            pct,
+            higher_is_better=True,
+        ),
+        compare(
+            "multi-round QA: prefix-aware has the best TTFT p90 of all targets",
+            fleet,
+            pa,
+            others,
+            _p90,
+            ms,
+            higher_is_better=False,
+        ),
+    ]
+
+
+def _skipped(fleet: FleetResult) -> list[Target]:
+    """Targets the fleet was meant to run but did not (their labels are in skipped_targets)."""
+    every = (*GATEWAY_TARGETS, *PEER_TARGETS)
+    return [t for t in every if t.label in fleet.skipped_targets and t not in fleet.targets]
+
+
+def low_check(fleet: FleetResult) -> Check:
+    name = (
+        f"low-sharing: prefix-aware TTFT p50 <= {LOW_TTFT_SLACK:g} x the better of "
+        "least-loaded's and round-robin's"
+    )
+    pa = figures(fleet, LOW, PREFIX_AWARE)
+    loads = [f for t in (LEAST_LOADED, ROUND_ROBIN) if (f := figures(fleet, LOW, t)) is not None]
+    if pa is None or not loads:
+        return Check(name, "SKIP", "no run")
+    better = min(loads, key=lambda f: mean(f.ttft(50)))
+    ours, theirs = mean(pa.ttft(50)), mean(better.ttft(50))
+    others = ", ".join(f"{f.target.label} {ms(mean(f.ttft(50)))}" for f in loads)
+    return Check(
+        name,
+        _status(ours <= LOW_TTFT_SLACK * theirs),
+        f"{ms(ours)} vs {better.target.label}'s {ms(theirs)} ({ours / theirs:.2f}x; {others})",
+    )
+
+
+def sim_checks(fleet: FleetResult) -> list[Check]:
+    """The default simulated fleet's checks: generated-shared-prefix, Zipf, multi-round QA,
+    low sharing."""
+    return [*gsp_checks(fleet), *zipf_checks(fleet), *mrqa_checks(fleet), low_check(fleet)]
+
+
+def _goodput(f: Figures) -> Spread | None:
+    return f.over(lambda m: p.goodput if (p := m.phase(ALL_PHASES)) is not None else None)
+
+
+def overload_checks(fleet: FleetResult) -> list[Check]:
+    name = "overload: prefix-aware goodput >= every peer's"
     if fleet.skipped is not None:
         return [Check(name, "SKIP", fleet.skipped)]
-    pa, rr = fleet.get(workload, PREFIX_AWARE), fleet.get(workload, ROUND_ROBIN)
-    if pa is None or rr is None or pa.hit_rate is None or rr.hit_rate is None:
-        return [Check(name, "SKIP", "no run")]
+    pa = figures(fleet, OVERLOAD, PREFIX_AWARE)
     return [
-        Check(
+        compare(
             name,
-            _status(pa.hit_rate > rr.hit_rate),
-            f"{_pct(pa.hit_rate)} vs {_pct(rr.hit_rate)}; {ttft_ratio_text(pa, rr)}",
+            fleet,
+            pa,
+            PEER_TARGETS,
+            _goodput,
+            lambda v: f"{v:.2f}/s",
+            higher_is_better=True,
         )
     ]
 
 
+def real_checks(fleet: FleetResult) -> list[Check]:
+    """The real-vLLM fleet's checks: prefix-aware against both cache-aware peers."""
+    names = (
+        "real vLLM: prefix-aware fleet hit rate >= both cache_aware peers'",
+        "real vLLM: prefix-aware mean TTFT <= both cache_aware peers'",
+    )
+    if fleet.skipped is not None:
+        return [Check(name, "SKIP", fleet.skipped) for name in names]
+    pa = figures(fleet, REAL_GSP, PREFIX_AWARE)
+    return [
+        compare(names[0], fleet, pa, CACHE_AWARE_PEERS, _hit, pct, higher_is_better=True),
+        compare(
+            names[1],
+            fleet,
+            pa,
+            CACHE_AWARE_PEERS,
+            lambda f: f.mean_ttft,
+            ms,
+            higher_is_better=False,
+        ),
+    ]
+
+
 def ttft_ratio_text(pa: Measurement, rr: Measurement) -> str:
-    """Prefix-aware's TTFT over round-robin's: mean, p50 and p90."""
+    """Prefix-aware's TTFT over another target's: mean, p50 and p90."""
     parts = []
     if pa.ttfts and rr.ttfts:
-        ours, theirs = sum(pa.ttfts) / len(pa.ttfts), sum(rr.ttfts) / len(rr.ttfts)
-        parts.append(f"TTFT mean {_ms(ours)} vs {_ms(theirs)} = {ours / theirs:.2f}x")
+        ours, theirs = pa.mean_ttft, rr.mean_ttft
+        parts.append(f"TTFT mean {ms(ours)} vs {ms(theirs)} = {ours / theirs:.2f}x")
     for q in (50, 90):
         ours, theirs = pa.ttft(q), rr.ttft(q)
         ratio = ours / theirs if theirs and not math.isnan(theirs) else math.nan
-        parts.append(f"TTFT p{q} {_ms(ours)} vs {_ms(theirs)} = {ratio:.2f}x")
+        parts.append(f"TTFT p{q} {ms(ours)} vs {ms(theirs)} = {ratio:.2f}x")
     return "; ".join(parts)

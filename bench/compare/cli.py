@@ -16,7 +16,9 @@ from bench.compare.code_state import CodeState, code_line
 from bench.compare.comparison import CompareConfig, CompareResult, run_compare
 from bench.compare.markdown import RunInfo, pct, ratio, render_markdown
 from bench.compare.notes import METHOD, notes
+from bench.compare.plan import DEFAULT_SEEDS
 from bench.compare.plots import plots_available, write_plots
+from bench.compare.seeds import Spread, all_figures, mean, seeds_text
 from bench.host import machine_description
 
 
@@ -57,29 +59,57 @@ def print_summary(result: CompareResult, out: TextIO) -> None:
             print(f"  skipped: {fleet.skipped}", file=out)
             continue
         for workload in fleet.workloads:
-            measurements = fleet.for_workload(workload.key)
-            bound = measurements[0].bound.bound if measurements else math.nan
-            print(f"  {workload.title} (affinity bound {100 * bound:.1f}%)", file=out)
+            table = all_figures(fleet, workload.key)
+            bound = mean(table[0].bound) if table else math.nan
+            several = f", mean of seeds {seeds_text(workload.seeds)}" * (len(workload.seeds) > 1)
+            print(f"  {workload.title} (affinity bound {100 * bound:.1f}%{several})", file=out)
             print(
                 f"    {'target':28}{'ok':>9}{'TTFT p50':>10}{'p90':>8}{'p99':>8}{'ITL':>7}"
                 f"{'hit':>8}{'/bound':>8}{'max/mean':>9}",
                 file=out,
             )
-            for m in measurements:
+            for f in table:
+                ok, planned = sum(m.ok for m in f.runs), sum(m.planned for m in f.runs)
+                itl = mean(f.over(lambda m: m.itl(50)))
                 print(
-                    f"    {m.target.label:28}{f'{m.ok}/{m.planned}':>9}"
-                    f"{1000 * m.ttft(50):>8.0f}ms{1000 * m.ttft(90):>6.0f}ms"
-                    f"{1000 * m.ttft(99):>6.0f}ms{1000 * m.itl(50):>5.1f}ms"
-                    f"{pct(m.hit_rate):>8}{ratio(m.hit_fraction_of_bound):>8}"
-                    f"{ratio(m.balance):>9}",
+                    f"    {f.target.label:28}{f'{ok}/{planned}':>9}"
+                    f"{1000 * mean(f.ttft(50)):>8.0f}ms{1000 * mean(f.ttft(90)):>6.0f}ms"
+                    f"{1000 * mean(f.ttft(99)):>6.0f}ms{1000 * itl:>5.1f}ms"
+                    f"{pct(_mean_or_none(f.hit_rate)):>8}"
+                    f"{ratio(_mean_or_none(f.hit_fraction)):>8}"
+                    f"{ratio(_mean_or_none(f.balance)):>9}",
                     file=out,
                 )
+                for m in f.runs:
+                    for p in m.phases:
+                        print(
+                            f"      {p.name:26}{p.arrived:>5} arrived{p.good:>5} good "
+                            f"{p.goodput:>6.2f}/s  TTFT p99 {1000 * p.ttft_p99_s:.0f}ms",
+                            file=out,
+                        )
     print("\nAcceptance checks", file=out)
     for check in result.checks:
         print(f"  {check.status:4}  {check.name}: {check.figures}", file=out)
     for line in notes(result):
         print(f"  {line}", file=out)
     print(f"\nTotal {result.duration_s / 60:.1f} min", file=out)
+
+
+def _mean_or_none(value: Spread | None) -> float | None:
+    return None if value is None else value.mean
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``0,1,2`` -> (0, 1, 2)."""
+    try:
+        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"seeds are integers separated by commas: {text!r}"
+        ) from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("at least one seed")
+    return seeds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,7 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-out", action="store_true", help="print only, write nothing")
     parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the workloads' text and arrivals"
+        "--seeds",
+        type=parse_seeds,
+        default=DEFAULT_SEEDS,
+        help="seeds of the workloads' text and arrivals, comma-separated: generated-shared-"
+        "prefix and Zipf run on each, the other workloads on the first; --quick uses the "
+        "first only (default: 0,1,2)",
     )
     parser.add_argument(
         "--no-install",
@@ -115,7 +150,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         fleet=args.fleet,
         quick=args.quick,
         out=None if args.no_out else args.out,
-        seed=args.seed,
+        seeds=args.seeds,
         install=not args.no_install,
         peers=not args.no_peers,
         progress=not args.no_progress,

@@ -11,10 +11,12 @@ from typing import TextIO
 from tqdm import tqdm
 
 from bench import peers
-from bench.compare.checks import Check, real_checks, sim_checks
+from bench.compare.agents import agents_workload, run_agents_fleet
+from bench.compare.checks import Check, overload_checks, real_checks, sim_checks
 from bench.compare.code_state import CodeState
 from bench.compare.fleets import prepare_real_fleet, run_real_fleet, run_sim_fleet
-from bench.compare.plan import GSP, LOW, REAL_GSP, ZIPF, SimScale, real_workloads, sim_workloads
+from bench.compare.overload import overload_workload, run_overload_fleet
+from bench.compare.plan import DEFAULT_SEEDS, SimScale, real_workloads, sim_workloads
 from bench.compare.results import (
     CACHE_AWARE_PEERS,
     GATEWAY_TARGETS,
@@ -30,7 +32,9 @@ class CompareConfig:
     fleet: str = "all"
     quick: bool = False
     out: Path | None = Path("docs")
-    seed: int = 0
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    """Generated-shared-prefix and Zipf run on each (--quick: the first only); the other
+    workloads on the first."""
     install: bool = True
     peers: bool = True
     progress: bool = True
@@ -39,8 +43,8 @@ class CompareConfig:
         parts = ["llm-gateway bench compare", f"--fleet {self.fleet}"]
         if self.quick:
             parts.append("--quick")
-        if self.seed:
-            parts.append(f"--seed {self.seed}")
+        if self.seeds != DEFAULT_SEEDS:
+            parts.append(f"--seeds {','.join(str(s) for s in self.seeds)}")
         if not self.peers:
             parts.append("--no-peers")
         parts.append(f"--out {self.out}" if self.out is not None else "--no-out")
@@ -90,14 +94,18 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
     run_sim = config.fleet in ("sim", "all")
     run_real = config.fleet in ("real", "all")
     scale = SimScale.quick() if config.quick else SimScale()
-    sim_plan = sim_workloads(scale, config.seed)
-    real_plan = real_workloads(config.quick, config.seed)
+    seeds = config.seeds[:1] if config.quick else config.seeds
+    sim_plan = sim_workloads(scale, seeds)
+    agents_plan = [agents_workload(config.quick, seeds[0])]
+    overload_plan = [overload_workload(config.quick, seeds[0])]
+    real_plan = real_workloads(config.quick, seeds[0])
     model_dir, real_reason = (Path(), None)
     if run_real:
         model_dir, real_reason = prepare_real_fleet(config.install, out)
         if real_reason is not None:
             print(f"[compare] real vLLM fleet skipped: {real_reason}", file=out)
-    total = (len(sim_plan) * len(sim_targets) if run_sim else 0) + (
+    sim_runs = len(sim_plan) + len(agents_plan) + len(overload_plan)
+    total = (sim_runs * len(sim_targets) if run_sim else 0) + (
         len(real_plan) * len(real_targets) if run_real and real_reason is None else 0
     )
     with tqdm(total=total, unit="run", desc="compare", disable=not config.progress) as bar:
@@ -106,7 +114,16 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
                 sim_plan, sim_targets, scale=scale, skipped_targets=skipped, bar=bar
             )
             fleets.append(sim)
-            checks += sim_checks(sim, GSP, LOW, ZIPF)
+            checks += sim_checks(sim)
+            agents = await run_agents_fleet(
+                agents_plan, sim_targets, skipped_targets=skipped, bar=bar
+            )
+            fleets.append(agents)
+            heavy = await run_overload_fleet(
+                overload_plan, sim_targets, skipped_targets=skipped, bar=bar
+            )
+            fleets.append(heavy)
+            checks += overload_checks(heavy)
         if run_real:
             if real_reason is None:
                 real_skipped = (
@@ -120,5 +137,5 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
             else:
                 real = FleetResult("real", "Real vLLM fleet (2 CPU replicas)", skipped=real_reason)
             fleets.append(real)
-            checks += real_checks(real, REAL_GSP)
+            checks += real_checks(real)
     return CompareResult(fleets, checks, peers_line, time.perf_counter() - started, code)

@@ -52,9 +52,9 @@ def sim_description(replicas: int, config: SimConfig, scale: SimScale) -> list[s
         "- Affinity bound: exact for this fleet (the sim's own tokenizer, chat template and "
         f"{config.block_size}-token block hashing over the prompts actually sent).",
         "- vllm-router's cache_aware asks every worker for `/v1/chat/completions/render` "
-        "(then `/tokenize`) to match on tokens; the sim serves neither (vllm-router logs "
-        '`Prefix input preparation unavailable ... reason="render_unavailable"`), so on this '
-        "fleet it runs its fallback path. Real vLLM serves both: see the real fleet below.",
+        "(then `/tokenize`) to match on tokens; the sim serves both in vLLM's shapes, and "
+        "`/detokenize` and `/v1/completions/render` too (replica/sim/tokenization.py), so "
+        "vllm-router runs its real token-matching path here, as on real vLLM.",
     ]
 
 

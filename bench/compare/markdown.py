@@ -7,7 +7,8 @@ the plots need matplotlib (the ``bench`` extra) and are skipped, with a note, wi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from bench.compare.results import (
     FleetResult,
     Measurement,
 )
+from bench.compare.seeds import Figures, Spread, all_figures, seeds_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,56 @@ def measurement_row(m: Measurement) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _cell(value: Spread | None, show: Callable[[float], str]) -> str:
+    return "-" if value is None else value.text(show)
+
+
+def seeds_row(f: Figures) -> str:
+    """One row for a target over several seeds: counts summed, each figure as the mean over
+    seeds with its range; columns as in TABLE_HEADER."""
+    runs = f.runs
+    counts = [c for m in runs for c in m.requests_per_replica]
+    spread = f"{min(counts):.0f}-{max(counts):.0f}" if counts else "-"
+    cells = [
+        f.target.label,
+        f"{sum(m.ok for m in runs)}/{sum(m.planned for m in runs)}",
+        str(sum(m.errors for m in runs)),
+        _cell(f.ttft(50), _ms),
+        _cell(f.ttft(90), _ms),
+        _cell(f.ttft(99), _ms),
+        _cell(f.over(lambda m: m.itl(50)), lambda v: f"{1000 * v:.1f}"),
+        _cell(f.over(lambda m: m.latency(50)), _ms),
+        _cell(f.over(lambda m: m.latency(90)), _ms),
+        _cell(f.over(lambda m: m.latency(99)), _ms),
+        _cell(f.over(lambda m: m.output_tokens_per_s), lambda v: f"{v:.0f}"),
+        _cell(f.hit_rate, pct),
+        _cell(f.hit_fraction, ratio),
+        spread,
+        _cell(f.balance, ratio),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def figures_row(f: Figures) -> str:
+    return measurement_row(f.runs[0]) if len(f.runs) == 1 else seeds_row(f)
+
+
+PHASE_HEADER = (
+    "| target | phase | arrived | good | goodput (req/s) | TTFT p99 |\n"
+    "|---|---|---:|---:|---:|---:|"
+)
+
+
+def phase_rows(measurements: Sequence[Measurement]) -> list[str]:
+    """Goodput per arrival phase, for phased workloads (overload)."""
+    return [
+        f"| {m.target.label} | {p.name} | {p.arrived} | {p.good} | {p.goodput:.2f} "
+        f"| {_ms(p.ttft_p99_s)} |"
+        for m in measurements
+        for p in m.phases
+    ]
+
+
 TABLE_HEADER = (
     "| target | ok/planned | errors | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | E2E p50 "
     "| E2E p90 | E2E p99 | out tok/s | hit rate | hit / bound | req per replica | max/mean |\n"
@@ -92,34 +144,63 @@ def fleet_section(fleet: FleetResult, images: Sequence[str]) -> list[str]:
     for workload in fleet.workloads:
         measurements = fleet.for_workload(workload.key)
         bound = measurements[0].bound if measurements else None
+        several = len(workload.seeds) > 1
+        per_seed = " per seed" if several else ""
         lines += [
             f"### {workload.title}",
             "",
             f"- Definition: {workload.definition}",
             f"- Here: {workload.parameters}",
-            f"- Arrivals: {workload.arrival}; {workload.requests} requests per target.",
+            f"- Arrivals: {workload.arrival}; {workload.requests} requests per target{per_seed}.",
         ]
-        if bound is not None:
+        if several:
+            lines.append(
+                f"- Seeds {seeds_text(workload.seeds)} (text and arrivals): each figure is the "
+                "mean over seeds with its range (min-max) in brackets; ok/planned and errors "
+                "are summed; the acceptance checks read the means."
+            )
+        if bound is not None and not several:
             lines.append(
                 f"- Affinity bound: {pct(bound.bound)} ({bound.reusable_tokens:,} of "
                 f"{bound.prompt_tokens:,} prompt tokens were seen in an earlier prompt)."
             )
+        elif several:
+            bounds = ", ".join(
+                f"seed {m.seed} {pct(m.bound.bound)}"
+                for m in measurements
+                if m.target == measurements[0].target
+            )
+            lines.append(f"- Affinity bound: {bounds}.")
+        table = all_figures(fleet, workload.key)
         lines += ["", TABLE_HEADER]
-        lines += [measurement_row(m) for m in measurements]
+        lines += [figures_row(f) for f in table]
+        if any(m.phases for m in measurements):
+            lines += ["", PHASE_HEADER, *phase_rows(measurements)]
         errors = [m for m in measurements if m.first_error]
         lines += [""]
         lines += [
-            f"- {m.target.label} routes (x-gateway-route): "
-            + ", ".join(f"{route} {count}" for route, count in m.routes)
-            for m in measurements
-            if m.routes
+            f"- {f.target.label} routes (x-gateway-route{', all seeds' if several else ''}): "
+            + ", ".join(f"{route} {count}" for route, count in _routes(f.runs))
+            for f in table
+            if _routes(f.runs)
         ]
-        lines += [f"- {m.target.label}, first error: `{_one_line(m.first_error)}`" for m in errors]
+        lines += [
+            f"- {m.target.label}{f' (seed {m.seed})' if several else ''}, first error: "
+            f"`{_one_line(m.first_error)}`"
+            for m in errors
+        ]
         if errors:
             lines.append("")
     lines += [f"![{alt}]({name})" for alt, name in _image_alts(images)]
     lines.append("")
     return lines
+
+
+def _routes(runs: Sequence[Measurement]) -> list[tuple[str, int]]:
+    total: Counter[str] = Counter()
+    for m in runs:
+        total.update(dict(m.routes))
+    return total.most_common()
 
 
 def _one_line(text: str | None) -> str:

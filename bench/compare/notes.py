@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 
-from bench.compare.checks import Check, ttft_ratio_text
+from bench.compare.checks import Check, ms, pct, ttft_ratio_text
 from bench.compare.comparison import CompareResult
-from bench.compare.markdown import ratio
-from bench.compare.plan import GSP, LOW, REAL_GSP, ZIPF
+from bench.compare.plan import GSP, LOW, MRQA, OVERLOAD, REAL_GSP, ZIPF
 from bench.compare.results import (
-    CACHE_AWARE_PEERS,
     LEAST_LOADED,
     PREFIX_AWARE,
     ROUND_ROBIN,
+    SGLANG_CA,
     FleetResult,
-    Measurement,
 )
+from bench.compare.seeds import Figures, Spread, all_figures, figures, mean
 from bench.fleet_stats import HITS, QUERIES
 from bench.replica_counters import REQUESTS
-from replica.sim.config import SimConfig
-from router_policies.decision import Route
-from router_policies.schema import LoadSettings
 
 METHOD = [
     "- Targets run one after another on the same replica processes. Each target's router is "
@@ -34,7 +31,11 @@ METHOD = [
     "- Load: streaming chat completions with usage, open loop: requests (or, in multi-round "
     "QA, users) arrive on a seeded Poisson schedule, the same for every target, whatever the "
     "earlier requests are doing. A multi-round user sends its rounds back to back, each with "
-    "the real answers to the earlier ones in its history.",
+    "the real answers to the earlier ones in its history. Long-context agents run closed "
+    "loop (a fixed number of requests in flight), as the workload's author ran them.",
+    "- Seeds: generated-shared-prefix and Zipf run once per seed (text and arrivals drawn "
+    "anew); their rows and checks use the mean over seeds, with the range in brackets. The "
+    "other workloads run on the first seed.",
     "- Client-side figures (bench/driver.py): TTFT = time to the first content token; ITL = "
     "(end-to-end - TTFT) / (output tokens - 1) per request; E2E = until the end of the "
     "stream; output tokens/s = tokens received / the run's wall time.",
@@ -54,99 +55,165 @@ def _share(count: float, total: float) -> str:
     return f"{count:.0f} of {total:.0f} ({100 * count / total:.0f}%)" if total else "-"
 
 
-def _route_count(m: Measurement, route: str) -> int:
-    return dict(m.routes).get(route, 0)
+def _routes(f: Figures) -> str:
+    """The gateway's routes over every seed, with their shares."""
+    total: Counter[str] = Counter()
+    for m in f.runs:
+        total.update(dict(m.routes))
+    sent = sum(m.sent for m in f.runs)
+    return ", ".join(f"`{route}` {_share(n, sent)}" for route, n in total.most_common())
+
+
+def _text(value: Spread | None, show: Callable[[float], str]) -> str:
+    return "n/a" if value is None else value.text(show)
+
+
+def _two(v: float) -> str:
+    return f"{v:.2f}"
+
+
+def _failed(checks: Sequence[Check]) -> set[str]:
+    """The workloads (the part of a check's name before its colon) with a FAIL."""
+    return {c.name.split(":")[0] for c in checks if c.status == "FAIL"}
+
+
+def _gsp_note(fleet: FleetResult) -> str | None:
+    pa, sg = figures(fleet, GSP, PREFIX_AWARE), figures(fleet, GSP, SGLANG_CA)
+    if pa is None:
+        return None
+    line = (
+        f"- Generated shared prefix: prefix-aware's hit rate {_text(pa.hit_rate, pct)} is "
+        f"{_text(pa.hit_fraction, _two)} x the affinity bound; its routes: {_routes(pa)}. A "
+        "request not sent to a replica that holds its group's system prompt prefills it cold "
+        "and copies it onto a second replica, whose cache then evicts sooner."
+    )
+    if sg is not None:
+        line += (
+            f" {SGLANG_CA.label}: hit rate {_text(sg.hit_rate, pct)}, TTFT p90 "
+            f"{_text(sg.ttft(90), ms)}, max/mean requests per replica "
+            f"{_text(sg.balance, _two)}, against prefix-aware's TTFT p90 "
+            f"{_text(pa.ttft(90), ms)} and max/mean {_text(pa.balance, _two)}."
+        )
+    return line
+
+
+def _zipf_note(fleet: FleetResult) -> str | None:
+    pa, sg = figures(fleet, ZIPF, PREFIX_AWARE), figures(fleet, ZIPF, SGLANG_CA)
+    if pa is None:
+        return None
+    line = (
+        f"- Zipf: prefix-aware's max/mean requests per replica {_text(pa.balance, _two)}, "
+        f"TTFT p90 {_text(pa.ttft(90), ms)}, hit rate {_text(pa.hit_rate, pct)}; its routes: "
+        f"{_routes(pa)}. The hot group takes the largest share of the requests (see the "
+        "workload's parameters): every replica it lives on takes a part of that share, every "
+        "other one only the colder groups."
+    )
+    if sg is not None:
+        line += (
+            f" {SGLANG_CA.label}: max/mean {_text(sg.balance, _two)}, TTFT p90 "
+            f"{_text(sg.ttft(90), ms)}, hit rate {_text(sg.hit_rate, pct)}."
+        )
+    return line
+
+
+def _best_notes(fleet: FleetResult, key: str, title: str) -> str | None:
+    """Which targets beat prefix-aware, on what."""
+    table = all_figures(fleet, key)
+    pa = next((f for f in table if f.target == PREFIX_AWARE), None)
+    if pa is None:
+        return None
+    ahead = [
+        f"{f.target.label} (hit rate {_text(f.hit_rate, pct)}, TTFT p90 {_text(f.ttft(90), ms)})"
+        for f in table
+        if f is not pa
+        and (mean(f.hit_rate) > mean(pa.hit_rate) or mean(f.ttft(90)) < mean(pa.ttft(90)))
+    ]
+    if not ahead:
+        return None
+    return (
+        f"- {title}: prefix-aware's hit rate {_text(pa.hit_rate, pct)}, TTFT p90 "
+        f"{_text(pa.ttft(90), ms)} (routes: {_routes(pa)}); ahead of it on one or both: "
+        + "; ".join(ahead)
+        + "."
+    )
+
+
+def _low_note(fleet: FleetResult) -> str | None:
+    pa = figures(fleet, LOW, PREFIX_AWARE)
+    if pa is None:
+        return None
+    loads = [f for t in (LEAST_LOADED, ROUND_ROBIN) if (f := figures(fleet, LOW, t)) is not None]
+    return (
+        "- Low sharing: the shared part is ~6% of a prompt, so no match is worth pinning for "
+        f"and every prompt is a ~110 ms cold prefill; prefix-aware's TTFT p50 "
+        f"{_text(pa.ttft(50), ms)} against "
+        + ", ".join(f"{f.target.label}'s {_text(f.ttft(50), ms)}" for f in loads)
+        + f"; its routes: {_routes(pa)}."
+    )
+
+
+def _overload_note(fleet: FleetResult) -> str | None:
+    table = all_figures(fleet, OVERLOAD)
+    if not table:
+        return None
+    parts = []
+    for f in table:
+        m = f.runs[0]
+        phases = ", ".join(f"{p.name} {p.goodput:.2f}/s" for p in m.phases)
+        parts.append(f"{f.target.label}: {phases}; max/mean {_text(f.balance, _two)}")
+    return "- Overload, goodput per phase: " + "; ".join(parts) + "."
 
 
 def sim_notes(fleet: FleetResult, checks: Sequence[Check]) -> list[str]:
-    """Why the simulated fleet's checks came out as they did, from the figures themselves."""
-    lines: list[str] = []
-    failed = {c.name.split(":")[0] for c in checks if c.status == "FAIL"}
-    eps = LoadSettings().balance_eps
-    seqs = SimConfig.model_validate({}).max_num_seqs
-    pa = fleet.get(GSP, PREFIX_AWARE)
-    if "generated-shared-prefix" in failed and pa is not None:
-        # Sent away from the replica holding the prefix because it was at the load cap.
-        diverted = _route_count(pa, Route.LEAST_LOADED)
-        named = f"`{Route.LEAST_LOADED}`"
-        peers_ = [m for t in CACHE_AWARE_PEERS if (m := fleet.get(GSP, t)) is not None]
-        best = max(peers_, key=lambda m: m.hit_rate or 0.0) if peers_ else None
-        lines.append(
-            f"- Generated shared prefix: prefix-aware sent {_share(diverted, pa.sent)} requests "
-            f"{named} instead of to the replica holding their group's prefix. Its "
-            "bounded-load rule admits a request to a replica only while that replica's load "
-            f"(gateway in-flight + engine waiting) stays within (1 + balance_eps) x the mean + 1 "
-            f"(balance_eps {eps:g}, the default): about 2 requests per replica at this load, "
-            f"while a replica batches up to {seqs} sequences with no queue. Each diverted request "
-            "misses (a cold prefill) and copies its group's prefix onto a second replica, which "
-            "then evicts sooner."
-            + (
-                f" {best.target.label} applies no load rule at this load (it balances only "
-                "when max - min load > 64 and max > 1.5 x min) and keeps each prefix on one "
-                f"worker: max/mean requests per replica {ratio(best.balance)} against "
-                f"prefix-aware's {ratio(pa.balance)}."
-                if best is not None
-                else ""
-            )
-        )
-    pa_low = fleet.get(LOW, PREFIX_AWARE)
-    if "low-sharing" in failed and pa_low is not None:
-        lines.append(
-            "- Low sharing: the shared part is ~6% of a prompt, so no match is worth pinning "
-            "for; prefix-aware's routes: "
-            + ", ".join(f"{r} {n}" for r, n in pa_low.routes)
-            + f" ({_share(_route_count(pa_low, Route.PREFIX_HOME), pa_low.sent)} requests went to "
-            "a cold-start home rather than by load)."
-        )
-    rr_low = fleet.get(LOW, ROUND_ROBIN)
-    slower = [
-        m
-        for m in fleet.for_workload(LOW)
-        if rr_low is not None
-        and m.target in (PREFIX_AWARE, LEAST_LOADED)
-        and m.ttft(50) > 1.1 * rr_low.ttft(50)
-    ]
-    if rr_low is not None and slower:
-        lines.append(
-            "- Low sharing: "
-            + " and ".join(
-                f"{m.target.label}'s TTFT p50 ({1000 * m.ttft(50):.0f} ms) is "
-                f"{m.ttft(50) / rr_low.ttft(50):.2f}x round-robin's"
-                for m in slower
-            )
-            + f" ({1000 * rr_low.ttft(50):.0f} ms). Every prompt here is a ~110 ms cold "
-            "prefill, and the gateway's load figure (in-flight requests) counts a request "
-            "that is only decoding (cheap, batched) like one still prefilling, so ties among "
-            "replicas with one request each are common and can land a prompt behind another "
-            "prefill; round-robin's even spacing rarely does. The acceptance check compares "
-            "with least-loaded only."
-        )
-    pa_zipf = fleet.get(ZIPF, PREFIX_AWARE)
-    if "zipf" in failed and pa_zipf is not None:
-        lines.append(
-            "- Zipf: the load cap bounds each replica's in-flight requests at every moment, not "
-            "its share of the run; the hot group's replicas stay near the cap all run long "
-            f"(routes: {', '.join(f'{r} {n}' for r, n in pa_zipf.routes)})."
-        )
+    """Why the default simulated fleet's checks failed, from the figures themselves."""
+    failed = _failed(checks)
+    notes_: list[str | None] = []
+    if "generated-shared-prefix" in failed:
+        notes_.append(_gsp_note(fleet))
+    if "zipf" in failed:
+        notes_.append(_zipf_note(fleet))
+    if "multi-round QA" in failed:
+        notes_.append(_best_notes(fleet, MRQA, "Multi-round QA"))
+    if "low-sharing" in failed:
+        notes_.append(_low_note(fleet))
+    lines = [line for line in notes_ if line is not None]
+    return lines + _lopsided(fleet)
+
+
+def _lopsided(fleet: FleetResult) -> list[str]:
+    """Any target that sent at least twice the mean to one replica, on any workload."""
+    lines = []
     for workload in fleet.workloads:
         for m in fleet.for_workload(workload.key):
             if m.balance is not None and m.balance >= 2.0:
                 top = max(m.requests_per_replica)
+                seed = f" (seed {m.seed})" if len(workload.seeds) > 1 else ""
                 lines.append(
-                    f"- {workload.title}: {m.target.label} sent "
+                    f"- {workload.title}{seed}: {m.target.label} sent "
                     f"{_share(top, sum(m.requests_per_replica))} requests to one replica of "
                     f"{len(m.requests_per_replica)} (max/mean {m.balance:.2f})."
                 )
     return lines
 
 
+def overload_notes(fleet: FleetResult, checks: Sequence[Check]) -> list[str]:
+    note = _overload_note(fleet) if "overload" in _failed(checks) else None
+    return ([note] if note else []) + _lopsided(fleet)
+
+
 def notes(result: CompareResult) -> list[str]:
     """What the checks mean, with the figures behind any that failed."""
     lines: list[str] = []
     for fleet in result.fleets:
-        if fleet.key == "sim" and fleet.skipped is None:
+        if fleet.skipped is not None:
+            continue
+        if fleet.key == "sim":
             lines += sim_notes(fleet, result.checks)
-        if fleet.key == "real" and fleet.skipped is None:
+        elif fleet.key == "overload":
+            lines += overload_notes(fleet, result.checks)
+        elif fleet.key == "agents":
+            lines += _lopsided(fleet)
+        elif fleet.key == "real":
             pa, rr = fleet.get(REAL_GSP, PREFIX_AWARE), fleet.get(REAL_GSP, ROUND_ROBIN)
             if pa is not None and rr is not None:
                 lines.append(

@@ -3,8 +3,10 @@ for this machine."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
+from bench.compare.phases import PhaseSpec
 from bench.compare.results import (
     WorkloadInfo,
 )
@@ -25,6 +27,10 @@ REAL_SIZE = "small"
 
 
 GSP, MRQA, LOW, ZIPF, REAL_GSP = "gsp", "mrqa", "low", "zipf", "real-gsp"
+AGENTS, OVERLOAD = "agents", "overload"
+SEEDED = (GSP, ZIPF)
+"""The workloads run on every seed given; the others run on the first seed only."""
+DEFAULT_SEEDS = (0, 1, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +39,13 @@ class PlannedWorkload:
 
     info: WorkloadInfo
     conversations: list[Conversation]
-    arrivals: list[float]
+    arrivals: list[float] | None
+    """Open loop: each conversation's start offset. None: closed loop at ``concurrency``."""
+    seed: int = 0
+    concurrency: int | None = None
+    """Requests in flight at most; None for open loop (a bound the run never reaches)."""
+    phases: PhaseSpec | None = None
+    """Report goodput per arrival phase (the overload workload)."""
 
 
 def planned(
@@ -48,8 +60,10 @@ def planned(
 ) -> PlannedWorkload:
     arrivals = poisson_arrivals(len(conversations), rate, seed)
     arrival = f"open loop, Poisson, {rate:g} {per}s/s (seeded: every target gets the same times)"
-    info = WorkloadInfo(key, title, definition, parameters, total_requests(conversations), arrival)
-    return PlannedWorkload(info, conversations, arrivals)
+    info = WorkloadInfo(
+        key, title, definition, parameters, total_requests(conversations), arrival, (seed,)
+    )
+    return PlannedWorkload(info, conversations, arrivals, seed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +99,27 @@ class SimScale:
         return self.groups * 2048
 
 
-def sim_workloads(scale: SimScale, seed: int = 0) -> list[PlannedWorkload]:
-    """The four simulated-fleet workloads, from their definitions scaled as ``scale`` says."""
+def sim_workloads(scale: SimScale, seeds: Sequence[int] = (0,)) -> list[PlannedWorkload]:
+    """The four simulated-fleet workloads, from their definitions scaled as ``scale`` says:
+    generated-shared-prefix and Zipf once per seed (seed after seed), the others on the first
+    seed only."""
+    if not seeds:
+        raise ValueError("at least one seed")
+    planned_: list[PlannedWorkload] = []
+    for index, seed in enumerate(seeds):
+        for workload in _sim_workloads(scale, seed):
+            if index == 0 or workload.info.key in SEEDED:
+                planned_.append(workload)
+    keys_seeds = {w.info.key: tuple(s for s in seeds) for w in planned_ if w.info.key in SEEDED}
+    return [
+        replace(w, info=replace(w.info, seeds=keys_seeds[w.info.key]))
+        if w.info.key in keys_seeds
+        else w
+        for w in planned_
+    ]
+
+
+def _sim_workloads(scale: SimScale, seed: int) -> list[PlannedWorkload]:
     s = scale
     requests = s.groups * s.prompts_per_group
     return [

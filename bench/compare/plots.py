@@ -7,10 +7,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench.compare.checks import GSP_BOUND_FRACTION, ZIPF_MAX_OVER_MEAN
 from bench.compare.markdown import pct
 from bench.compare.results import (
     FleetResult,
 )
+from bench.compare.seeds import all_figures, figures, mean
 
 
 def plots_available() -> str | None:
@@ -37,17 +39,17 @@ def write_plots(fleet: FleetResult, out_dir: Path) -> list[str]:
     rows = math.ceil(len(workloads) / cols)
     colors = {t.label: plt.get_cmap("tab10")(i) for i, t in enumerate(fleet.targets)}
 
-    # 1. TTFT CDF, one panel per workload.
+    # 1. TTFT CDF, one panel per workload (every seed's requests together).
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
     for ax, workload in zip(axes.flat, workloads, strict=False):
-        for m in fleet.for_workload(workload.key):
-            ttfts = sorted(1000 * t for t in m.ttfts)
+        for f in all_figures(fleet, workload.key):
+            ttfts = sorted(1000 * t for m in f.runs for t in m.ttfts)
             if not ttfts:
                 continue
             ys = [(i + 1) / len(ttfts) for i in range(len(ttfts))]
-            style = "-" if m.target.kind == "gateway" else "--"
-            ax.step(ttfts, ys, where="post", label=m.target.label, linestyle=style,
-                    color=colors[m.target.label])  # fmt: skip
+            style = "-" if f.target.kind == "gateway" else "--"
+            ax.step(ttfts, ys, where="post", label=f.target.label, linestyle=style,
+                    color=colors[f.target.label])  # fmt: skip
         ax.set_xscale("log")
         ax.set_title(workload.title)
         ax.set_xlabel("TTFT (ms, log scale)")
@@ -64,19 +66,20 @@ def write_plots(fleet: FleetResult, out_dir: Path) -> list[str]:
     for i, target in enumerate(fleet.targets):
         values = []
         for workload in workloads:
-            found = fleet.get(workload.key, target)
-            values.append((found.hit_fraction_of_bound or 0.0) if found else 0.0)
+            found = figures(fleet, workload.key, target)
+            fraction = mean(found.hit_fraction) if found else 0.0
+            values.append(0.0 if math.isnan(fraction) else fraction)
         xs = [j + (i - (len(fleet.targets) - 1) / 2) * width for j in range(len(workloads))]
         ax.bar(xs, values, width, label=target.label, color=colors[target.label])
     ax.axhline(1.0, color="black", linewidth=1)
-    ax.axhline(0.9, color="grey", linewidth=1, linestyle=":")
+    ax.axhline(GSP_BOUND_FRACTION, color="grey", linewidth=1, linestyle=":")
     ax.set_xticks(range(len(workloads)))
     ax.set_xticklabels(
         [f"{w.title}\n(bound {pct(_bound(fleet, w.key))})" for w in workloads], fontsize=8
     )
     ax.set_ylabel("fleet hit rate / affinity bound")
     ax.set_ylim(0, 1.4)
-    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0])
+    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, GSP_BOUND_FRACTION, 1.0])
     ax.legend(fontsize=7, ncol=3, loc="upper center")
     ax.set_title(f"{fleet.title}: hit rate as a fraction of the possible")
     names.append(_save(fig, out_dir, f"bench-{fleet.key}-hit-rate.png"))
@@ -84,25 +87,27 @@ def write_plots(fleet: FleetResult, out_dir: Path) -> list[str]:
     # 3. Requests per replica, normalised by the mean, per workload.
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
     for ax, workload in zip(axes.flat, workloads, strict=False):
-        measurements = fleet.for_workload(workload.key)
-        for i, m in enumerate(measurements):
-            counts = m.requests_per_replica
-            mean = sum(counts) / len(counts) if counts and sum(counts) else 1.0
-            ax.scatter([i] * len(counts), [c / mean for c in counts], s=18,
-                       color=colors[m.target.label], alpha=0.8)  # fmt: skip
-            if m.balance is not None:
-                ax.annotate(f"{m.balance:.2f}", (i, m.balance), textcoords="offset points",
+        table = all_figures(fleet, workload.key)
+        for i, f in enumerate(table):
+            for m in f.runs:
+                counts = m.requests_per_replica
+                average = sum(counts) / len(counts) if counts and sum(counts) else 1.0
+                ax.scatter([i] * len(counts), [c / average for c in counts], s=18,
+                           color=colors[f.target.label], alpha=0.8)  # fmt: skip
+            balance = mean(f.balance)
+            if not math.isnan(balance):
+                ax.annotate(f"{balance:.2f}", (i, balance), textcoords="offset points",
                             xytext=(6, 0), fontsize=7)  # fmt: skip
         ax.axhline(1.0, color="black", linewidth=1)
-        ax.axhline(1.3, color="grey", linewidth=1, linestyle=":")
-        ax.set_xticks(range(len(measurements)))
-        ax.set_xticklabels([m.target.label for m in measurements], rotation=30, ha="right",
+        ax.axhline(ZIPF_MAX_OVER_MEAN, color="grey", linewidth=1, linestyle=":")
+        ax.set_xticks(range(len(table)))
+        ax.set_xticklabels([f.target.label for f in table], rotation=30, ha="right",
                            fontsize=7)  # fmt: skip
         ax.set_ylabel("requests / mean per replica")
         ax.set_title(workload.title)
         ax.grid(True, axis="y", alpha=0.3)
     _blank_unused(axes, len(workloads))
-    fig.suptitle(f"{fleet.title}: requests per replica (dots), max/mean annotated")
+    fig.suptitle(f"{fleet.title}: requests per replica (dots, every seed), mean max/mean annotated")
     names.append(_save(fig, out_dir, f"bench-{fleet.key}-requests-per-replica.png"))
     return names
 

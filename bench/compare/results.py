@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bench.affinity import AffinityBound
+from bench.compare.phases import PhaseFigures
 from bench.driver import RunResult, percentile
 from bench.replica_counters import (
     ReplicaCounters,
@@ -78,6 +79,11 @@ class Measurement:
     routes: tuple[tuple[str, int], ...] = ()
     """The gateway's x-gateway-route values and their counts, most common first (the peers
     send none): why it routed as it did, for reading its figures, not for comparing."""
+    seed: int = 0
+    """The workload's seed (text and arrivals): a workload run on several seeds has one
+    measurement per seed and target."""
+    phases: tuple[PhaseFigures, ...] = ()
+    """Goodput and TTFT per arrival phase, then the whole run's ("all"): phased workloads only."""
 
     @property
     def ok(self) -> int:
@@ -89,6 +95,13 @@ class Measurement:
 
     def ttft(self, q: float) -> float:
         return percentile(self.ttfts, q)
+
+    @property
+    def mean_ttft(self) -> float:
+        return sum(self.ttfts) / len(self.ttfts) if self.ttfts else math.nan
+
+    def phase(self, name: str) -> PhaseFigures | None:
+        return next((p for p in self.phases if p.name == name), None)
 
     def latency(self, q: float) -> float:
         return percentile(self.latencies, q)
@@ -125,6 +138,9 @@ def summarize(
     counters: Mapping[str, ReplicaCounters],
     replica_order: Sequence[str],
     bound: AffinityBound,
+    *,
+    seed: int = 0,
+    phases: tuple[PhaseFigures, ...] = (),
 ) -> Measurement:
     """One run's figures: ``counters`` are the replicas' deltas over the run, by base URL."""
     ok = [r for r in run.results if r.ok]
@@ -154,6 +170,8 @@ def summarize(
         bound=bound,
         first_error=failed[0].error if failed else None,
         routes=tuple(Counter(r.route for r in run.results if r.route).most_common()),
+        seed=seed,
+        phases=phases,
     )
 
 
@@ -170,6 +188,8 @@ class WorkloadInfo:
     requests: int
     arrival: str
     """The arrival process, e.g. Poisson at 16 req/s."""
+    seeds: tuple[int, ...] = (0,)
+    """The seeds it ran with; ``requests`` is per seed."""
 
 
 @dataclass(slots=True)
@@ -191,9 +211,17 @@ class FleetResult:
     wall_s: float = 0.0
 
     def get(self, workload: str, target: Target) -> Measurement | None:
+        """The target's first run on the workload (its first seed)."""
         return next(
             (m for m in self.measurements if m.workload == workload and m.target == target), None
         )
+
+    def runs(self, workload: str, target: Target) -> list[Measurement]:
+        """The target's runs on the workload, one per seed."""
+        return [m for m in self.measurements if m.workload == workload and m.target == target]
+
+    def workload(self, key: str) -> WorkloadInfo | None:
+        return next((w for w in self.workloads if w.key == key), None)
 
     def for_workload(self, workload: str) -> list[Measurement]:
         return [m for m in self.measurements if m.workload == workload]

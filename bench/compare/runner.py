@@ -12,7 +12,8 @@ import orjson
 from tqdm import tqdm
 
 from bench import peers
-from bench.affinity import affinity_bound
+from bench.affinity import affinity_bound_with_tools
+from bench.compare.phases import PhaseFigures, phase_figures
 from bench.compare.plan import PlannedWorkload
 from bench.compare.results import (
     FleetResult,
@@ -70,7 +71,7 @@ async def measure(
             router.url,
             workload.conversations,
             model=model,
-            concurrency=CONCURRENCY_CAP,
+            concurrency=workload.concurrency or CONCURRENCY_CAP,
             timeout_s=timeout_s,
             arrivals=workload.arrivals,
             progress=False,
@@ -79,8 +80,21 @@ async def measure(
         await stop_all([router])
         live.remove(router)
     after = await wait_quiet(urls, timeout_s)
-    bound = affinity_bound(r.messages for r in run.results)
-    return summarize(target, workload.info.key, run, delta(before, after), urls, bound)
+    bound = affinity_bound_with_tools((r.messages, r.tools) for r in run.results)
+    phases: tuple[PhaseFigures, ...] = ()
+    if workload.phases is not None and workload.arrivals is not None:
+        starts = {c.id: at for c, at in zip(workload.conversations, workload.arrivals, strict=True)}
+        phases = phase_figures(run.results, starts, workload.phases)
+    return summarize(
+        target,
+        workload.info.key,
+        run,
+        delta(before, after),
+        urls,
+        bound,
+        seed=workload.seed,
+        phases=phases,
+    )
 
 
 async def warm_up(urls: Sequence[str], model: str) -> None:
@@ -110,10 +124,12 @@ async def run_targets(
     bar: tqdm[Any] | None,
 ) -> None:
     for workload in workloads:
-        fleet.workloads.append(workload.info)
+        if fleet.workload(workload.info.key) is None:
+            fleet.workloads.append(workload.info)
         for target in fleet.targets:
             if bar is not None:
-                bar.set_postfix_str(f"{fleet.key} {workload.info.key}: {target.label}")
+                name = f"{workload.info.key} seed {workload.seed}"
+                bar.set_postfix_str(f"{fleet.key} {name}: {target.label}")
             fleet.measurements.append(
                 await measure(target, workload, urls, model, timeout_s=timeout_s, live=live)
             )
