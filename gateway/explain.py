@@ -12,6 +12,7 @@ from router_policies.decision import CandidateCost, Decision
 def _estimate(estimate: TtftEstimate) -> dict[str, float]:
     return {
         "predicted_ttft_s": round(estimate.total_s, 6),
+        "slot_s": round(estimate.slot_s, 6),
         "wait_s": round(estimate.wait_s, 6),
         "prefill_s": round(estimate.prefill_s, 6),
         "step_s": round(estimate.step_s, 6),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -31,6 +32,8 @@ from router_policies.tiers import PoolLoad
 
 _RECHECK_S = 0.25
 """A waiting request re-checks at least this often: replicas also free up by turning healthy."""
+_SERVICE_WEIGHT = 0.1
+"""Weight of each finished request in a replica's mean time per request (~last 10)."""
 _CHARS_PER_TOKEN_WEIGHT = 0.05
 """Weight of each new usage report in a pool's learned characters per token (~last 20)."""
 
@@ -53,6 +56,10 @@ class ReplicaState:
     """Requests dispatched here lately: the balance rule's measure."""
     index_belief: IndexBelief = field(default_factory=IndexBelief)
     """Share of the prefix index's claims about this replica that its reports bear out."""
+    slots: float = math.inf
+    """Most sequences the engine was seen running while it had a queue: its batch size."""
+    service_s: float = 0.0
+    """Recent mean time a request stays here (dispatch to end)."""
     name: str = ""
     healthy: bool = True
     inflight: int = 0
@@ -106,11 +113,15 @@ class ReplicaState:
         self.consecutive_successes = 0
 
     def load(self) -> ReplicaLoad:
+        requests = max(self.engine.running + self.engine.waiting, float(self.inflight))
         return ReplicaLoad(
             self.pending_prefill_tokens,
             self.pending_requests,
-            max(self.engine.running, float(self.inflight)),
+            min(max(self.engine.running, float(self.inflight)), self.slots),
             self.engine.waiting,
+            requests,
+            self.slots,
+            self.service_s,
         )
 
 
@@ -334,6 +345,8 @@ class PoolState:
         replica = dispatch.replica
         replica.inflight -= 1
         self.completions += 1
+        stayed = time.monotonic() - dispatch.at
+        replica.service_s += _SERVICE_WEIGHT * (stayed - replica.service_s)
         self.queue.wake_one()
         if dispatch.ttft_s is not None and self.policy.cost.learn:
             own = dispatch.uncached_tokens
@@ -352,6 +365,10 @@ class PoolState:
 
     def apply_engine_stats(self, replica: ReplicaState, stats: EngineStats) -> None:
         replica.engine = stats
+        if stats.waiting > 0 and stats.running > 0:
+            # A queue behind a batch: the batch is as large as the engine runs.
+            known = replica.slots if math.isfinite(replica.slots) else 0.0
+            replica.slots = max(known, stats.running)
         if stats.kv_capacity_tokens:
             tokens = stats.kv_capacity_tokens * replica.index_belief.value
             blocks = tokens * self.chars_per_token / self.policy.prefix.block_bytes

@@ -64,6 +64,17 @@ def test_the_estimate_is_wait_plus_prefill_plus_one_step() -> None:
     assert predicted_s(load, 500, 2000, PRIOR) == pytest.approx(est.total_s)
 
 
+def test_a_full_batch_makes_a_request_wait_for_a_slot() -> None:
+    """Four slots, six requests there, 2 s each: three must finish before this one starts,
+    at four every two seconds."""
+    load = ReplicaLoad(requests=6, slots=4, service_s=2.0)
+    est = estimate(load, uncached_tokens=0, prompt_tokens=100, rates=PRIOR)
+    assert est.slot_s == pytest.approx(3 * 2.0 / 4)
+    assert estimate(ReplicaLoad(requests=3, slots=4, service_s=2.0), 0, 100, PRIOR).slot_s == 0
+    # Unknown slots (never seen a queue): no slot wait at all.
+    assert estimate(ReplicaLoad(requests=300, service_s=2.0), 0, 100, PRIOR).slot_s == 0
+
+
 def test_engine_queue_beyond_our_own_requests_counts_as_prompts_like_this_one() -> None:
     load = ReplicaLoad(pending_prefill_tokens=300, pending_requests=2, engine_waiting=5)
     assert queued_tokens(load, prompt_tokens=1000) == 300 + 3 * 1000

@@ -123,6 +123,13 @@ def test_a_long_queue_on_the_home_sends_even_a_cold_prefill_elsewhere() -> None:
     assert decision.uncached_tokens == pytest.approx(FEATURES.hashed_bytes / 4)
 
 
+def test_a_full_batch_on_the_home_sends_the_next_request_to_a_warm_replica_with_room() -> None:
+    policy = holding(HOME, SECOND)
+    full = candidate(HOME, running=4, requests=9, slots=4, service_s=3.0)
+    room = candidate(SECOND, running=2, requests=2, slots=4, service_s=3.0)
+    assert choose(policy, snapshot(full, room)).replica == SECOND
+
+
 def test_a_decoding_only_replica_is_not_busy() -> None:
     """One replica decodes twelve sequences, another prefills one long prompt: a new unique
     prompt goes to the one that is only decoding."""

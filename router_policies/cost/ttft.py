@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from router_policies.cost.rates import Rates
@@ -21,6 +22,12 @@ class ReplicaLoad:
     own in-flight count (scrapes lag; dispatches do not)."""
     engine_waiting: float = 0.0
     """The engine's own waiting queue, as last scraped (it also holds other gateways' work)."""
+    requests: float = 0.0
+    """Requests there, running or waiting: the larger of the scraped and the dispatched count."""
+    slots: float = math.inf
+    """Sequences the engine runs at once, as seen while it had a queue (unknown: unbounded)."""
+    service_s: float = 0.0
+    """How long a request stays there, from dispatch to its end, on average lately."""
 
 
 IDLE = ReplicaLoad()
@@ -28,6 +35,9 @@ IDLE = ReplicaLoad()
 
 @dataclass(frozen=True, slots=True)
 class TtftEstimate:
+    slot_s: float
+    """Waiting for a place in a full batch: the requests ahead of it beyond the engine's
+    slots, each freeing one after a request's time there."""
     wait_s: float
     """Prefill work queued ahead of this request on the replica."""
     prefill_s: float
@@ -37,7 +47,7 @@ class TtftEstimate:
 
     @property
     def total_s(self) -> float:
-        return self.wait_s + self.prefill_s + self.step_s
+        return self.slot_s + self.wait_s + self.prefill_s + self.step_s
 
 
 def queued_tokens(load: ReplicaLoad, prompt_tokens: float) -> float:
@@ -48,12 +58,23 @@ def queued_tokens(load: ReplicaLoad, prompt_tokens: float) -> float:
     return load.pending_prefill_tokens + unknown * prompt_tokens
 
 
+def slot_wait_s(load: ReplicaLoad) -> float:
+    """A decode-bound engine's queue: slots free at slots / service_s requests a second."""
+    beyond = load.requests + 1 - load.slots
+    return beyond * load.service_s / load.slots if beyond > 0 else 0.0
+
+
 def predicted_s(
     load: ReplicaLoad, uncached_tokens: float, prompt_tokens: float, rates: Rates
 ) -> float:
     """``estimate(...).total_s`` without building the parts: the decision's inner loop."""
     work = queued_tokens(load, prompt_tokens) + uncached_tokens
-    return work * rates.prefill_s_per_token + rates.step_s + rates.decode_s_per_seq * load.running
+    return (
+        slot_wait_s(load)
+        + work * rates.prefill_s_per_token
+        + rates.step_s
+        + rates.decode_s_per_seq * load.running
+    )
 
 
 def estimate(
@@ -61,6 +82,7 @@ def estimate(
 ) -> TtftEstimate:
     per_token = rates.prefill_s_per_token
     return TtftEstimate(
+        slot_s=slot_wait_s(load),
         wait_s=queued_tokens(load, prompt_tokens) * per_token,
         prefill_s=uncached_tokens * per_token,
         step_s=rates.step_s + rates.decode_s_per_seq * load.running,
