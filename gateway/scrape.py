@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.state import EngineStats
+from gateway.replica_state import EngineStats
 from replica.vllm_metrics import CACHE_CONFIG, KV_USAGE, NUM_RUNNING, NUM_WAITING
 
 _WANTED = (NUM_RUNNING, NUM_WAITING, KV_USAGE, CACHE_CONFIG)

@@ -1,0 +1,126 @@
+"""What the gateway knows of one replica: health, engine figures, learned speed and load, and
+the record of one dispatch there. Plain state, updated by the pool (gateway/state.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from gateway.outlier import Outlier
+from router_policies.cost.rates import RateLearner
+from router_policies.cost.ttft import ReplicaLoad
+from router_policies.decay import DecayedCount
+from router_policies.decision import Decision
+from router_policies.fingerprint import RequestFeatures
+from router_policies.index_belief import IndexBelief
+from router_policies.policies.prefix_aware import default_rates
+from router_policies.schema import PoolPolicy
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Figures scraped from a replica's own /metrics."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    kv_capacity_tokens: int | None = None
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaState:
+    url: str
+    learner: RateLearner
+    recent: DecayedCount
+    """Requests dispatched here lately: the balance rule's measure."""
+    index_belief: IndexBelief = field(default_factory=IndexBelief)
+    """Share of the prefix index's claims about this replica that its reports bear out."""
+    slots: float = math.inf
+    """Most sequences the engine was seen running while it had a queue: its batch size."""
+    service_s: float = 0.0
+    """Recent mean time a request stays here (dispatch to end)."""
+    name: str = ""
+    healthy: bool = True
+    inflight: int = 0
+    """Requests this gateway has dispatched and not yet finished: counted at dispatch, so a
+    burst sees its own effect before the next scrape."""
+    pending_requests: int = 0
+    pending_prefill_tokens: float = 0.0
+    """Uncached prompt tokens of this gateway's requests here that have no first byte yet."""
+    engine: EngineStats = field(default_factory=EngineStats)
+    consecutive_failures: int = 0
+    consecutive_successes: int = 0
+    probed: bool = False
+    outlier: Outlier = field(default_factory=Outlier)
+    """Passive health from real requests (gateway/outlier.py)."""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or urlsplit(self.url).netloc
+
+    @classmethod
+    def for_pool(cls, url: str, policy: PoolPolicy) -> ReplicaState:
+        """A replica new to the gateway: the pool's default rates until it learns its own."""
+        cost = policy.cost
+        learner = RateLearner(
+            default_rates(policy), forgetting=cost.forgetting, min_samples=cost.min_samples
+        )
+        return cls(url, learner, DecayedCount(policy.load.recent_half_life_s))
+
+    def record_probe(self, ok: bool, unhealthy_after: int, healthy_after: int) -> None:
+        if not self.probed:
+            # The first probe has no history to smooth over: it is the truth.
+            self.probed = True
+            self.healthy = ok
+        if ok:
+            self.consecutive_failures = 0
+            self.consecutive_successes += 1
+            if not self.healthy and self.consecutive_successes >= healthy_after:
+                self.healthy = True
+        else:
+            self.consecutive_successes = 0
+            self.consecutive_failures += 1
+            if self.healthy and self.consecutive_failures >= unhealthy_after:
+                self.healthy = False
+
+    def available(self, now: float) -> bool:
+        """Routable: passes health checks and is not ejected for failing requests."""
+        return self.healthy and not self.outlier.ejected(now)
+
+    def mark_down(self) -> None:
+        """A refused connection is proof enough: stop sending here until probes succeed again."""
+        self.healthy = False
+        self.consecutive_successes = 0
+
+    def load(self) -> ReplicaLoad:
+        requests = max(self.engine.running + self.engine.waiting, float(self.inflight))
+        return ReplicaLoad(
+            self.pending_prefill_tokens,
+            self.pending_requests,
+            min(max(self.engine.running, float(self.inflight)), self.slots),
+            self.engine.waiting,
+            requests,
+            self.slots,
+            self.service_s,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class Dispatch:
+    """One attempt of a request on one replica, from dispatch to its end."""
+
+    replica: ReplicaState
+    decision: Decision
+    request: RequestFeatures
+    queued_tokens: float
+    """Prefill tokens queued ahead of the request there at dispatch."""
+    running: float
+    """Sequences in the replica's batch at dispatch."""
+    at: float
+    """Monotonic time of the dispatch."""
+    pending: bool = True
+    """Its own uncached tokens still count in the replica's pending prefill."""
+    ttft_s: float | None = None
+    """Dispatch to the replica's first byte, once streamed."""
+    uncached_tokens: float | None = None
+    """Prompt tokens the replica really prefilled, once its usage says (else the prediction)."""
