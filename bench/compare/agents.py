@@ -9,12 +9,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench.compare.plan import AGENTS, SIM_MODEL, SIM_REPLICAS, PlannedWorkload
+from bench.compare.plan import AGENTS, SIM_REPLICAS, PlannedWorkload
 from bench.compare.results import FleetResult, Target, WorkloadInfo
-from bench.compare.runner import SIM_TIMEOUT_S, run_fleet
+from bench.compare.runner import run_sim_variant
 from bench.workloads import Conversation, total_requests
 from bench.workloads_agents import long_context_agents
-from replica.processes import start_sim_replicas
 from replica.sim.config import SimConfig
 
 AGENTS_SIM: dict[str, Any] = {"max_model_len": 65536, "num_blocks": 16384}
@@ -82,11 +81,4 @@ async def run_agents_fleet(
         targets=list(targets),
         skipped_targets=dict(skipped_targets or {}),
     )
-    return await run_fleet(
-        fleet,
-        lambda: start_sim_replicas(replicas, model=SIM_MODEL, **AGENTS_SIM),
-        SIM_MODEL,
-        workloads,
-        timeout_s=SIM_TIMEOUT_S,
-        bar=bar,
-    )
+    return await run_sim_variant(fleet, AGENTS_SIM, workloads, replicas=replicas, bar=bar)

@@ -14,12 +14,11 @@ from typing import Any
 from tqdm import tqdm
 
 from bench.compare.phases import PhaseSpec
-from bench.compare.plan import OVERLOAD, SIM_MODEL, SIM_REPLICAS, PlannedWorkload
+from bench.compare.plan import OVERLOAD, SIM_REPLICAS, PlannedWorkload
 from bench.compare.results import FleetResult, Target, WorkloadInfo
-from bench.compare.runner import SIM_TIMEOUT_S, run_fleet
+from bench.compare.runner import run_sim_variant
 from bench.workloads import split_schedule, total_requests
 from bench.workloads_overload import OVERLOAD_PHASES, overload
-from replica.processes import start_sim_replicas
 from replica.sim.config import SimConfig
 
 OVERLOAD_SIM: dict[str, Any] = {"max_num_seqs": 4, "decode_step_s": 0.05}
@@ -125,11 +124,4 @@ async def run_overload_fleet(
         targets=list(targets),
         skipped_targets=dict(skipped_targets or {}),
     )
-    return await run_fleet(
-        fleet,
-        lambda: start_sim_replicas(replicas, model=SIM_MODEL, **OVERLOAD_SIM),
-        SIM_MODEL,
-        workloads,
-        timeout_s=SIM_TIMEOUT_S,
-        bar=bar,
-    )
+    return await run_sim_variant(fleet, OVERLOAD_SIM, workloads, replicas=replicas, bar=bar)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -14,7 +14,7 @@ from tqdm import tqdm
 from bench import peers
 from bench.affinity import affinity_bound_with_tools
 from bench.compare.phases import PhaseFigures, phase_figures
-from bench.compare.plan import PlannedWorkload
+from bench.compare.plan import SIM_MODEL, PlannedWorkload
 from bench.compare.results import (
     FleetResult,
     Measurement,
@@ -28,7 +28,7 @@ from bench.replica_counters import (
     reset_and_verify,
     wait_quiet,
 )
-from replica.processes import ManagedProcess
+from replica.processes import ManagedProcess, start_sim_replicas
 
 CONCURRENCY_CAP = 1024
 """The driver's bound on requests in flight: far above what any run reaches, so load stays
@@ -159,3 +159,22 @@ async def run_fleet(
         await stop_all(live)
     fleet.wall_s = time.perf_counter() - started
     return fleet
+
+
+async def run_sim_variant(
+    fleet: FleetResult,
+    sim_settings: Mapping[str, Any],
+    workloads: Sequence[PlannedWorkload],
+    *,
+    replicas: int,
+    bar: tqdm[Any] | None = None,
+) -> FleetResult:
+    """``run_fleet`` on simulated replicas with settings of their own (the rest default)."""
+    return await run_fleet(
+        fleet,
+        lambda: start_sim_replicas(replicas, model=SIM_MODEL, **sim_settings),
+        SIM_MODEL,
+        workloads,
+        timeout_s=SIM_TIMEOUT_S,
+        bar=bar,
+    )
