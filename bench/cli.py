@@ -33,6 +33,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.scaling",
         "HPA response to the autoscaling signal: step and ramp simulation",
     ),
+    "soak": (
+        "bench.soak",
+        "minutes of mixed traffic: the gateway's RSS and /metrics size over time",
+    ),
 }
 EXTRA_MODULES = ("numpy", "matplotlib")
 """What the `bench` extra installs beyond the base install."""

@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import itertools
 import logging
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,11 +20,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, gene
 from gateway import headers
 from gateway.errors import ApiError
 from gateway.explain import explain
+from gateway.logs import REQUEST_ID
 from gateway.metrics import NO_POOL, GatewayMetrics
 from gateway.monitor import ProbeSettings, ReplicaMonitor
+from gateway.outlier import OutlierDetector, OutlierSettings
 from gateway.policy_reload import PolicyHolder
 from gateway.proxy import Forwarder, Routed
-from gateway.request_body import Endpoint, parse_request
+from gateway.request_body import Endpoint, UnreadBody, parse_request, read_body
 from gateway.resolve import resolve
 from gateway.settings import Settings
 from router_policies.schema import Policy
@@ -34,6 +37,17 @@ POLICY = web.AppKey("policy", PolicyHolder)
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 FORWARDER = web.AppKey("forwarder", Forwarder)
+
+
+class Lifecycle:
+    """What shutdown needs to know: whether it has begun, and which requests are in flight."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.inflight: set[asyncio.Task[object]] = set()
+
+
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -46,15 +60,51 @@ _ID_PREFIX = secrets.token_hex(6)
 _id_counter = itertools.count(1)
 
 
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
 def _request_id(request: web.Request) -> str:
-    # Unique across processes by the random prefix, within one by the counter: no syscall
-    # per request, unlike uuid4.
-    return request.headers.get(headers.REQUEST_ID) or f"{_ID_PREFIX}{next(_id_counter):010x}"
+    # A client's own id is kept if it is a plausible one (it goes into logs and headers);
+    # otherwise one is made: unique across processes by the random prefix, within one by the
+    # counter, with no syscall per request, unlike uuid4.
+    sent = request.headers.get(headers.REQUEST_ID)
+    if sent is not None and _CLIENT_ID.fullmatch(sent):
+        return sent
+    return f"{_ID_PREFIX}{next(_id_counter):010x}"
 
 
 @web.middleware
 async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error the gateway answers itself has the OpenAI body, never a stack trace."""
+    """Every error the gateway answers itself has the OpenAI body, never a stack trace; every
+    log line about the request carries its id; shutdown can find the request while it runs."""
+    REQUEST_ID.set(_request_id(request))
+    task = asyncio.current_task()
+    inflight = request.app[LIFECYCLE].inflight
+    if task is not None:
+        inflight.add(task)
+    try:
+        response = await _answer_errors(request, handler)
+        if not response.prepared and request.body_exists and not request.content.is_eof():
+            await _discard_body(request, response)
+        return response
+    finally:
+        if task is not None:
+            inflight.discard(task)
+
+
+async def _discard_body(request: web.Request, response: web.StreamResponse) -> None:
+    """Reads the body of a request answered without it (404, 403, 405...).
+
+    aiohttp would read it after the answer, and log a traceback if it cannot be decoded; and
+    closing the connection with it unread makes the kernel reset the connection, which can
+    destroy the answer before the client reads it."""
+    try:
+        await read_body(request, request.app[SETTINGS].body_timeout_s)
+    except (ApiError, web.HTTPException):
+        response.force_close()  # read_body has marked the rest unreadable
+
+
+async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
@@ -69,19 +119,28 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         if exc.status < 400:
             raise
         error = ApiError(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_"))
+    except ConnectionResetError:
+        raise  # the client is gone: nothing to answer, aiohttp drops the connection
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
+        if request.writer.output_size > 0:
+            raise  # a response has started: another one would corrupt the connection
         error = ApiError(500, "Internal gateway error.", type_="server_error")
     if request.path.startswith("/v1/"):
         request.app[METRICS].requests.labels(NO_POOL, NO_POOL, str(error.status)).inc()
-    return error.response({headers.REQUEST_ID: _request_id(request)})
+    response = error.response({headers.REQUEST_ID: REQUEST_ID.get()})
+    if isinstance(error, UnreadBody):
+        response.force_close()
+    return response
 
 
 def completion_handler(endpoint: Endpoint) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        request_id = _request_id(request)
-        parsed = parse_request(endpoint, await request.read())
+        request_id = REQUEST_ID.get()
+        settings = request.app[SETTINGS]
+        raw = await read_body(request, settings.body_timeout_s)
+        parsed = parse_request(endpoint, raw, settings.max_json_depth)
         # One generation of the policy for the whole request, however long it streams.
         resolution = resolve(request.app[POLICY].fleet, parsed, request.headers.get(headers.TIER))
         resolution.pool.arrivals += 1
@@ -116,6 +175,9 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     pools = {name: len(p.healthy()) for name, p in request.app[POLICY].fleet.pools.items()}
+    if request.app[LIFECYCLE].draining:
+        # Load balancers take the pod out while it still serves what they already sent.
+        return _json({"ready": False, "draining": True, "healthy_replicas": pools}, 503)
     is_ready = all(pools.values())
     return _json({"ready": is_ready, "healthy_replicas": pools}, 200 if is_ready else 503)
 
@@ -159,8 +221,13 @@ async def admin_policy(request: web.Request) -> web.Response:
 
 async def admin_route(request: web.Request) -> web.Response:
     """The decision a request would get, without sending it: for operators tuning weights."""
-    endpoint = Endpoint(request.query.get("endpoint", Endpoint.CHAT.value))
-    parsed = parse_request(endpoint, await request.read())
+    try:
+        endpoint = Endpoint(request.query.get("endpoint", Endpoint.CHAT.value))
+    except ValueError:
+        raise ApiError(400, "'endpoint' must be a completion path.", param="endpoint") from None
+    settings = request.app[SETTINGS]
+    raw = await read_body(request, settings.body_timeout_s)
+    parsed = parse_request(endpoint, raw, settings.max_json_depth)
     resolution = resolve(request.app[POLICY].fleet, parsed, request.headers.get(headers.TIER))
     decision = resolution.pool.decide(resolution.features, explain=True)
     tier = None
@@ -195,19 +262,35 @@ def build_app(settings: Settings, policy: Policy) -> web.Application:
     disable_created_metrics()  # type: ignore[no-untyped-call]
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[openai_errors])
     app[SETTINGS] = settings
+    app[LIFECYCLE] = Lifecycle()
     app[METRICS] = GatewayMetrics(lambda: app[POLICY].fleet)
     app[POLICY] = PolicyHolder(policy, settings.policy, app[METRICS].policy_reloads)
     app.cleanup_ctx.append(_background)
-    app.router.add_post(Endpoint.CHAT.value, completion_handler(Endpoint.CHAT))
-    app.router.add_post(Endpoint.COMPLETIONS.value, completion_handler(Endpoint.COMPLETIONS))
+    for endpoint in Endpoint:
+        app.router.add_post(
+            endpoint.value, completion_handler(endpoint), expect_handler=_expect_continue
+        )
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/admin/reload", admin(admin_reload))
     app.router.add_get("/admin/policy", admin(admin_policy))
-    app.router.add_post("/admin/route", admin(admin_route))
+    app.router.add_post("/admin/route", admin(admin_route), expect_handler=_expect_continue)
     return app
+
+
+async def _expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue` is honoured; any other expectation gets the OpenAI body (aiohttp's
+    own answer is plain text, sent before any middleware runs)."""
+    if request.version == aiohttp.HttpVersion11:
+        expect = request.headers.get("Expect", "")
+        if expect.lower() == "100-continue":
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the interim line is not the response
+        elif expect:
+            return ApiError(417, "Only 'Expect: 100-continue' is supported.").response()
+    return None
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
@@ -216,7 +299,16 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
     # No connection cap: the replicas' own batching limits are the back-pressure that counts.
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, enable_cleanup_closed=True)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-        app[FORWARDER] = Forwarder(session, settings, app[METRICS])
+        outliers = OutlierDetector(
+            OutlierSettings(
+                settings.outlier_consecutive_failures,
+                settings.outlier_base_ejection_s,
+                settings.outlier_max_ejection_s,
+                settings.outlier_max_ejected_share,
+            ),
+            app[METRICS].ejections,
+        )
+        app[FORWARDER] = Forwarder(session, settings, app[METRICS], outliers)
         monitor = ReplicaMonitor(
             lambda: holder.fleet,
             session,

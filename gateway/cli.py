@@ -9,13 +9,12 @@ A command's module is imported only when that command runs.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
-from router_policies.schema import InvalidPolicy, Policy, effective_policy_yaml, load_policy
+from router_policies.schema import InvalidPolicy, Policy, effective_policy_yaml
 
 TOOLS_GROUP = "llm_gateway.tools"
 _TOOL_HELP = {
@@ -25,13 +24,14 @@ _TOOL_HELP = {
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.settings import Settings
+    from gateway.logs import configure
+    from gateway.settings_errors import load_settings
 
     flags = (("host", args.host), ("port", args.port), ("policy", args.policy))
-    settings = Settings(**{k: v for k, v in flags if v is not None})
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    settings = load_settings({k: v for k, v in flags if v is not None})
+    if settings is None:
+        return 2
+    configure(settings.log_level)
     if settings.policy is None:
         print("error: no policy file: pass --policy PATH or set GATEWAY_POLICY", file=sys.stderr)
         return 2
@@ -40,8 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     from gateway.server import run
 
-    run(settings, policy)
-    return 0
+    return run(settings, policy)
 
 
 def _check_policy(args: argparse.Namespace) -> int:
@@ -53,10 +52,14 @@ def _check_policy(args: argparse.Namespace) -> int:
 
 
 def _load_or_explain(path: Path) -> Policy | None:
+    from gateway.policy_check import load_checked_policy
+
     try:
-        return load_policy(path)
+        return load_checked_policy(path)
     except OSError as exc:
         print(f"error: cannot read policy file {path}: {exc.strerror}", file=sys.stderr)
+    except UnicodeDecodeError as exc:
+        print(f"error: {path} is not UTF-8 text (byte {exc.start})", file=sys.stderr)
     except InvalidPolicy as exc:
         print(f"error: {path} is not a valid policy:", file=sys.stderr)
         for problem in exc.problems:

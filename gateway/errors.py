@@ -33,3 +33,45 @@ def pool_saturated(pool: str, waited_s: float) -> ApiError:
         type_="service_unavailable_error",
         code="pool_saturated",
     )
+
+
+def upstream_error(replica: str, exc: BaseException) -> bytes:
+    """Body of an attempt that failed before the replica's first byte."""
+    if isinstance(exc, TimeoutError):
+        what = "timed out before its first byte"
+    else:
+        what = f"could not be reached: {type(exc).__name__}"
+    return error_body(f"Replica {replica} {what}.", "server_error", "upstream_unavailable")
+
+
+def sse_error(exc: BaseException) -> bytes:
+    """The end of a stream whose replica failed after the first byte."""
+    # The stream already has a 200 status: the failure can only be reported in-band. The
+    # OpenAI SDKs raise on an event carrying an "error" object.
+    body = error_body(
+        f"The replica failed mid-stream: {type(exc).__name__}.", "server_error", "upstream_error"
+    )
+    return b"data: " + body + b"\n\ndata: [DONE]\n\n"
+
+
+def shutting_down() -> ApiError:
+    return ApiError(
+        503,
+        "The gateway is shutting down; retry the request.",
+        type_="service_unavailable_error",
+        code="shutting_down",
+    )
+
+
+def shutdown_event() -> bytes:
+    """The end of a stream still open at the drain deadline."""
+    return b"data: " + shutting_down().body() + b"\n\ndata: [DONE]\n\n"
+
+
+def too_many_connections(limit: int) -> ApiError:
+    return ApiError(
+        503,
+        f"The gateway has {limit} client connections open, its limit; retry shortly.",
+        type_="service_unavailable_error",
+        code="too_many_connections",
+    )

@@ -6,9 +6,10 @@ too, and a sum over both would count everything twice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -20,6 +21,8 @@ TTFT = "gateway_ttft_seconds"
 DURATION = "gateway_request_duration_seconds"
 REPLICA_INFLIGHT = "gateway_replica_inflight"
 REPLICA_HEALTHY = "gateway_replica_healthy"
+REPLICA_EJECTED = "gateway_replica_ejected"
+REPLICA_EJECTIONS = "gateway_replica_ejections"  # exposed as gateway_replica_ejections_total
 REPLICA_ENGINE_WAITING = "gateway_replica_engine_waiting"
 REPLICA_KV_USAGE = "gateway_replica_kv_usage"
 REPLICA_INDEX_BLOCKS = "gateway_replica_prefix_index_blocks"
@@ -31,8 +34,11 @@ POOL_DESIRED_REPLICAS_RAW = "gateway_pool_desired_replicas_unstabilized"
 POOL_KV_USAGE = "gateway_pool_kv_usage"
 POOL_ARRIVALS = "gateway_pool_arrivals"  # exposed as gateway_pool_arrivals_total
 POOL_ARRIVAL_RATE = "gateway_pool_arrival_rate"
+POOL_REPLICA_CAPACITY = "gateway_pool_replica_capacity"
 POLICY_RELOADS = "gateway_policy_reloads"
 TIER_THRESHOLD = "gateway_tier_threshold"
+CLIENT_CONNECTIONS = "gateway_client_connections"
+CONNECTIONS_REFUSED = "gateway_connections_refused"  # gateway_connections_refused_total
 
 NO_POOL = "none"
 """Pool and route label of requests rejected before a pool was chosen."""
@@ -58,6 +64,11 @@ class FleetCollector(Collector):
             REPLICA_HEALTHY, "1 if the replica passes health checks, else 0.",
             labels=["pool", "replica"],
         )  # fmt: skip
+        ejected = GaugeMetricFamily(
+            REPLICA_EJECTED, "1 while the replica is ejected for failing requests, else 0.",
+            labels=["pool", "replica"],
+        )  # fmt: skip
+        now = time.monotonic()
         engine_waiting = GaugeMetricFamily(
             REPLICA_ENGINE_WAITING,
             "The replica's own waiting queue, as last scraped (vllm:num_requests_waiting).",
@@ -111,11 +122,17 @@ class FleetCollector(Collector):
         pool_kv = GaugeMetricFamily(
             POOL_KV_USAGE, "Mean KV-cache usage 0-1 over the healthy replicas.", labels=["pool"]
         )
+        capacity = GaugeMetricFamily(
+            POOL_REPLICA_CAPACITY,
+            "Requests/s one replica completes when saturated, as learned (absent until then).",
+            labels=["pool"],
+        )
         for pool in fleet.pools.values():
             for replica in pool.replicas.values():
                 labels = [pool.name, replica.name]
                 inflight.add_metric(labels, replica.inflight)
                 healthy.add_metric(labels, 1.0 if replica.healthy else 0.0)
+                ejected.add_metric(labels, 1.0 if replica.outlier.ejected(now) else 0.0)
                 engine_waiting.add_metric(labels, replica.engine.waiting)
                 kv_usage.add_metric(labels, replica.engine.kv_usage)
                 index_blocks.add_metric(labels, pool.router.index_blocks(replica.name))
@@ -126,6 +143,8 @@ class FleetCollector(Collector):
             pool_kv.add_metric([pool.name], pool.mean_kv_usage())
             arrivals.add_metric([pool.name], pool.arrivals)
             arrival_rate.add_metric([pool.name], pool.arrival_rate)
+            if pool.capacity.value is not None:
+                capacity.add_metric([pool.name], pool.capacity.value)
             desired.add_metric([pool.name], pool.desired)
             raw_desired.add_metric([pool.name], pool.raw_desired)
         threshold = GaugeMetricFamily(
@@ -136,8 +155,9 @@ class FleetCollector(Collector):
         for model, tier in fleet.tiers.items():
             threshold.add_metric([model], tier.threshold)
         yield from (
-            inflight, healthy, engine_waiting, kv_usage, index_blocks, gateway_waiting, queue,
-            healthy_count, pool_kv, arrivals, arrival_rate, desired, raw_desired, threshold,
+            inflight, healthy, ejected, engine_waiting, kv_usage, index_blocks, gateway_waiting,
+            queue, healthy_count, pool_kv, arrivals, arrival_rate, capacity, desired, raw_desired,
+            threshold,
         )  # fmt: skip
 
 
@@ -168,4 +188,16 @@ class GatewayMetrics:
         )  # fmt: skip
         for result in ("ok", "error"):
             self.policy_reloads.labels(result)
+        self.ejections = Counter(
+            REPLICA_EJECTIONS, "Times the replica was ejected for consecutive failed requests.",
+            ["pool", "replica"], registry=self.registry,
+        )  # fmt: skip
+        self.connections = Gauge(
+            CLIENT_CONNECTIONS, "Open client connections.", registry=self.registry
+        )
+        self.connections_refused = Counter(
+            CONNECTIONS_REFUSED,
+            "Client connections refused at once because GATEWAY_MAX_CONNECTIONS were open.",
+            registry=self.registry,
+        )
         self.registry.register(FleetCollector(current))

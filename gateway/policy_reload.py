@@ -15,8 +15,9 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
+from gateway.policy_check import load_checked_policy
 from gateway.state import Fleet
-from router_policies.schema import InvalidPolicy, Policy, load_policy
+from router_policies.schema import InvalidPolicy, Policy
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,20 @@ class PolicyHolder:
             return ReloadResult(False, ("the gateway was started without a policy file",))
         self._stamp = _stamp(self.path)
         try:
-            policy = load_policy(self.path)
+            policy = load_checked_policy(self.path)
+            fleet = Fleet(policy, previous=self.fleet)
         except OSError as exc:
             return self._failed((f"cannot read {self.path}: {exc.strerror}",))
+        except UnicodeDecodeError as exc:
+            return self._failed((f"{self.path} is not UTF-8 text (byte {exc.start})",))
         except InvalidPolicy as exc:
             return self._failed(tuple(exc.problems))
-        self.fleet = Fleet(policy, previous=self.fleet)
+        except Exception as exc:
+            # Whatever a file can do to the loader, the current policy stays and the watch
+            # goes on: a reload must never take the process's configuration down with it.
+            log.exception("policy reload failed unexpectedly")
+            return self._failed((f"unexpected error: {type(exc).__name__}: {exc}",))
+        self.fleet = fleet
         self._reloads.labels("ok").inc()
         log.info("policy reloaded from %s", self.path)
         return ReloadResult(True)

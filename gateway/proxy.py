@@ -1,10 +1,18 @@
 """Forwarding a request to a replica: retries before the first byte, then a byte-for-byte relay.
 
+An attempt fails, and moves to another replica, on anything that happens before the client has
+received a byte: a refused connection, a 5xx answer, a stream that ends or stalls before its
+first chunk (`first_token_timeout_s`). Each outcome also feeds the replica's passive health
+(gateway/outlier.py). After the first byte a failure can only be reported in-band: a stream
+ends with an SSE error event.
+
 TCP_NODELAY is on for both sides: aiohttp sets it on every server and client connection.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -16,11 +24,21 @@ from multidict import CIMultiDict
 from prometheus_client import Counter, Histogram
 
 from gateway import headers
-from gateway.errors import ApiError, error_body, no_healthy_replica, pool_saturated
-from gateway.metrics import GatewayMetrics
+from gateway.errors import (
+    ApiError,
+    no_healthy_replica,
+    pool_saturated,
+    shutdown_event,
+    shutting_down,
+    sse_error,
+    upstream_error,
+)
+from gateway.metrics import NO_POOL, GatewayMetrics
+from gateway.outlier import OutlierDetector
+from gateway.replica_state import Dispatch, ReplicaState
 from gateway.request_body import ParsedRequest
 from gateway.settings import Settings
-from gateway.state import Dispatch, PoolSaturated, PoolState, ReplicaState
+from gateway.state import PoolSaturated, PoolState
 from gateway.usage import prompt_usage
 from router_policies.decision import Route
 from router_policies.fingerprint import RequestFeatures
@@ -33,6 +51,10 @@ _FORWARDED_REQUEST_HEADERS = ("Authorization", "traceparent", "tracestate", "Acc
 _SSE = "text/event-stream"
 CLIENT_CLOSED = 499
 """Status recorded for a request whose client went away first (nginx's convention)."""
+STREAM_FAILED = 502
+"""Status recorded for a stream that ended with an SSE error event (its wire status is 200)."""
+SHUTTING_DOWN = 503
+"""Status recorded for a request the drain deadline ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +79,27 @@ class _Failure:
     content_type: str
 
 
+@dataclass(slots=True)
+class _Outcome:
+    """What gateway_requests_total records for the request, whatever way it ends."""
+
+    route: str = NO_POOL
+    status: int = CLIENT_CLOSED
+    response: web.StreamResponse | None = None
+
+
 class Forwarder:
     def __init__(
-        self, session: aiohttp.ClientSession, settings: Settings, metrics: GatewayMetrics
+        self,
+        session: aiohttp.ClientSession,
+        settings: Settings,
+        metrics: GatewayMetrics,
+        outliers: OutlierDetector,
     ) -> None:
         self._session = session
         self._settings = settings
         self._metrics = metrics
+        self._outliers = outliers
         self._recorders: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self._ttft: dict[str, Histogram] = {}
         self._timeout = aiohttp.ClientTimeout(
@@ -71,13 +107,42 @@ class Forwarder:
             connect=settings.connect_timeout_s,
             sock_read=settings.first_byte_timeout_s,
         )
+        self.closing = False
+        """Set at the drain deadline, just before the requests still in flight are cancelled:
+        they end with an error the client can read rather than a cut connection."""
 
     async def forward(self, request: web.Request, routed: Routed) -> web.StreamResponse:
+        outcome = _Outcome()
+        try:
+            return await self._forward(request, routed, outcome)
+        except asyncio.CancelledError:
+            if not self.closing:
+                raise  # the client left: there is no one to answer
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            outcome.status = SHUTTING_DOWN
+            if outcome.response is not None:
+                return outcome.response  # a stream, already ended with an error event
+            return shutting_down().response({headers.REQUEST_ID: routed.request_id})
+        finally:
+            self._record(routed.pool.name, outcome.route, outcome.status, routed.started)
+            log.debug(
+                "answered %d from pool %s, route %s, in %.1f ms", outcome.status,
+                routed.pool.name, outcome.route, (time.perf_counter() - routed.started) * 1e3,
+            )  # fmt: skip
+
+    async def _forward(
+        self, request: web.Request, routed: Routed, outcome: _Outcome
+    ) -> web.StreamResponse:
         pool = routed.pool
         out = CIMultiDict({"Content-Type": "application/json", "X-Request-Id": routed.request_id})
         for name in _FORWARDED_REQUEST_HEADERS:
             if name in request.headers:
                 out[name] = request.headers[name]
+        # Relayed bytes are never re-encoded: ask for plain ones (replicas are near, and the
+        # usage figures routing learns from are read from the relayed bytes).
+        out["Accept-Encoding"] = "identity"
         tried: list[str] = []
         failure: _Failure | None = None
         for attempt in range(self._settings.retries + 1):
@@ -85,25 +150,24 @@ class Forwarder:
                 dispatch = await pool.acquire(routed.features, exclude=tried, retry=attempt > 0)
             except PoolSaturated:
                 error = pool_saturated(pool.name, pool.policy.queue_timeout_s)
-                self._record(pool.name, "none", error.status, routed.started)
+                outcome.status = error.status
                 return error.response({headers.REQUEST_ID: routed.request_id})
             if dispatch is None:
                 break
-            replica = dispatch.replica
             if attempt:
                 self._metrics.retries.labels(pool.name).inc()
-            tried.append(replica.name)
+            tried.append(dispatch.replica.name)
             try:
                 last = attempt == self._settings.retries
-                outcome = await self._attempt(request, routed, dispatch, out, last)
+                result = await self._attempt(request, routed, dispatch, out, last, outcome)
             finally:
                 # Also on cancellation (the client left while the replica was still silent).
                 pool.end(dispatch)
-            if isinstance(outcome, _Failure):
-                failure = outcome
+            if isinstance(result, _Failure):
+                failure = result
                 continue
-            return outcome
-        return self._give_up(routed, failure)
+            return result
+        return self._give_up(routed, failure, outcome)
 
     async def _attempt(
         self,
@@ -112,36 +176,62 @@ class Forwarder:
         dispatch: Dispatch,
         out: CIMultiDict[str],
         last: bool,
+        outcome: _Outcome,
     ) -> web.StreamResponse | _Failure:
         """One replica's try: the relayed response, or a failure before the first byte."""
         replica = dispatch.replica
+        stream = routed.parsed.stream
+        upstream: aiohttp.ClientResponse | None = None
+        first = b""
         try:
-            upstream = await self._session.post(
-                f"{replica.url}{routed.parsed.endpoint.value}",
-                data=routed.parsed.raw,
-                headers=out,
-                timeout=self._timeout,
-                compress=None,
-                auto_decompress=False,
-            )
+            async with asyncio.timeout(self._settings.first_token_timeout_s if stream else None):
+                upstream = await self._session.post(
+                    f"{replica.url}{routed.parsed.endpoint.value}",
+                    data=routed.parsed.raw,
+                    headers=out,
+                    timeout=self._timeout,
+                    compress=None,
+                    auto_decompress=False,
+                )
+                if upstream.content_type == _SSE and upstream.status < 400:
+                    # Nothing has gone to the client yet: a replica that dies or stalls
+                    # before its first chunk is one more failed attempt, not a broken stream.
+                    first = await upstream.content.readany()
+                    if not first:
+                        raise aiohttp.ServerDisconnectedError("stream ended before its first byte")
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if upstream is not None:
+                upstream.close()
             if isinstance(exc, aiohttp.ClientConnectorError):
                 replica.mark_down()
-            log.warning("replica %s failed before the first byte: %r", replica.name, exc)
-            return _Failure(502, _upstream_error(replica, exc), "application/json")
-        if upstream.status >= 500 and not last:
-            log.warning("replica %s answered %d; retrying", replica.name, upstream.status)
-            return _Failure(upstream.status, await _drain(upstream), upstream.content_type)
-        return await self._relay(request, routed, dispatch, upstream)
+            reason = _failure_reason(exc, stream)
+            self._failed(routed.pool, replica, reason)
+            log.warning("replica %s failed before the first byte: %s", replica.name, reason)
+            return _Failure(502, upstream_error(replica.name, exc), "application/json")
+        except BaseException:
+            if upstream is not None:
+                upstream.close()  # vLLM aborts the request and frees its KV cache
+            raise
+        if upstream.status >= 500:
+            self._failed(routed.pool, replica, f"HTTP {upstream.status}")
+            if not last:
+                log.warning("replica %s answered %d; retrying", replica.name, upstream.status)
+                return _Failure(upstream.status, await _drain(upstream), upstream.content_type)
+        else:
+            self._outliers.success(replica)
+        return await self._relay(request, routed, dispatch, upstream, first, outcome)
 
-    def _give_up(self, routed: Routed, failure: _Failure | None) -> web.Response:
+    def _failed(self, pool: PoolState, replica: ReplicaState, reason: str) -> None:
+        self._outliers.failure(pool, replica, reason, time.monotonic())
+
+    def _give_up(self, routed: Routed, failure: _Failure | None, outcome: _Outcome) -> web.Response:
         pool = routed.pool
         hdrs = {headers.REQUEST_ID: routed.request_id, headers.POOL: pool.name}
         if failure is None:
             error = no_healthy_replica(pool.name)
-            self._record(pool.name, "none", error.status, routed.started)
+            outcome.status = error.status
             return error.response(hdrs)
-        self._record(pool.name, "none", failure.status, routed.started)
+        outcome.status = failure.status
         return web.Response(
             status=failure.status, body=failure.body, content_type=failure.content_type,
             headers=hdrs,
@@ -153,39 +243,49 @@ class Forwarder:
         routed: Routed,
         dispatch: Dispatch,
         upstream: aiohttp.ClientResponse,
+        first: bytes,
+        outcome: _Outcome,
     ) -> web.StreamResponse:
         replica = dispatch.replica
-        route = (routed.route or dispatch.decision.route).value
+        outcome.route = (routed.route or dispatch.decision.route).value
         out = {
             **routed.extra_headers,
             headers.REQUEST_ID: routed.request_id,
             headers.POOL: routed.pool.name,
             headers.REPLICA: replica.name,
-            headers.ROUTE: route,
+            headers.ROUTE: outcome.route,
             "Content-Type": upstream.headers.get("Content-Type", "application/json"),
         }
-        response: web.StreamResponse | None = None
+        encoding = upstream.headers.get("Content-Encoding")
+        if encoding is not None:
+            out["Content-Encoding"] = encoding  # the bytes are relayed as they came
+        clean = False
         try:
-            if upstream.content_type == _SSE:
-                response = await self._relay_stream(request, routed, dispatch, out, upstream)
+            if first:
+                clean = await self._relay_stream(
+                    request, routed, dispatch, out, upstream, first, outcome
+                )
             else:
-                response = await self._relay_body(routed, dispatch, out, upstream)
-            return response
+                clean = await self._relay_body(routed, dispatch, out, upstream, outcome)
+            assert outcome.response is not None
+            return outcome.response
         finally:
             # On a client disconnect (the handler is cancelled) or any error, closing the
             # connection rather than returning it to the pool makes vLLM abort the request
             # and free its KV cache.
-            if response is None:
-                upstream.close()
-            else:
+            if clean:
                 upstream.release()
-            status = response.status if response is not None else CLIENT_CLOSED
-            self._record(routed.pool.name, route, status, routed.started)
+            else:
+                upstream.close()
 
     @staticmethod
     async def _relay_body(
-        routed: Routed, dispatch: Dispatch, out: dict[str, str], upstream: aiohttp.ClientResponse
-    ) -> web.Response:
+        routed: Routed,
+        dispatch: Dispatch,
+        out: dict[str, str],
+        upstream: aiohttp.ClientResponse,
+        outcome: _Outcome,
+    ) -> bool:
         try:
             body = await upstream.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -193,11 +293,14 @@ class Forwarder:
                 502, f"The replica failed while answering: {type(exc).__name__}.",
                 type_="server_error", code="upstream_error",
             )  # fmt: skip
-            return error.response(out)
+            outcome.response, outcome.status = error.response(out), error.status
+            return False
         usage = prompt_usage(body)
         if usage is not None:
             routed.pool.observe_usage(dispatch, usage)
-        return web.Response(status=upstream.status, body=body, headers=out)
+        outcome.response = web.Response(status=upstream.status, body=body, headers=out)
+        outcome.status = upstream.status
+        return True
 
     async def _relay_stream(
         self,
@@ -206,33 +309,46 @@ class Forwarder:
         dispatch: Dispatch,
         out: dict[str, str],
         upstream: aiohttp.ClientResponse,
-    ) -> web.StreamResponse:
+        first: bytes,
+        outcome: _Outcome,
+    ) -> bool:
+        """Relays chunk by chunk; True when the replica's stream ended cleanly."""
         response = _StreamWithFirstChunk(status=upstream.status, headers=out)
         response.headers["Cache-Control"] = "no-cache"
-        await response.prepare(request)
+        outcome.response = response
         content = upstream.content
-        first = True
-        while True:
-            try:
-                chunk = await content.readany()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                log.warning(
-                    "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
-                )
-                await response.write(_sse_error(exc))
-                break
-            if not chunk:
-                break
+        chunk = first
+        clean = True
+        try:
+            await response.prepare(request)
             await response.write(chunk)
-            if first:
-                first = False
-                self._ttft_of(routed.pool.name).observe(time.perf_counter() - routed.started)
-                routed.pool.first_byte(dispatch, time.monotonic() - dispatch.at)
-            usage = prompt_usage(chunk)
-            if usage is not None:
-                routed.pool.observe_usage(dispatch, usage)
-        await response.write_eof()
-        return response
+            self._ttft_of(routed.pool.name).observe(time.perf_counter() - routed.started)
+            routed.pool.first_byte(dispatch, time.monotonic() - dispatch.at)
+            while chunk:
+                usage = prompt_usage(chunk)
+                if usage is not None:
+                    routed.pool.observe_usage(dispatch, usage)
+                try:
+                    chunk = await content.readany()
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    log.warning(
+                        "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
+                    )
+                    await response.write(sse_error(exc))
+                    clean = False
+                    break
+                if chunk:
+                    await response.write(chunk)
+            await response.write_eof()
+        except asyncio.CancelledError:
+            if self.closing:
+                await _end_with(response, shutdown_event())
+            raise
+        except ConnectionResetError:
+            outcome.status = CLIENT_CLOSED  # the client left, noticed on a write
+            return False
+        outcome.status = upstream.status if clean else STREAM_FAILED
+        return clean
 
     def _record(self, pool: str, route: str, status: int, started: float) -> None:
         # Labelled children are looked up once per label set: .labels() costs microseconds.
@@ -263,21 +379,19 @@ class _StreamWithFirstChunk(web.StreamResponse):
     _send_headers_immediately = False
 
 
-def _upstream_error(replica: ReplicaState, exc: BaseException) -> bytes:
-    return error_body(
-        f"Replica {replica.name} could not be reached: {type(exc).__name__}.",
-        "server_error",
-        "upstream_unavailable",
-    )
+def _failure_reason(exc: BaseException, stream: bool) -> str:
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return "connect timeout"
+    if isinstance(exc, TimeoutError):
+        return "first-token timeout" if stream else "response timeout"
+    return repr(exc)
 
 
-def _sse_error(exc: BaseException) -> bytes:
-    # The stream already has a 200 status: the failure can only be reported in-band. The
-    # OpenAI SDKs raise on an event carrying an "error" object.
-    body = error_body(
-        f"The replica failed mid-stream: {type(exc).__name__}.", "server_error", "upstream_error"
-    )
-    return b"data: " + body + b"\n\ndata: [DONE]\n\n"
+async def _end_with(response: web.StreamResponse, event: bytes) -> None:
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1.0):
+            await response.write(event)
+            await response.write_eof()
 
 
 async def _drain(upstream: aiohttp.ClientResponse) -> bytes:

@@ -1,14 +1,21 @@
-"""Parsing and checking a request body once, up front, into what routing needs."""
+"""Reading and checking a request body once, up front, into what routing needs.
+
+Everything the gateway itself reads from a body is checked here, so that no input, however
+odd, reaches the routing code in a shape it does not expect: the answer is a 400 naming the
+field, never a 500.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import orjson
+from aiohttp import web
 
-from gateway.errors import bad_request
+from gateway.errors import ApiError, bad_request
 from router_policies.fingerprint import CanonicalPrompt, canonical_chat, canonical_prompt
 
 
@@ -37,24 +44,109 @@ class ParsedRequest:
         return salt if isinstance(salt, str) else ""
 
 
-def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
+class UnreadBody(ApiError):
+    """An error after which the rest of the body cannot be read: the answer closes the
+    connection (aiohttp would otherwise try to read on, and fail again, and log it)."""
+
+
+async def read_body(request: web.Request, timeout_s: float) -> bytes:
+    """The body, decoded per its Content-Encoding, within `timeout_s` of the headers."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError:
+        error = UnreadBody(
+            408, f"The request body did not arrive within {timeout_s:g} s.",
+            code="request_timeout",
+        )  # fmt: skip
+    except ConnectionResetError:
+        # The client left mid-body: nobody reads the answer, but the request is counted.
+        error = UnreadBody(499, "The client closed the connection.", code="client_closed")
+    except web.HTTPRequestEntityTooLarge:
+        request.content.feed_eof()
+        raise
+    except web.RequestPayloadError:
+        # aiohttp decodes per Content-Encoding as it reads: this body is not what its
+        # header says (or the connection broke mid-body).
+        encoding = request.headers.get("Content-Encoding", "identity")
+        error = UnreadBody(
+            400, f"The request body could not be read as Content-Encoding {encoding!r}.",
+            code="invalid_content_encoding",
+        )  # fmt: skip
+    request.content.feed_eof()
+    raise error
+
+
+def parse_request(endpoint: Endpoint, raw: bytes, max_depth: int = 64) -> ParsedRequest:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
+    _check_depth(body, raw, max_depth)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a string.", param="model")
     if endpoint is Endpoint.CHAT:
         _check_messages(body.get("messages"))
+        _check_optional(body, "tools", list, "an array")
     else:
         _check_prompt(body.get("prompt"))
+        if body.get("messages") is not None:
+            # Tier classification reads `messages` first: a completion must not carry them.
+            raise bad_request("'messages' is not a field of /v1/completions.", param="messages")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean.", param="stream")
+    _check_optional(body, "stream_options", dict, "an object")
+    _check_optional(body, "cache_salt", str, "a string")
+    _check_optional(body, "response_format", dict, "an object")
+    for name in ("max_tokens", "max_completion_tokens"):
+        _check_int(body, name, 1, 2**31)
+    _check_int(body, "n", 1, 128)
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise bad_request(f"'{name}' must be a number.", param=name)
     return ParsedRequest(endpoint, raw, body, model, stream)
+
+
+def _check_depth(body: dict[str, Any], raw: bytes, max_depth: int) -> None:
+    """Rejects nesting deeper than `max_depth` (the body object itself is level 1).
+
+    Counting brackets in the raw text is nearly free, and a body with fewer openers than the
+    limit cannot be too deep (a long token-id prompt ends here). Otherwise the parsed body is
+    walked, visiting containers only: a long prompt is one string, however many brackets of
+    code it holds."""
+    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+        return
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > max_depth:
+                    raise bad_request(
+                        f"The request body is nested deeper than {max_depth} levels.",
+                        param="body", code="too_deeply_nested",
+                    )  # fmt: skip
+                stack.append((child, depth + 1))
+
+
+def _check_optional(body: dict[str, Any], name: str, kind: type, described: str) -> None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, kind):
+        raise bad_request(f"'{name}' must be {described}.", param=name)
+
+
+def _check_int(body: dict[str, Any], name: str, low: int, high: int) -> None:
+    value = body.get(name)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise bad_request(f"'{name}' must be an integer from {low} to {high}.", param=name)
 
 
 def _check_messages(messages: Any) -> None:

@@ -1,40 +1,132 @@
-"""Running the gateway process: uvloop, the aiohttp runner, and a clean stop on SIGTERM."""
+"""Running the gateway process: uvloop, the listening socket, and an orderly stop on SIGTERM.
+
+Stopping, as a pod behind a load balancer needs it: on SIGTERM /ready turns 503 at once while
+requests are still accepted for `shutdown_delay_s` (the load balancer needs that long to stop
+sending); then the socket closes and requests in flight get `drain_timeout_s` to finish; any
+left then end with an error the client can read (a 503, or an SSE error event on a started
+stream). A second SIGTERM or SIGINT skips what is left of the wait.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+import time
+from typing import Any
 
 import uvloop
 from aiohttp import web
 
-from gateway.app import POLICY, build_app
+from gateway.app import FORWARDER, LIFECYCLE, METRICS, POLICY, build_app
+from gateway.connections import ConnectionGate, connection_limit
 from gateway.settings import Settings
 from router_policies.schema import Policy
 
 log = logging.getLogger(__name__)
 
+_CANCEL_GRACE_S = 2.0
+"""How long requests cancelled at the drain deadline get to write their error answer."""
+
+
+class StartupError(Exception):
+    """The gateway cannot start; the message is the one line an operator needs."""
+
 
 async def serve(settings: Settings, policy: Policy) -> None:
     app = build_app(settings, policy)
+    handler_args: dict[str, Any] = {
+        # A connection that has not sent complete headers within the timeout (counted from
+        # its opening or its previous response) is closed: aiohttp's keep-alive timer, which
+        # also runs before the first request, does exactly that.
+        "keepalive_timeout": settings.header_timeout_s,
+        "access_log": None,
+    }
     # handler_cancellation: a client that goes away cancels its handler, which closes the
     # upstream connection, which makes vLLM abort the request and free its KV cache.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, shutdown_timeout=_CANCEL_GRACE_S, **handler_args
+    )
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
-    await site.start()
-    log.info("llm-gateway listening on http://%s:%d", settings.host, settings.port)
-    stop = asyncio.Event()
+    assert runner.server is not None
     loop = asyncio.get_running_loop()
+    gate = ConnectionGate(
+        runner.server, connection_limit(settings.max_connections), app[METRICS], **handler_args
+    )
+    try:
+        listener = await loop.create_server(
+            gate, settings.host, settings.port, backlog=1024, reuse_address=True
+        )
+    except OSError as exc:
+        await runner.cleanup()
+        raise StartupError(
+            f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+        ) from None
+    log.info(
+        "llm-gateway listening on http://%s:%d (at most %d client connections)",
+        settings.host, settings.port, gate.limit,
+    )  # fmt: skip
+    signalled = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled.set)
     loop.add_signal_handler(signal.SIGHUP, app[POLICY].reload)
     try:
-        await stop.wait()
+        await signalled.wait()
+        await _drain(app, runner, listener, settings, signalled)
     finally:
+        listener.close()
         await runner.cleanup()
 
 
-def run(settings: Settings, policy: Policy) -> None:
-    uvloop.run(serve(settings, policy))
+async def _drain(
+    app: web.Application,
+    runner: web.AppRunner,
+    listener: asyncio.AbstractServer,
+    settings: Settings,
+    signalled: asyncio.Event,
+) -> None:
+    lifecycle = app[LIFECYCLE]
+    lifecycle.draining = True
+    log.info(
+        "stopping: /ready answers 503; accepting requests %g s more, then draining up to %g s",
+        settings.shutdown_delay_s, settings.drain_timeout_s,
+    )  # fmt: skip
+    signalled.clear()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(signalled.wait(), settings.shutdown_delay_s)
+    listener.close()
+    assert runner.server is not None
+    runner.server.pre_shutdown()  # keep-alive connections close after their current response
+    deadline = time.monotonic() + settings.drain_timeout_s
+    second_signal = asyncio.ensure_future(signalled.wait())
+    try:
+        while lifecycle.inflight and not signalled.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await asyncio.wait(
+                {*lifecycle.inflight, second_signal},
+                timeout=remaining,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+    finally:
+        second_signal.cancel()
+    left = [task for task in lifecycle.inflight if not task.done()]
+    if not left:
+        log.info("stopping: no request in flight")
+        return
+    log.warning("stopping: drain deadline reached, ending %d requests in flight", len(left))
+    app[FORWARDER].closing = True
+    for task in left:
+        task.cancel()
+    await asyncio.wait(left, timeout=_CANCEL_GRACE_S)
+
+
+def run(settings: Settings, policy: Policy) -> int:
+    try:
+        uvloop.run(serve(settings, policy))
+    except StartupError as exc:
+        log.error("%s", exc)
+        return 2
+    return 0

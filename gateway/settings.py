@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class Settings(BaseSettings):
@@ -21,11 +23,41 @@ class Settings(BaseSettings):
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     policy: Path | None = None
     max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    max_json_depth: Annotated[int, Field(ge=2, le=200)] = 64
+    """Deepest nesting of arrays and objects a body may have; checked before anything walks
+    it (orjson cannot serialise past 254 levels, and recursion costs the event loop)."""
     retries: Annotated[int, Field(ge=0, le=10)] = 1
     """Extra attempts on another replica when one refuses or fails before the first byte."""
     connect_timeout_s: Annotated[float, Field(gt=0)] = 3.0
+    first_token_timeout_s: Annotated[float, Field(gt=0)] = 60.0
+    """A stream's wait for its first byte (queueing + prefill): past it the attempt fails and,
+    since the client has received nothing yet, moves to another replica."""
     first_byte_timeout_s: Annotated[float, Field(gt=0)] = 600.0
-    """Long prefills of long prompts are legitimate; this only catches a replica that hangs."""
+    """Longest silence from a replica otherwise: a non-streaming answer (sent whole, after the
+    last token) and the gap between two chunks of a stream."""
+    header_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    """A client connection that has not sent complete request headers within this time
+    (counted from its opening, or from the end of its previous response) is closed."""
+    body_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    """Longest time to receive a request body once its headers are in."""
+    max_connections: Annotated[int, Field(ge=1)] = 2048
+    """Open client connections; one more is answered 503 and closed. Also capped by the
+    process's open-file limit (each request needs a client and a replica socket)."""
+    outlier_consecutive_failures: Annotated[int, Field(ge=1)] = 5
+    """Consecutive 5xx answers, refused connections or first-token timeouts that eject a
+    replica from routing."""
+    outlier_base_ejection_s: Annotated[float, Field(gt=0)] = 10.0
+    """First ejection's length; each further ejection without a success in between doubles it."""
+    outlier_max_ejection_s: Annotated[float, Field(gt=0)] = 300.0
+    outlier_max_ejected_share: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """At most this share of a pool's replicas is ejected at once (rounded down): failures
+    that hit every replica are more likely the requests' fault than the replicas'."""
+    shutdown_delay_s: Annotated[float, Field(ge=0)] = 5.0
+    """After SIGTERM, /ready answers 503 at once but requests are still accepted this long,
+    while load balancers (Kubernetes endpoints) stop sending new ones."""
+    drain_timeout_s: Annotated[float, Field(ge=0)] = 45.0
+    """Then in-flight requests get this long to finish; streams still open after it end with
+    an SSE error event. Keep delay + drain below the pod's terminationGracePeriodSeconds."""
     health_interval_s: Annotated[float, Field(gt=0)] = 1.0
     health_timeout_s: Annotated[float, Field(gt=0)] = 1.0
     unhealthy_after: Annotated[int, Field(ge=1)] = 2
@@ -34,5 +66,28 @@ class Settings(BaseSettings):
     policy_watch_interval_s: Annotated[float, Field(gt=0)] = 1.0
     """How often the policy file is checked for changes (it is also reloaded on SIGHUP)."""
     admin_token: SecretStr | None = None
-    """Bearer token for /admin/*; with none set, the admin endpoints are disabled."""
+    """Bearer token for /admin/*; with none set (or an empty one), the admin endpoints are
+    disabled."""
     log_level: str = "INFO"
+
+    @field_validator("admin_token", mode="after")
+    @classmethod
+    def _empty_token_is_none(cls, token: SecretStr | None) -> SecretStr | None:
+        # An empty token would accept an empty "Bearer " header: compose files and charts
+        # pass GATEWAY_ADMIN_TOKEN="" to mean "off", so off it is.
+        if token is None or not token.get_secret_value().strip():
+            return None
+        return token
+
+    @field_validator("log_level", mode="after")
+    @classmethod
+    def _known_level(cls, level: str) -> str:
+        if level.upper() not in _LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(_LOG_LEVELS)}")
+        return level.upper()
+
+    @model_validator(mode="after")
+    def _timeouts_agree(self) -> Settings:
+        if self.outlier_max_ejection_s < self.outlier_base_ejection_s:
+            raise ValueError("outlier_max_ejection_s must be >= outlier_base_ejection_s")
+        return self

@@ -1,0 +1,253 @@
+"""``llm-gateway bench soak``: does the gateway hold steady under minutes of mixed traffic?
+
+Zero-delay simulated replicas behind a real ``llm-gateway serve``; concurrent clients send a
+mix that exercises every path a long-running gateway takes: streaming and non-streaming
+requests over many tenants' system prompts (so the prefix indexes fill to their bounds),
+clients that leave mid-stream, invalid bodies, unknown models and fresh request ids. Every few
+seconds the gateway's resident memory (VmRSS from /proc) and the size of its /metrics page are
+sampled. A leak shows as RSS that keeps climbing after warm-up; a label explosion as /metrics
+growing with the request count. Writes a Markdown report (with the command that produced it)
+and a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import random
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import orjson
+import uvloop
+
+from bench.host import machine_description
+from bench.launcher import start_gateway
+from replica.processes import ManagedProcess, start_sim_replicas
+
+MODEL = "soak-model"
+_ZERO_DELAY = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    elapsed_s: float
+    requests: int
+    rss_mib: float
+    metrics_bytes: int
+    metrics_series: int
+
+
+@dataclass(slots=True)
+class Tally:
+    requests: int = 0
+    by_status: dict[int, int] = field(default_factory=dict)
+    client_errors: int = 0
+    kept_log: Path | None = None
+    """The gateway's log, kept when requests failed."""
+
+    def count(self, status: int) -> None:
+        self.requests += 1
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+
+    def failed(self) -> int:
+        """Answers >= 500 (none is expected: the replicas are healthy) and transport errors."""
+        return self.client_errors + sum(n for s, n in self.by_status.items() if s >= 500)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration-s", type=float, default=180.0, help="(default: %(default)s)")
+    parser.add_argument("--concurrency", type=int, default=16, help="(default: %(default)s)")
+    parser.add_argument("--replicas", type=int, default=2, help="(default: %(default)s)")
+    parser.add_argument("--tenants", type=int, default=400, help="distinct system prompts")
+    parser.add_argument("--sample-every-s", type=float, default=5.0)
+    parser.add_argument("--out", type=Path, default=Path("docs/soak.md"))
+    parser.add_argument("--plot", type=Path, default=Path("docs/soak.png"))
+    parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument(
+        "--policy",
+        choices=("prefix-aware", "least-loaded", "round-robin"),
+        default="prefix-aware",
+        help="the pool's routing policy (default: %(default)s)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    samples, tally = uvloop.run(_soak(args))
+    command = "llm-gateway bench soak " + shlex.join(sys.argv[3:] if len(sys.argv) > 3 else [])
+    _plot(samples, args.plot)
+    args.out.write_text(report(samples, tally, args, command.strip()))
+    print(args.out.read_text())
+    return 1 if tally.failed() else 0
+
+
+async def _soak(args: argparse.Namespace) -> tuple[list[Sample], Tally]:
+    sims = await start_sim_replicas(args.replicas, MODEL, **_ZERO_DELAY)
+    try:
+        pool = {"model": MODEL, "replicas": [s.url for s in sims], "policy": args.policy}
+        policy = {"pools": {"small": pool}}
+        gateway = await start_gateway(policy, env={"GATEWAY_LOG_LEVEL": "WARNING"})
+        try:
+            samples, tally = await _drive(gateway, args)
+            if tally.failed():
+                gateway.keep_log = True  # the evidence outlives the run
+                tally.kept_log = gateway.log_path
+            return samples, tally
+        finally:
+            await gateway.stop()
+    finally:
+        await asyncio.gather(*(s.stop() for s in sims))
+
+
+async def _drive(gateway: ManagedProcess, args: argparse.Namespace) -> tuple[list[Sample], Tally]:
+    tally = Tally()
+    samples: list[Sample] = []
+    started = time.monotonic()
+    deadline = started + args.duration_s
+    ids = itertools.count()
+    connector = aiohttp.TCPConnector(limit=args.concurrency)
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def client(seed: int) -> None:
+            rng = random.Random(seed)
+            while time.monotonic() < deadline:
+                await _one(session, gateway.url, rng, next(ids), args.tenants, tally)
+
+        async def sampler() -> None:
+            # A session of its own: the clients keep every pooled connection busy.
+            async with aiohttp.ClientSession(timeout=timeout) as own:
+                while True:
+                    samples.append(await _sample(own, gateway, started, tally))
+                    if time.monotonic() >= deadline:
+                        return
+                    await asyncio.sleep(min(args.sample_every_s, deadline - time.monotonic()))
+
+        clients = [client(args.seed * 1000 + i) for i in range(args.concurrency)]
+        await asyncio.gather(sampler(), *clients)
+    return samples, tally
+
+
+async def _one(
+    session: aiohttp.ClientSession,
+    url: str,
+    rng: random.Random,
+    i: int,
+    tenants: int,
+    tally: Tally,
+) -> None:
+    roll = rng.random()
+    tenant = int(rng.paretovariate(1.2)) % tenants
+    body: dict[str, object] = {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": f"You are assistant number {tenant}. " * 40},
+            {"role": "user", "content": f"question {i}"},
+        ],
+        "max_tokens": 8,
+        "stream": roll < 0.5,
+    }
+    if 0.90 <= roll < 0.94:
+        body["model"] = "no-such-model"
+    elif 0.94 <= roll < 0.97:
+        body["max_tokens"] = "eight"
+    data = orjson.dumps(body) if roll < 0.97 else b'{"model": "' + MODEL.encode()
+    try:
+        async with session.post(
+            f"{url}/v1/chat/completions", data=data, headers={"x-request-id": f"soak-{i}"}
+        ) as response:
+            if body["stream"] and roll < 0.05:
+                await response.content.readany()  # a client that leaves mid-stream
+                response.close()
+            else:
+                await response.read()
+            tally.count(response.status)
+    except (aiohttp.ClientError, TimeoutError):
+        tally.client_errors += 1
+
+
+async def _sample(
+    session: aiohttp.ClientSession, gateway: ManagedProcess, started: float, tally: Tally
+) -> Sample:
+    async with session.get(f"{gateway.url}/metrics") as response:
+        text = await response.read()
+    series = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+    return Sample(
+        time.monotonic() - started, tally.requests, _rss_mib(gateway.pid), len(text), series
+    )
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def report(samples: list[Sample], tally: Tally, args: argparse.Namespace, command: str) -> str:
+    warm = samples[min(len(samples) - 1, max(1, len(samples) // 5))]
+    last = samples[-1]
+    growth = last.rss_mib - warm.rss_mib
+    per_10k = growth / max(last.requests - warm.requests, 1) * 10_000
+    statuses = ", ".join(f"{s}: {n:,}" for s, n in sorted(tally.by_status.items()))
+    failures = ""
+    if tally.failed():
+        failures = (
+            f"\n- **{tally.failed():,} requests failed** (answers >= 500 or transport errors; "
+            f"none is expected from healthy replicas): the gateway's log was kept at "
+            f"`{tally.kept_log}` for the cause."
+        )
+    rows = "\n".join(
+        f"| {s.elapsed_s:6.0f} | {s.requests:9,} | {s.rss_mib:7.1f} | {s.metrics_bytes:8,} "
+        f"| {s.metrics_series:6,} |"
+        for s in samples
+    )
+    return f"""# Soak: memory and /metrics size over time
+
+Command: `{command}`
+Machine: {machine_description()}. {args.replicas} zero-delay simulated replicas ({args.policy}),
+{args.concurrency} concurrent clients for {args.duration_s:g} s: half the requests streamed,
+{args.tenants} tenants' system prompts (Pareto popularity), 5% of clients leaving mid-stream,
+and 10% refused requests (unknown model, a string `max_tokens`, truncated JSON).
+
+- Requests answered: {tally.requests:,} ({tally.requests / last.elapsed_s:,.0f}/s); by status:
+  {statuses}; client-side errors: {tally.client_errors}.{failures}
+- Gateway RSS: {samples[0].rss_mib:.1f} MiB at start, {warm.rss_mib:.1f} MiB after warm-up
+  ({warm.elapsed_s:.0f} s), {last.rss_mib:.1f} MiB at the end: {growth:+.1f} MiB after warm-up,
+  {per_10k:+.2f} MiB per 10,000 requests.
+- /metrics: {samples[0].metrics_bytes:,} bytes ({samples[0].metrics_series} series) at start,
+  {last.metrics_bytes:,} bytes ({last.metrics_series} series) at the end: label sets are
+  bounded by pools, replicas, routes and status codes, not by requests.
+
+![RSS and /metrics size over time]({args.plot.name})
+
+| t (s) | requests | RSS (MiB) | /metrics (bytes) | series |
+|---:|---:|---:|---:|---:|
+{rows}
+"""
+
+
+def _plot(samples: list[Sample], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rss, size) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    t = [s.elapsed_s for s in samples]
+    rss.plot(t, [s.rss_mib for s in samples], marker=".")
+    rss.set_ylabel("gateway RSS (MiB)")
+    rss.set_ylim(bottom=0)
+    size.plot(t, [s.metrics_bytes / 1024 for s in samples], marker=".", color="tab:orange")
+    size.set_ylabel("/metrics (KiB)")
+    size.set_ylim(bottom=0)
+    size.set_xlabel("time (s)")
+    fig.suptitle("llm-gateway bench soak")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,63 @@
+"""Helpers of the hardening tests (issue 8): raw HTTP on a socket, and the gateway's log."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from urllib.parse import urlsplit
+
+import orjson
+
+from replica.processes import ManagedProcess
+
+
+async def raw_http(url: str, data: bytes, timeout_s: float = 5.0) -> tuple[int, bytes, bytes]:
+    """Sends `data` as is on a new connection; the status, the head and the body of the
+    answer, read until the server closes (status 0 if it closed without answering)."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        raw = b""
+        async with asyncio.timeout(timeout_s):
+            while chunk := await reader.read(65536):
+                raw += chunk
+                if _complete(raw):
+                    break
+    except ConnectionResetError:
+        raw = b""
+    finally:
+        writer.close()
+    if not raw:
+        return 0, b"", b""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), head, body
+
+
+def _complete(raw: bytes) -> bool:
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return False
+
+
+def openai_error(body: bytes) -> dict[str, object]:
+    """The error object of an OpenAI-shaped error body (fails the test otherwise)."""
+    error = orjson.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    return dict(error)
+
+
+async def wait_for_log(process: ManagedProcess, needle: str, timeout_s: float = 5.0) -> str:
+    """The process's whole log once it holds `needle` (or once `timeout_s` has passed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = process.log_tail(1 << 22)
+        if needle in text or time.monotonic() > deadline:
+            return text
+        await asyncio.sleep(0.05)

@@ -1,0 +1,197 @@
+"""Issue 8, operators' mistakes: admin token, policy files, replica URLs, settings, start-up."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from bench.launcher import GatewayProcess, start_gateway
+from gateway.settings import Settings
+from tests.conftest import FAST_PROBES, get_text, pool_policy, running_sims
+from tests.test_gateway_failover import eventually, metric
+
+BAD_URLS = ["http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://not a host"]
+
+
+def llm_gateway(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def test_an_empty_admin_token_means_admin_is_off() -> None:
+    assert Settings(admin_token="").admin_token is None
+    assert Settings(admin_token="  ").admin_token is None
+    assert Settings(admin_token="t").admin_token is not None
+
+
+async def test_with_an_empty_token_every_admin_endpoint_answers_403() -> None:
+    async with running_sims(1) as [replica]:
+        gw = await start_gateway(
+            pool_policy([replica.url]), env={**FAST_PROBES, "GATEWAY_ADMIN_TOKEN": ""}
+        )
+        try:
+            async with aiohttp.ClientSession() as session:
+                for method, path in (
+                    ("POST", "/admin/reload"), ("GET", "/admin/policy"), ("POST", "/admin/route"),
+                ):  # fmt: skip
+                    for auth in ({}, {"Authorization": "Bearer "}, {"Authorization": "Bearer"}):
+                        async with session.request(
+                            method, f"{gw.url}{path}", headers=auth, json={}
+                        ) as response:
+                            assert response.status == 403, (path, auth)
+                            assert (await response.json())["error"]["code"] == "admin_disabled"
+        finally:
+            await gw.stop()
+
+
+def test_compose_keeps_admin_off_and_the_port_on_loopback_by_default() -> None:
+    compose = yaml.safe_load((Path(__file__).parent.parent / "docker-compose.yml").read_text())
+    gateway = compose["services"]["gateway"]
+    assert gateway["environment"]["GATEWAY_ADMIN_TOKEN"] == "${GATEWAY_ADMIN_TOKEN:-}"
+    assert gateway["ports"] == ["${GATEWAY_PUBLISH:-127.0.0.1}:8080:8080"]
+
+
+async def test_invalid_utf8_in_the_policy_is_refused_and_later_edits_still_apply() -> None:
+    token = "t0ken"
+    admin = {"Authorization": f"Bearer {token}"}
+    async with running_sims(2) as replicas:
+        gw = await start_gateway(
+            pool_policy([replicas[0].url]),
+            env={**FAST_PROBES, "GATEWAY_ADMIN_TOKEN": token,
+                 "GATEWAY_POLICY_WATCH_INTERVAL_S": "0.1"},
+        )  # fmt: skip
+        assert isinstance(gw, GatewayProcess)
+        try:
+            good = yaml.safe_dump(pool_policy([replicas[0].url])).encode()
+            gw.policy_path.write_bytes(good + b"# caf\xe9\n")
+
+            async def error_counted() -> bool:
+                _, text = await get_text(f"{gw.url}/metrics")
+                return metric(text, "gateway_policy_reloads_total", result="error") == 1.0
+
+            await eventually(error_counted)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"{gw.url}/admin/reload", headers=admin) as response,
+            ):
+                assert response.status == 422
+                assert "UTF-8" in " ".join((await response.json())["problems"])
+            # The watch goes on: a later, valid edit is applied.
+            gw.policy_path.write_text(yaml.safe_dump(pool_policy([r.url for r in replicas])))
+
+            async def both_replicas_served() -> bool:
+                status, text = await get_text(f"{gw.url}/ready")
+                return status == 200 and '"small":2' in text
+
+            await eventually(both_replicas_served)
+        finally:
+            await gw.stop()
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_check_policy_refuses_an_unusable_replica_url(tmp_path: Path, url: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(pool_policy(["http://127.0.0.1:8000", url])))
+    result = llm_gateway("check-policy", str(path))
+    assert result.returncode == 2
+    assert "pools.small.replicas.1" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_a_reload_refuses_an_unusable_replica_url() -> None:
+    async with running_sims(1) as [replica]:
+        gw = await start_gateway(
+            pool_policy([replica.url]),
+            env={**FAST_PROBES, "GATEWAY_ADMIN_TOKEN": "t"},
+        )
+        assert isinstance(gw, GatewayProcess)
+        try:
+            async with aiohttp.ClientSession() as session:
+                for url in BAD_URLS:
+                    gw.policy_path.write_text(yaml.safe_dump(pool_policy([replica.url, url])))
+                    async with session.post(
+                        f"{gw.url}/admin/reload", headers={"Authorization": "Bearer t"}
+                    ) as response:
+                        assert response.status == 422, url
+                async with session.get(
+                    f"{gw.url}/admin/policy", headers={"Authorization": "Bearer t"}
+                ) as response:
+                    assert (await response.json())["pools"]["small"]["replicas"] == [replica.url]
+        finally:
+            await gw.stop()
+
+
+def _policy_file(tmp_path: Path) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(pool_policy(["http://127.0.0.1:9"])))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("GATEWAY_PORT", "abc"), ("GATEWAY_RETRIES", "-1"), ("GATEWAY_LOG_LEVEL", "LOUD"),
+     ("GATEWAY_FIRST_TOKEN_TIMEOUT_S", "0")],
+)  # fmt: skip
+def test_a_bad_setting_is_one_clear_line_and_exit_code_2(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    result = llm_gateway("serve", "--policy", str(_policy_file(tmp_path)), env={variable: value})
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {variable}:")
+
+
+def test_a_port_in_use_is_one_clear_line_and_exit_code_2(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = llm_gateway(
+            "serve", "--policy", str(_policy_file(tmp_path)), "--port", str(port),
+            env={"GATEWAY_HEALTH_TIMEOUT_S": "0.2"},
+        )  # fmt: skip
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr.strip().splitlines()[-1]
+
+
+def test_the_charts_grace_period_covers_the_pre_stop_delay_and_the_drain() -> None:
+    chart = Path(__file__).parent.parent / "helm" / "llm-gateway"
+    values = yaml.safe_load((chart / "values.yaml").read_text())["gateway"]
+    defaults = Settings()
+    # The chart's defaults are the gateway's own, and they fit in the grace period.
+    assert values["shutdownDelaySeconds"] == defaults.shutdown_delay_s
+    assert values["drainTimeoutSeconds"] == defaults.drain_timeout_s
+    assert (
+        values["shutdownDelaySeconds"] + values["drainTimeoutSeconds"] + 5
+        <= values["terminationGracePeriodSeconds"]
+    )
+    template = (chart / "templates" / "gateway-deployment.yaml").read_text()
+    for variable in ("GATEWAY_SHUTDOWN_DELAY_S", "GATEWAY_DRAIN_TIMEOUT_S"):
+        assert f"name: {variable}" in template
+    assert "fail (printf" in template  # a combination that does not fit is refused at render
+
+
+def test_helm_refuses_a_drain_longer_than_the_grace_period() -> None:
+    helm = shutil.which("helm") or str(Path(__file__).parent.parent / ".cache/tools/bin/helm")
+    if not Path(helm).exists():
+        pytest.skip("helm is not installed (.ci/install-deploy-tools.sh installs it)")
+    chart = str(Path(__file__).parent.parent / "helm" / "llm-gateway")
+    fits = subprocess.run([helm, "template", "x", chart], capture_output=True, text=True)
+    assert fits.returncode == 0, fits.stderr
+    too_long = subprocess.run(
+        [helm, "template", "x", chart, "--set", "gateway.drainTimeoutSeconds=58"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert too_long.returncode != 0
+    assert "must not exceed gateway.terminationGracePeriodSeconds (60)" in too_long.stderr

@@ -1,0 +1,197 @@
+"""Issue 8, abusive clients: slow or endless connections, hostile bodies, malformed HTTP, and
+logs that name their request and never a secret."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+import pytest
+import pytest_asyncio
+
+from bench.launcher import start_gateway
+from replica.processes import ManagedProcess
+from tests.conftest import FAST_PROBES, MODEL, chat, pool_policy, running_sims
+from tests.hardening import openai_error, raw_http, wait_for_log
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SECRET = "sk-very-secret-value"
+ENV = {
+    **FAST_PROBES,
+    "GATEWAY_HEADER_TIMEOUT_S": "1",
+    "GATEWAY_BODY_TIMEOUT_S": "1",
+    "GATEWAY_MAX_CONNECTIONS": "20",
+    "GATEWAY_LOG_LEVEL": "DEBUG",
+}
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def gateway() -> AsyncIterator[ManagedProcess]:
+    async with running_sims(1, prefill_s_per_token=0, decode_step_s=0, decode_s_per_seq=0) as sims:
+        policy = pool_policy([sims[0].url])
+        policy["tiers"] = {"auto": {"small": "small", "large": "small"}}
+        gw = await start_gateway(policy, env=ENV)
+        try:
+            yield gw
+        finally:
+            await gw.stop()
+
+
+def nested(depth: int) -> object:
+    value: object = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        chat("s", "q", tools=nested(300)),
+        {"model": MODEL, "messages": [{"role": "user", "content": [nested(300)]}]},
+        {"model": "auto", "messages": [{"role": "user", "content": "q"}], "x": nested(300)},
+    ],
+    ids=["tools", "content-part", "tiered-model"],
+)
+async def test_deep_nesting_is_a_400_naming_it_and_no_traceback(
+    gateway: ManagedProcess, body: dict[str, object]
+) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{gateway.url}/v1/chat/completions", data=json.dumps(body)) as response,
+    ):
+        assert response.status == 400
+        error = openai_error(await response.read())
+        assert (error["param"], error["code"]) == ("body", "too_deeply_nested")
+    assert "Traceback" not in gateway.log_tail(1 << 22)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_tokens", "10"), ("max_tokens", -1), ("n", 1.5), ("stream", "yes"), ("tools", {}),
+     ("temperature", "hot"), ("cache_salt", 3), ("max_completion_tokens", True)],
+)  # fmt: skip
+async def test_fields_the_gateway_reads_are_typed(
+    gateway: ManagedProcess, field: str, value: object
+) -> None:
+    for model in (MODEL, "auto"):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{gateway.url}/v1/chat/completions",
+                data=orjson.dumps({**chat("s", "q", model=model), field: value}),
+            ) as response,
+        ):
+            assert response.status == 400
+            assert "x-gateway-replica" not in response.headers  # the gateway's own answer
+            assert openai_error(await response.read())["param"] == field
+
+
+async def test_a_body_that_is_not_the_gzip_it_claims_is_a_400(gateway: ManagedProcess) -> None:
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{gateway.url}/v1/chat/completions", data=b"not gzip at all", headers=headers
+        ) as response:
+            assert response.status == 400
+            assert openai_error(await response.read())["code"] == "invalid_content_encoding"
+        real = gzip.compress(orjson.dumps(chat("s", "q")))
+        async with session.post(
+            f"{gateway.url}/v1/chat/completions", data=real, headers=headers
+        ) as response:
+            assert response.status == 200  # a real gzip body is fine
+
+
+async def test_a_connection_without_complete_headers_is_closed(gateway: ManagedProcess) -> None:
+    parts = urlsplit(gateway.url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    await writer.drain()
+    started = asyncio.get_running_loop().time()
+    async with asyncio.timeout(5):
+        assert await reader.read() == b""  # closed by the gateway
+    assert asyncio.get_running_loop().time() - started < 3
+    writer.close()
+
+
+async def test_a_body_that_does_not_arrive_gets_408(gateway: ManagedProcess) -> None:
+    status, _, body = await raw_http(
+        gateway.url,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 500\r\n\r\n{"model":',
+    )
+    assert status == 408
+    assert openai_error(body)["code"] == "request_timeout"
+
+
+async def test_connections_over_the_limit_are_refused_clearly_and_others_go_on(
+    gateway: ManagedProcess,
+) -> None:
+    parts = urlsplit(gateway.url)
+    held = [await asyncio.open_connection(parts.hostname, parts.port) for _ in range(20)]
+    try:
+        await asyncio.sleep(0.2)
+        status, _, body = await raw_http(gateway.url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 503
+        assert openai_error(body)["code"] == "too_many_connections"
+    finally:
+        for _, writer in held:
+            writer.close()
+    await asyncio.sleep(0.3)
+    status, _, _ = await raw_http(gateway.url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 200
+    log = await wait_for_log(gateway, "refused")
+    assert "GATEWAY_MAX_CONNECTIONS is 20" in log
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization Bearer " + SECRET.encode()
+        + b"\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + SECRET.encode()
+        + b"x" * 9000 + b"\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: tea\r\n\r\n{}",
+    ],
+    ids=["garbage", "no-colon", "over-8190", "expect"],
+)  # fmt: skip
+async def test_malformed_http_gets_an_openai_error_and_leaks_nothing_to_the_log(
+    gateway: ManagedProcess, request_bytes: bytes
+) -> None:
+    status, head, body = await raw_http(gateway.url, request_bytes)
+    assert 400 <= status < 500
+    assert b"application/json" in head
+    openai_error(body)
+    log = await wait_for_log(gateway, "answered")
+    assert SECRET not in log
+
+
+async def test_log_lines_carry_the_request_id_and_never_the_credentials(
+    gateway: ManagedProcess,
+) -> None:
+    long_bad_id = "bad id with spaces " + "x" * 300
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{gateway.url}/v1/chat/completions",
+            data=orjson.dumps(chat("s", "q")),
+            headers={"x-request-id": "rid-4242", "Authorization": f"Bearer {SECRET}"},
+        ) as response:
+            assert response.status == 200
+            assert response.headers["x-request-id"] == "rid-4242"
+        async with session.post(
+            f"{gateway.url}/v1/chat/completions",
+            data=orjson.dumps(chat("s", "q")),
+            headers={"x-request-id": long_bad_id},
+        ) as response:
+            assert response.headers["x-request-id"] != long_bad_id  # not echoed into logs
+    log = await wait_for_log(gateway, "[rid-4242]")
+    [line] = [line for line in log.splitlines() if "[rid-4242]" in line]
+    assert "answered 200" in line
+    assert SECRET not in log and long_bad_id not in log

@@ -1,0 +1,209 @@
+"""Issue 8, faulty replicas: streams retried before their first byte, passive health, honest
+metrics, and compressed answers."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections import Counter
+
+import aiohttp
+import orjson
+from aiohttp import web
+from openai import APIError, AsyncOpenAI
+
+from gateway import headers
+from tests.conftest import MODEL, chat, fake_replica, get_text, running_gateway, running_sims
+from tests.hardening import wait_for_log
+from tests.test_gateway_failover import eventually, metric
+
+FAST = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
+
+
+def client(url: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=10)
+
+
+async def stream_text(url: str, user: str) -> str:
+    stream = await client(url).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": user}], stream=True, max_tokens=8
+    )
+    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+
+async def test_a_stream_whose_replica_dies_before_the_first_token_is_retried() -> None:
+    deaths = 0
+
+    async def dies_before_first_token(request: web.Request) -> web.StreamResponse:
+        nonlocal deaths
+        deaths += 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)  # 200 and headers sent, then the engine dies
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    async with (
+        running_sims(1, **FAST) as [good],
+        fake_replica(dies_before_first_token) as bad_url,
+        running_gateway(
+            [bad_url, good.url], "round-robin", env={"GATEWAY_OUTLIER_CONSECUTIVE_FAILURES": "100"}
+        ) as gw,
+    ):
+        texts = [await stream_text(gw.url, f"question {i}") for i in range(6)]
+        assert all(texts), texts
+        assert deaths >= 3  # round-robin sent every other first attempt there
+
+
+async def test_a_replica_answering_500_to_everything_is_ejected_and_logged() -> None:
+    hits = 0
+
+    async def broken(request: web.Request) -> web.Response:
+        nonlocal hits
+        hits += 1
+        return web.json_response({"error": {"message": "engine dead"}}, status=500)
+
+    async with (
+        running_sims(2, **FAST) as good,
+        fake_replica(broken) as bad_url,
+        running_gateway([bad_url, *(g.url for g in good)], "round-robin") as gw,
+        aiohttp.ClientSession() as session,
+    ):
+        bad = bad_url.removeprefix("http://")
+        statuses = []
+        for i in range(60):
+            async with session.post(
+                f"{gw.url}/v1/chat/completions", data=orjson.dumps(chat("s", f"q{i}"))
+            ) as response:
+                statuses.append(response.status)
+        assert statuses == [200] * 60
+        assert hits == 5  # GATEWAY_OUTLIER_CONSECUTIVE_FAILURES, then no more
+        _, text = await get_text(f"{gw.url}/metrics")
+        assert metric(text, "gateway_replica_ejected", replica=bad) == 1.0
+        assert metric(text, "gateway_replica_ejections_total", replica=bad) == 1.0
+        assert metric(text, "gateway_retries_total", pool="small") == 5.0
+        log = await wait_for_log(gw, "ejected")
+        [line] = [line for line in log.splitlines() if "ejected for" in line]
+        assert bad in line and "5 consecutive failures" in line
+
+
+async def test_round_robin_turns_are_not_consumed_by_retries() -> None:
+    hits = 0
+
+    async def broken(request: web.Request) -> web.Response:
+        nonlocal hits
+        hits += 1
+        return web.json_response({"error": {"message": "engine dead"}}, status=500)
+
+    async with (
+        running_sims(2, **FAST) as good,
+        fake_replica(broken) as bad_url,
+        running_gateway(
+            [bad_url, *(g.url for g in good)],
+            "round-robin",
+            env={"GATEWAY_OUTLIER_CONSECUTIVE_FAILURES": "1000"},
+        ) as gw,
+        aiohttp.ClientSession() as session,
+    ):
+        served: Counter[str] = Counter()
+        for i in range(30):
+            async with session.post(
+                f"{gw.url}/v1/chat/completions", data=orjson.dumps(chat("s", f"q{i}"))
+            ) as response:
+                assert response.status == 200
+                served[response.headers[headers.REPLICA]] += 1
+        assert hits == 10  # one turn in three, not every request's first attempt
+        assert sorted(served.values()) == [15, 15]
+
+
+async def test_a_silent_replica_costs_a_stream_the_first_token_timeout_then_is_ejected() -> None:
+    async def silent(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(5)  # past every timeout the test sets
+        return web.Response()
+
+    async with (
+        running_sims(1, **FAST) as [good],
+        fake_replica(silent) as bad_url,
+        running_gateway(
+            [bad_url, good.url],
+            "round-robin",
+            env={
+                "GATEWAY_FIRST_TOKEN_TIMEOUT_S": "0.5",
+                "GATEWAY_OUTLIER_CONSECUTIVE_FAILURES": "2",
+            },
+        ) as gw,
+    ):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        texts = [await stream_text(gw.url, f"q{i}") for i in range(8)]
+        assert all(texts)
+        assert loop.time() - started < 4  # two timeouts of 0.5 s, then the replica is out
+        _, text = await get_text(f"{gw.url}/metrics")
+        assert metric(text, "gateway_replica_ejected", replica=bad_url.removeprefix("http://")) == 1
+
+
+async def test_a_client_that_leaves_a_non_streaming_request_is_counted_499() -> None:
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(3)
+        return web.json_response({})
+
+    async with fake_replica(slow) as url, running_gateway([url]) as gw:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as session:
+            try:
+                await session.post(
+                    f"{gw.url}/v1/chat/completions", data=orjson.dumps(chat("s", "q"))
+                )
+            except TimeoutError:
+                pass
+
+        async def counted() -> bool:
+            _, text = await get_text(f"{gw.url}/metrics")
+            return metric(text, "gateway_requests_total", pool="small", code="499") == 1.0
+
+        await eventually(counted)
+
+
+async def test_a_stream_that_ends_in_an_error_event_is_counted_502() -> None:
+    async def breaks(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                 "choices": [{"index": 0, "delta": {"content": "partial"}, "finish_reason": None}]}  # fmt: skip
+        await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    async with fake_replica(breaks) as url, running_gateway([url]) as gw:
+        try:
+            await stream_text(gw.url, "q")
+            raise AssertionError("the stream should have raised")
+        except APIError:
+            pass
+        _, text = await get_text(f"{gw.url}/metrics")
+        assert metric(text, "gateway_requests_total", pool="small", code="502") == 1.0
+        assert metric(text, "gateway_requests_total", pool="small", code="200") is None
+
+
+async def test_a_compressed_answer_reaches_the_openai_client_decodable() -> None:
+    seen_encodings: list[str] = []
+    answer = {
+        "id": "x", "object": "chat.completion", "created": 0, "model": MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "zipped"},
+                     "finish_reason": "stop"}],
+    }  # fmt: skip
+
+    async def gzips_anyway(request: web.Request) -> web.Response:
+        seen_encodings.append(request.headers.get("Accept-Encoding", ""))
+        return web.Response(
+            body=gzip.compress(orjson.dumps(answer)),
+            headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        )
+
+    async with fake_replica(gzips_anyway) as url, running_gateway([url]) as gw:
+        completion = await client(gw.url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert completion.choices[0].message.content == "zipped"
+    assert seen_encodings == ["identity"]  # the gateway asks for plain bytes
