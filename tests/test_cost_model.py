@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -52,6 +53,20 @@ def test_noise_never_yields_a_free_or_negative_cost() -> None:
         learner.observe(1000, 0, 0.0)  # absurd observations: zero TTFT
     rates = learner.rates()
     assert rates.prefill_s_per_token > 0 and rates.step_s > 0 and rates.decode_s_per_seq >= 0
+
+
+def test_traffic_that_never_varies_does_not_wind_the_learner_up() -> None:
+    """The same prompt size over and over excites one direction only; forgetting must not
+    inflate the others until they overflow (a soak once made every prediction NaN)."""
+    learner = RateLearner(PRIOR)
+    for _ in range(200_000):
+        learner.observe(100, 0, 0.001)
+    rates = learner.rates()
+    assert all(
+        math.isfinite(v) for v in (rates.prefill_s_per_token, rates.step_s, rates.decode_s_per_seq)
+    )
+    learner.observe(float("nan"), 0, 0.1)  # ignored, not poison
+    assert math.isfinite(learner.rates().step_s)
 
 
 def test_the_estimate_is_wait_plus_prefill_plus_one_step() -> None:

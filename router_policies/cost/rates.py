@@ -11,6 +11,7 @@ favoured nor shunned by noise.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 _TOKEN_SCALE = 1e-3
@@ -39,12 +40,16 @@ class Rates:
 class RateLearner:
     """Exponentially weighted recursive least squares over (1, tokens, running) -> TTFT."""
 
-    __slots__ = ("_p", "_prior", "_theta", "forgetting", "min_samples", "samples")
+    __slots__ = ("_max_trace", "_p", "_prior", "_theta", "forgetting", "min_samples", "samples")
 
     def __init__(self, prior: Rates, *, forgetting: float = 0.98, min_samples: int = 8) -> None:
         self._prior = prior
         self.forgetting = forgetting
         self.min_samples = min_samples
+        self._start()
+
+    def _start(self) -> None:
+        prior = self._prior
         self.samples = 0
         self._theta = [
             prior.step_s,
@@ -54,8 +59,13 @@ class RateLearner:
         # A weak prior: a handful of observations outweigh it.
         scale = [max(v, 1e-2) ** 2 * 100 for v in self._theta]
         self._p = [[scale[i] if i == j else 0.0 for j in range(3)] for i in range(3)]
+        # Forgetting inflates P along directions the traffic never excites (every prompt the
+        # same size, say) until it overflows: it is held at the prior's size.
+        self._max_trace = sum(scale)
 
     def observe(self, tokens: float, running: float, ttft_s: float) -> None:
+        if not (math.isfinite(tokens) and math.isfinite(running) and math.isfinite(ttft_s)):
+            return
         x = (1.0, tokens * _TOKEN_SCALE, running * _SEQ_SCALE)
         p, theta, lam = self._p, self._theta, self.forgetting
         px = [p[i][0] * x[0] + p[i][1] * x[1] + p[i][2] * x[2] for i in range(3)]
@@ -65,8 +75,15 @@ class RateLearner:
         for i in range(3):
             theta[i] += gain[i] * error
         # P is symmetric, so x'P = (Px)'.
-        self._p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(3)] for i in range(3)]
+        p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(3)] for i in range(3)]
+        trace = p[0][0] + p[1][1] + p[2][2]
+        if trace > self._max_trace:
+            shrink = self._max_trace / trace
+            p = [[v * shrink for v in row] for row in p]
+        self._p = p
         self.samples += 1
+        if not all(math.isfinite(v) for v in (*theta, trace)):
+            self._start()  # numerically lost: start again from the prior
 
     @property
     def learned(self) -> bool:

@@ -116,7 +116,8 @@ class PrefixAware(SelectionPolicy):
         fastest = min(item[0] for item in scored)
         tolerance = self.policy.cost
         limit = fastest * (1 + tolerance.near_ratio) + tolerance.near_s
-        near = [item for item in scored if item[0] <= limit]
+        # "not >" rather than "<=": were a prediction ever NaN, every replica stays a choice.
+        near = [item for item in scored if not item[0] > limit]
         useful = {c.name for _, c, matched, _ in near if _useful(matched, request, prefix)}
         _, chosen, matched_bytes, expected = self._balance(
             near, candidates, key, useful | spread_homes, has_home
