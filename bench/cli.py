@@ -33,6 +33,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.scaling",
         "HPA response to the autoscaling signal: step and ramp simulation",
     ),
+    "instances": (
+        "bench.instances",
+        "several gateway instances on one fleet: shared (Redis) vs one instance vs unshared",
+    ),
     "soak": (
         "bench.soak",
         "minutes of mixed traffic: the gateway's RSS and /metrics size over time",

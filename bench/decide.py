@@ -78,7 +78,7 @@ def measure(replicas: int, size: int, case: str, repeats: int, seed: int = 0) ->
     prefix = pool.prefix
 
     def features(prompt: CanonicalPrompt) -> RequestFeatures:
-        return make_fingerprint("m", prompt, prefix.block_bytes, prefix.max_blocks)
+        return make_fingerprint("m", prompt, prefix.layout, prefix.max_blocks)
 
     request_prompt = _prompt(rng, size, system)
     request = features(request_prompt)

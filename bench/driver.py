@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -244,8 +245,12 @@ async def run_conversations(
     arrivals: Sequence[float] | None = None,
     progress: bool = True,
     description: str = "requests",
+    spread: Sequence[str] = (),
 ) -> RunResult:
     """Run every conversation's rounds in order, conversations concurrently, streaming.
+
+    With ``spread`` (more base URLs), each request goes to one of ``base_url`` and those at
+    random (seeded), as a load balancer spreads requests over several gateway instances.
 
     Conversation i starts ``i x start_interval_s`` after the run: users join over time, as
     in vLLM's multi-round QA benchmark, instead of all arriving in the same instant. With
@@ -263,6 +268,8 @@ async def run_conversations(
     planned = total_requests(workload)
     budget = planned if max_requests is None else min(planned, max_requests)
     url = base_url.rstrip("/") + CHAT_PATH
+    urls = [url, *(u.rstrip("/") + CHAT_PATH for u in spread)]
+    pick = random.Random(0).choice
     results: list[RequestResult] = []
     # The connector's limit would bound concurrency too, but a request's clock must start
     # when it gets a slot, not while it queues inside the client.
@@ -282,7 +289,8 @@ async def run_conversations(
             remaining -= 1
             spec = conversation.request(round_, answers)
             async with slots:
-                result, answer = await send(session, url, chat_body(spec, model), stream=True)
+                target = pick(urls) if spread else url
+                result, answer = await send(session, target, chat_body(spec, model), stream=True)
             results.append(
                 replace(
                     result,

@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import itertools
 import logging
+import os
 import re
 import secrets
 import time
@@ -17,18 +18,24 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
-from gateway import headers
+from gateway import headers, responses_lookup
+from gateway.adapter_discovery import ROUNDS_PER_SCRAPE, discover_forever
+from gateway.affinity import RoutingMemory
 from gateway.errors import ApiError
 from gateway.explain import explain
 from gateway.logs import REQUEST_ID
 from gateway.metrics import NO_POOL, GatewayMetrics
+from gateway.models_list import model_card, model_list
 from gateway.monitor import ProbeSettings, ReplicaMonitor
 from gateway.outlier import OutlierDetector, OutlierSettings
 from gateway.policy_reload import PolicyHolder
 from gateway.proxy import Forwarder, Routed
+from gateway.rate_limit import RateLimiter
+from gateway.rate_limit.make import make_limiter
 from gateway.request_body import Endpoint, UnreadBody, parse_request, read_body
 from gateway.resolve import resolve
 from gateway.settings import Settings
+from gateway.shared_state import make_shared_state
 from router_policies.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -37,6 +44,8 @@ POLICY = web.AppKey("policy", PolicyHolder)
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 FORWARDER = web.AppKey("forwarder", Forwarder)
+LIMITER = web.AppKey("limiter", RateLimiter)
+MEMORY = web.AppKey("routing_memory", RoutingMemory)
 
 
 class Lifecycle:
@@ -58,6 +67,15 @@ def _json(data: object, status: int = 200) -> web.Response:
 
 _ID_PREFIX = secrets.token_hex(6)
 _id_counter = itertools.count(1)
+
+
+def _new_id_prefix() -> None:
+    global _ID_PREFIX
+    _ID_PREFIX = secrets.token_hex(6)
+
+
+# Worker processes (serve --workers) are forked after this import: each needs its own prefix.
+os.register_at_fork(after_in_child=_new_id_prefix)
 
 
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
@@ -126,7 +144,7 @@ async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamRe
         if request.writer.output_size > 0:
             raise  # a response has started: another one would corrupt the connection
         error = ApiError(500, "Internal gateway error.", type_="server_error")
-    if request.path.startswith("/v1/"):
+    if request.path.startswith(("/v1/", "/tokenize", "/detokenize")):
         request.app[METRICS].requests.labels(NO_POOL, NO_POOL, str(error.status)).inc()
     response = error.response({headers.REQUEST_ID: REQUEST_ID.get()})
     if isinstance(error, UnreadBody):
@@ -139,10 +157,18 @@ def completion_handler(endpoint: Endpoint) -> Handler:
         started = time.perf_counter()
         request_id = REQUEST_ID.get()
         settings = request.app[SETTINGS]
+        # One generation of the policy for the whole request, however long it streams.
+        fleet = request.app[POLICY].fleet
+        limiter = request.app[LIMITER]
+        tenant = limiter.authenticate(fleet.policy.limits, request.headers)
         raw = await read_body(request, settings.body_timeout_s)
         parsed = parse_request(endpoint, raw, settings.max_json_depth)
-        # One generation of the policy for the whole request, however long it streams.
-        resolution = resolve(request.app[POLICY].fleet, parsed, request.headers.get(headers.TIER))
+        resolution = resolve(
+            fleet, parsed, request.headers.get(headers.TIER), request.app[MEMORY],
+        )  # fmt: skip
+        admission = None
+        if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
+            admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
         resolution.pool.arrivals += 1
         if resolution.tier_router is not None and resolution.verdict is not None:
             if not resolution.verdict.forced:
@@ -153,20 +179,30 @@ def completion_handler(endpoint: Endpoint) -> Handler:
             resolution.features,
             request_id,
             started,
-            resolution.response_headers(),
+            {**resolution.response_headers(), **(admission.headers if admission else {})},
             resolution.route,
+            resolution.hooks,
+            on_usage=admission.observe if admission is not None else None,
         )
-        return await request.app[FORWARDER].forward(request, routed)
+        response = await request.app[FORWARDER].forward(request, routed)
+        if admission is not None:
+            limiter.settle(admission, response.status)
+        return response
 
     return handle
 
 
 async def list_models(request: web.Request) -> web.Response:
-    data = [
-        {"id": model, "object": "model", "created": 0, "owned_by": "llm-gateway"}
-        for model in request.app[POLICY].fleet.models()
-    ]
-    return _json({"object": "list", "data": data})
+    request.app[METRICS].requests.labels(NO_POOL, NO_POOL, "200").inc()
+    return _json(model_list(request.app[POLICY].fleet, request.app[MEMORY].learned_adapters))
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    card = model_card(
+        request.app[POLICY].fleet, request.match_info["model"], request.app[MEMORY].learned_adapters
+    )
+    request.app[METRICS].requests.labels(NO_POOL, NO_POOL, "200").inc()
+    return _json(card)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -235,6 +271,7 @@ async def admin_route(request: web.Request) -> web.Response:
         verdict = resolution.verdict
         tier = {
             "tier": verdict.tier.value,
+            "classifier": verdict.score.classifier,
             "score": verdict.score.score,
             "threshold": verdict.threshold,
             "forced": verdict.forced,
@@ -263,6 +300,7 @@ def build_app(settings: Settings, policy: Policy) -> web.Application:
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[openai_errors])
     app[SETTINGS] = settings
     app[LIFECYCLE] = Lifecycle()
+    app[MEMORY] = RoutingMemory()
     app[METRICS] = GatewayMetrics(lambda: app[POLICY].fleet)
     app[POLICY] = PolicyHolder(policy, settings.policy, app[METRICS].policy_reloads)
     app.cleanup_ctx.append(_background)
@@ -271,6 +309,8 @@ def build_app(settings: Settings, policy: Policy) -> web.Application:
             endpoint.value, completion_handler(endpoint), expect_handler=_expect_continue
         )
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", retrieve_model)
+    responses_lookup.add_routes(app, lambda: app[POLICY].fleet, app[MEMORY], app[METRICS])
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
@@ -321,11 +361,23 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
             ),
         )
         await monitor.start()
+        shared = make_shared_state(settings, app[METRICS])
+        await shared.start(lambda: holder.fleet)
+        app[LIMITER] = make_limiter(settings, app[METRICS])
         watcher = asyncio.create_task(holder.watch(settings.policy_watch_interval_s))
+        discovery = asyncio.create_task(
+            discover_forever(
+                lambda: holder.fleet, session, app[MEMORY].learned_adapters,
+                settings.scrape_interval_s * ROUNDS_PER_SCRAPE,
+            )
+        )  # fmt: skip
         try:
             yield
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in (watcher, discovery):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await shared.stop()
+            await app[LIMITER].close()
             await monitor.stop()

@@ -20,6 +20,7 @@ TOOLS_GROUP = "llm_gateway.tools"
 _TOOL_HELP = {
     "demo": "simulated fleet + gateway on loopback: prefix-aware vs round-robin",
     "bench": "benchmarks (needs the bench extra: pip install 'llm-gateway[bench]')",
+    "tiers": "train and evaluate the learned tier classifier (needs the bench extra)",
 }
 
 
@@ -27,7 +28,10 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.logs import configure
     from gateway.settings_errors import load_settings
 
-    flags = (("host", args.host), ("port", args.port), ("policy", args.policy))
+    flags = (
+        ("host", args.host), ("port", args.port), ("policy", args.policy),
+        ("workers", args.workers),
+    )  # fmt: skip
     settings = load_settings({k: v for k, v in flags if v is not None})
     if settings is None:
         return 2
@@ -67,6 +71,26 @@ def _load_or_explain(path: Path) -> Policy | None:
     return None
 
 
+def _hash_key(args: argparse.Namespace) -> int:
+    """Prints the sha256 digest a policy's limits.tenants.*.api_key_sha256 lists. The key is
+    read from stdin (or a hidden prompt), never from argv: argv shows in `ps` and in shell
+    history."""
+    from gateway.rate_limit.keys import hash_key
+
+    if sys.stdin.isatty():
+        import getpass
+
+        key = getpass.getpass("API key (not echoed): ")
+    else:
+        key = sys.stdin.readline()
+    key = key.strip()
+    if not key:
+        print("error: no key on stdin", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0
+
+
 def _sim_replica(args: argparse.Namespace) -> int:
     from replica.sim.cli import run
 
@@ -103,11 +127,22 @@ def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", help="bind address (default from GATEWAY_HOST: 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default from GATEWAY_PORT: 8080)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="processes serving the port (SO_REUSEPORT; default from GATEWAY_WORKERS: 1); "
+        "more than 1 needs GATEWAY_REDIS_URL, through which they share routing state",
+    )
     serve.set_defaults(func=_serve)
 
     check = sub.add_parser("check-policy", help="validate a policy file, print it with defaults")
     check.add_argument("path", type=Path)
     check.set_defaults(func=_check_policy)
+
+    hashed = sub.add_parser(
+        "hash-key", help="print the sha256 of an API key read from stdin, for limits.tenants"
+    )
+    hashed.set_defaults(func=_hash_key)
 
     from replica.sim.config import add_arguments as add_sim_arguments
 

@@ -20,6 +20,7 @@ RETRIES = "gateway_retries"
 TTFT = "gateway_ttft_seconds"
 DURATION = "gateway_request_duration_seconds"
 REPLICA_INFLIGHT = "gateway_replica_inflight"
+REPLICA_REMOTE_INFLIGHT = "gateway_replica_remote_inflight"
 REPLICA_HEALTHY = "gateway_replica_healthy"
 REPLICA_EJECTED = "gateway_replica_ejected"
 REPLICA_EJECTIONS = "gateway_replica_ejections"  # exposed as gateway_replica_ejections_total
@@ -39,6 +40,14 @@ POLICY_RELOADS = "gateway_policy_reloads"
 TIER_THRESHOLD = "gateway_tier_threshold"
 CLIENT_CONNECTIONS = "gateway_client_connections"
 CONNECTIONS_REFUSED = "gateway_connections_refused"  # gateway_connections_refused_total
+STATE_BACKEND_UP = "gateway_state_backend_up"
+STATE_APPLY_LAG = "gateway_state_apply_lag_seconds"
+TENANT_REQUESTS = "gateway_tenant_requests"  # exposed as gateway_tenant_requests_total
+TENANT_TOKENS = "gateway_tenant_tokens"  # exposed as gateway_tenant_tokens_total
+TENANT_RATE_LIMITED = "gateway_tenant_rate_limited"  # gateway_tenant_rate_limited_total
+RATE_LIMIT_BACKEND_ERRORS = "gateway_rate_limit_backend_errors"  # ..._errors_total
+
+_LAG_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 NO_POOL = "none"
 """Pool and route label of requests rejected before a pool was chosen."""
@@ -60,6 +69,12 @@ class FleetCollector(Collector):
             REPLICA_INFLIGHT, "Requests the gateway has in flight on the replica.",
             labels=["pool", "replica"],
         )  # fmt: skip
+        remote_inflight = GaugeMetricFamily(
+            REPLICA_REMOTE_INFLIGHT,
+            "Requests the other gateway instances have in flight on the replica, as last read "
+            "from the shared state (0 without one); routing counts both.",
+            labels=["pool", "replica"],
+        )
         healthy = GaugeMetricFamily(
             REPLICA_HEALTHY, "1 if the replica passes health checks, else 0.",
             labels=["pool", "replica"],
@@ -131,6 +146,7 @@ class FleetCollector(Collector):
             for replica in pool.replicas.values():
                 labels = [pool.name, replica.name]
                 inflight.add_metric(labels, replica.inflight)
+                remote_inflight.add_metric(labels, replica.remote_inflight)
                 healthy.add_metric(labels, 1.0 if replica.healthy else 0.0)
                 ejected.add_metric(labels, 1.0 if replica.outlier.ejected(now) else 0.0)
                 engine_waiting.add_metric(labels, replica.engine.waiting)
@@ -155,9 +171,9 @@ class FleetCollector(Collector):
         for model, tier in fleet.tiers.items():
             threshold.add_metric([model], tier.threshold)
         yield from (
-            inflight, healthy, ejected, engine_waiting, kv_usage, index_blocks, gateway_waiting,
-            queue, healthy_count, pool_kv, arrivals, arrival_rate, capacity, desired, raw_desired,
-            threshold,
+            inflight, remote_inflight, healthy, ejected, engine_waiting, kv_usage, index_blocks,
+            gateway_waiting, queue, healthy_count, pool_kv, arrivals, arrival_rate, capacity,
+            desired, raw_desired, threshold,
         )  # fmt: skip
 
 
@@ -198,6 +214,36 @@ class GatewayMetrics:
         self.connections_refused = Counter(
             CONNECTIONS_REFUSED,
             "Client connections refused at once because GATEWAY_MAX_CONNECTIONS were open.",
+            registry=self.registry,
+        )
+        self.state_backend_up = Gauge(
+            STATE_BACKEND_UP,
+            "1 while the shared-state backend answers (always 1 for local), else 0: the "
+            "instance then routes on its own observations only.",
+            ["backend"], registry=self.registry,
+        )  # fmt: skip
+        self.state_apply_lag = Histogram(
+            STATE_APPLY_LAG,
+            "Time from a dispatch on another instance to its replay here (shared prefix index).",
+            buckets=_LAG_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        # Per tenant: the label is the tenant's name from the policy, never its key.
+        self.tenant_requests = Counter(
+            TENANT_REQUESTS, "Requests admitted for the tenant (rate limits passed).",
+            ["tenant"], registry=self.registry,
+        )  # fmt: skip
+        self.tenant_tokens = Counter(
+            TENANT_TOKENS,
+            "Tokens the tenant used: the usage replicas reported, else the gateway's estimate.",
+            ["tenant"], registry=self.registry,
+        )  # fmt: skip
+        self.tenant_rate_limited = Counter(
+            TENANT_RATE_LIMITED, "Requests answered 429, by tenant and the limit hit.",
+            ["tenant", "limit"], registry=self.registry,
+        )  # fmt: skip
+        self.rate_limit_backend_errors = Counter(
+            RATE_LIMIT_BACKEND_ERRORS,
+            "Rate-limit checks Redis did not answer: those requests were served unlimited.",
             registry=self.registry,
         )
         self.registry.register(FleetCollector(current))

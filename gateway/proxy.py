@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 from prometheus_client import Counter, Histogram
 
 from gateway import headers
+from gateway.affinity import RouteHooks
 from gateway.errors import (
     ApiError,
     no_healthy_replica,
@@ -70,6 +71,10 @@ class Routed:
     """Headers the response carries besides the routing ones (e.g. the tier)."""
     route: Route | None = None
     """Overrides the replica decision's route in x-gateway-route (e.g. overflow)."""
+    hooks: RouteHooks | None = None
+    """Replicas to keep to (a stored response, an adapter's) and what to learn from the answer."""
+    on_usage: Callable[[bytes], None] | None = None
+    """Sees relayed bytes that carry `usage` (a tenant's token charge is corrected by it)."""
 
 
 @dataclass(slots=True)
@@ -147,7 +152,10 @@ class Forwarder:
         failure: _Failure | None = None
         for attempt in range(self._settings.retries + 1):
             try:
-                dispatch = await pool.acquire(routed.features, exclude=tried, retry=attempt > 0)
+                skip = tried
+                if routed.hooks is not None:
+                    skip = routed.hooks.exclude(pool.replicas, tried, attempt)
+                dispatch = await pool.acquire(routed.features, exclude=skip, retry=attempt > 0)
             except PoolSaturated:
                 error = pool_saturated(pool.name, pool.policy.queue_timeout_s)
                 outcome.status = error.status
@@ -295,9 +303,13 @@ class Forwarder:
             )  # fmt: skip
             outcome.response, outcome.status = error.response(out), error.status
             return False
+        if routed.hooks is not None:
+            routed.hooks.answered(dispatch.replica.name, upstream.status, body)
         usage = prompt_usage(body)
         if usage is not None:
             routed.pool.observe_usage(dispatch, usage)
+            if routed.on_usage is not None:
+                routed.on_usage(body)
         outcome.response = web.Response(status=upstream.status, body=body, headers=out)
         outcome.status = upstream.status
         return True
@@ -319,15 +331,20 @@ class Forwarder:
         content = upstream.content
         chunk = first
         clean = True
+        watch = routed.hooks.answered if routed.hooks is not None else None
         try:
             await response.prepare(request)
             await response.write(chunk)
             self._ttft_of(routed.pool.name).observe(time.perf_counter() - routed.started)
             routed.pool.first_byte(dispatch, time.monotonic() - dispatch.at)
             while chunk:
+                if watch is not None and not watch(dispatch.replica.name, upstream.status, chunk):
+                    watch = None
                 usage = prompt_usage(chunk)
                 if usage is not None:
                     routed.pool.observe_usage(dispatch, usage)
+                    if routed.on_usage is not None:
+                        routed.on_usage(chunk)
                 try:
                     chunk = await content.readany()
                 except (aiohttp.ClientError, TimeoutError) as exc:

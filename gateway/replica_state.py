@@ -45,6 +45,12 @@ class ReplicaState:
     inflight: int = 0
     """Requests this gateway has dispatched and not yet finished: counted at dispatch, so a
     burst sees its own effect before the next scrape."""
+    remote_inflight: int = 0
+    """Requests the other gateway instances have in flight here (shared state; else 0)."""
+    remote_pending_requests: int = 0
+    remote_pending_prefill_tokens: float = 0.0
+    """The other instances' requests here without a first byte yet, and their uncached
+    prompt tokens: the prefill queued ahead, as one gateway would see it."""
     pending_requests: int = 0
     pending_prefill_tokens: float = 0.0
     """Uncached prompt tokens of this gateway's requests here that have no first byte yet."""
@@ -93,11 +99,12 @@ class ReplicaState:
         self.consecutive_successes = 0
 
     def load(self) -> ReplicaLoad:
-        requests = max(self.engine.running + self.engine.waiting, float(self.inflight))
+        inflight = float(self.inflight + self.remote_inflight)
+        requests = max(self.engine.running + self.engine.waiting, inflight)
         return ReplicaLoad(
-            self.pending_prefill_tokens,
-            self.pending_requests,
-            min(max(self.engine.running, float(self.inflight)), self.slots),
+            self.pending_prefill_tokens + self.remote_pending_prefill_tokens,
+            self.pending_requests + self.remote_pending_requests,
+            min(max(self.engine.running, inflight), self.slots),
             self.engine.waiting,
             requests,
             self.slots,

@@ -16,12 +16,39 @@ import orjson
 from aiohttp import web
 
 from gateway.errors import ApiError, bad_request
-from router_policies.fingerprint import CanonicalPrompt, canonical_chat, canonical_prompt
+from router_policies.fingerprint import (
+    CanonicalPrompt,
+    canonical_chat,
+    canonical_prompt,
+    canonical_responses,
+)
 
 
 class Endpoint(StrEnum):
+    """Every POST path the gateway forwards, spelled as vLLM's OpenAI server serves it."""
+
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    RESPONSES = "/v1/responses"
+    EMBEDDINGS = "/v1/embeddings"
+    SCORE = "/v1/score"
+    RERANK = "/v1/rerank"
+    TOKENIZE = "/tokenize"
+    DETOKENIZE = "/detokenize"
+
+    @property
+    def prefix_routed(self) -> bool:
+        """Generation reads the prompt's KV cache: route by prefix. The others (pooling
+        models, the tokenizer) go by load alone: a prompt they see once caches nothing."""
+        return self in _PREFIX_ROUTED
+
+    @property
+    def model_optional(self) -> bool:
+        """vLLM serves its one model when the body names none (the tokenizer endpoints)."""
+        return self in (Endpoint.TOKENIZE, Endpoint.DETOKENIZE)
+
+
+_PREFIX_ROUTED = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +58,28 @@ class ParsedRequest:
     """Forwarded unchanged: the replica sees exactly what the client sent."""
     body: dict[str, Any]
     model: str
+    """The model (or LoRA adapter, or tier) named; "" where the endpoint lets it be left out."""
     stream: bool
 
     def canonical_text(self) -> CanonicalPrompt:
+        body = self.body
         if self.endpoint is Endpoint.CHAT:
-            return canonical_chat(self.body["messages"], self.body.get("tools"))
-        return canonical_prompt(self.body["prompt"])
+            return canonical_chat(body["messages"], body.get("tools"))
+        if self.endpoint is Endpoint.RESPONSES:
+            return canonical_responses(body.get("instructions"), body["input"], body.get("tools"))
+        if self.endpoint is Endpoint.COMPLETIONS:
+            prompt = body["prompt"]
+            # A batch of prompts is fingerprinted on its first one: the replica prefills them
+            # all, but a client's batch shares its opening far more often than not.
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+                prompt = prompt[0]
+            return canonical_prompt(prompt)
+        return CanonicalPrompt(b"")
+
+    @property
+    def previous_response_id(self) -> str | None:
+        value = self.body.get("previous_response_id")
+        return value if self.endpoint is Endpoint.RESPONSES and isinstance(value, str) else None
 
     @property
     def cache_salt(self) -> str:
@@ -86,16 +129,11 @@ def parse_request(endpoint: Endpoint, raw: bytes, max_depth: int = 64) -> Parsed
         raise bad_request("The request body must be a JSON object.")
     _check_depth(body, raw, max_depth)
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None and endpoint.model_optional:
+        model = ""
+    elif not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a string.", param="model")
-    if endpoint is Endpoint.CHAT:
-        _check_messages(body.get("messages"))
-        _check_optional(body, "tools", list, "an array")
-    else:
-        _check_prompt(body.get("prompt"))
-        if body.get("messages") is not None:
-            # Tier classification reads `messages` first: a completion must not carry them.
-            raise bad_request("'messages' is not a field of /v1/completions.", param="messages")
+    _CHECKS[endpoint](body)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean.", param="stream")
@@ -110,6 +148,91 @@ def parse_request(endpoint: Endpoint, raw: bytes, max_depth: int = 64) -> Parsed
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise bad_request(f"'{name}' must be a number.", param=name)
     return ParsedRequest(endpoint, raw, body, model, stream)
+
+
+def _check_chat(body: dict[str, Any]) -> None:
+    _check_messages(body.get("messages"))
+    _check_optional(body, "tools", list, "an array")
+
+
+def _check_completion(body: dict[str, Any]) -> None:
+    _check_prompt(body.get("prompt"))
+    if body.get("messages") is not None:
+        # Tier classification reads `messages` first: a completion must not carry them.
+        raise bad_request("'messages' is not a field of /v1/completions.", param="messages")
+
+
+def _check_responses(body: dict[str, Any]) -> None:
+    input_ = body.get("input")
+    if not isinstance(input_, str | list):
+        raise bad_request("'input' must be a string or an array of input items.", param="input")
+    _check_optional(body, "instructions", str, "a string")
+    _check_optional(body, "previous_response_id", str, "a string")
+    _check_optional(body, "tools", list, "an array")
+    _check_int(body, "max_output_tokens", 1, 2**31)
+    if body.get("messages") is not None:
+        raise bad_request("'messages' is not a field of /v1/responses.", param="messages")
+
+
+def _check_embeddings(body: dict[str, Any]) -> None:
+    if isinstance(body.get("messages"), list):
+        return  # vLLM's chat-style embedding request
+    input_ = body.get("input")
+    if not (isinstance(input_, str) or (isinstance(input_, list) and input_)):
+        raise bad_request(
+            "'input' must be a string, an array of strings or an array of token ids.",
+            param="input",
+        )
+
+
+_SCORE_PAIRS = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"),
+                ("data_1", "data_2"))  # fmt: skip
+"""The spellings of a /v1/score request's two sides that vLLM accepts."""
+
+
+def _check_score(body: dict[str, Any]) -> None:
+    if not any(a in body and b in body for a, b in _SCORE_PAIRS):
+        raise bad_request(
+            "/v1/score needs 'text_1' and 'text_2' (or 'queries' and 'documents').",
+            param="text_1",
+        )
+
+
+def _check_rerank(body: dict[str, Any]) -> None:
+    if body.get("query") is None:
+        raise bad_request("'query' is required.", param="query")
+    if not isinstance(body.get("documents"), list | dict):
+        raise bad_request("'documents' must be an array.", param="documents")
+    _check_int(body, "top_n", 0, 2**31)
+
+
+def _check_tokenize(body: dict[str, Any]) -> None:
+    if isinstance(body.get("prompt"), str):
+        return
+    if isinstance(body.get("messages"), list):
+        return
+    raise bad_request("'prompt' (a string) or 'messages' (an array) is required.", param="prompt")
+
+
+def _check_detokenize(body: dict[str, Any]) -> None:
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
+        raise bad_request("'tokens' must be an array of token ids.", param="tokens")
+
+
+_CHECKS = {
+    Endpoint.CHAT: _check_chat,
+    Endpoint.COMPLETIONS: _check_completion,
+    Endpoint.RESPONSES: _check_responses,
+    Endpoint.EMBEDDINGS: _check_embeddings,
+    Endpoint.SCORE: _check_score,
+    Endpoint.RERANK: _check_rerank,
+    Endpoint.TOKENIZE: _check_tokenize,
+    Endpoint.DETOKENIZE: _check_detokenize,
+}
+"""What each endpoint's body must hold for the gateway to route it; the replica checks the rest."""
 
 
 def _check_depth(body: dict[str, Any], raw: bytes, max_depth: int) -> None:

@@ -1,15 +1,18 @@
-"""From the model a client names to a pool: a pool's own model, or a tier classified into one."""
+"""From the model a client names to a pool: a pool's own model, one of its LoRA adapters, or a
+tier classified into one; and where in the pool the request must or should go."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import orjson
 
 from gateway import headers
-from gateway.errors import model_not_found
-from gateway.request_body import ParsedRequest
+from gateway.affinity import RouteHooks, RoutingMemory, adapter_replicas
+from gateway.errors import ApiError, bad_request, model_not_found
+from gateway.request_body import Endpoint, ParsedRequest
 from gateway.state import Fleet, PoolState
 from router_policies.decision import Route
 from router_policies.fingerprint import RequestFeatures
@@ -26,6 +29,8 @@ class Resolution:
     verdict: TierVerdict | None = None
     choice: PoolChoice | None = None
     tier_router: TierRouter | None = None
+    hooks: RouteHooks | None = None
+    """Placement beyond the pool's policy (a stored response, an adapter's warm replicas)."""
 
     @property
     def route(self) -> Route | None:
@@ -40,9 +45,40 @@ class Resolution:
         }
 
 
-def resolve(fleet: Fleet, parsed: ParsedRequest, forced_tier: str | None) -> Resolution:
+def adapter_pool(
+    fleet: Fleet, model: str, learned: Mapping[str, frozenset[str]] | None = None
+) -> PoolState | None:
+    """The pool one of whose LoRA adapters is named `model`: declared in the policy (which
+    keeps names unique), else learned from its replicas' model lists."""
+    for pool in fleet.pools.values():
+        if model in pool.policy.adapters:
+            return pool
+    for name, adapters in (learned or {}).items():
+        if model in adapters and name in fleet.pools:
+            return fleet.pools[name]
+    return None
+
+
+def resolve(
+    fleet: Fleet,
+    parsed: ParsedRequest,
+    forced_tier: str | None,
+    memory: RoutingMemory | None = None,
+) -> Resolution:
+    if not parsed.model:
+        # /tokenize and /detokenize may leave the model out, as a single vLLM server allows.
+        if len(fleet.pools) != 1:
+            raise bad_request(
+                "'model' is required: the gateway serves more than one model.", param="model"
+            )
+        only = next(iter(fleet.pools.values()))
+        return Resolution(parsed, only, RequestFeatures(only.model, (), 0))
     pool = fleet.pool_for_model(parsed.model)
+    adapter = None
     verdict = choice = tier_router = None
+    if pool is None:
+        pool = adapter_pool(fleet, parsed.model, memory.learned_adapters if memory else None)
+        adapter = parsed.model if pool is not None else None
     if pool is None:
         tier_router = fleet.tiers.get(parsed.model)
         if tier_router is None:
@@ -54,5 +90,51 @@ def resolve(fleet: Fleet, parsed: ParsedRequest, forced_tier: str | None) -> Res
         pool = fleet.pools[choice.pool]
         body = {**parsed.body, "model": pool.model}
         parsed = dataclasses.replace(parsed, body=body, raw=orjson.dumps(body), model=pool.model)
-    features = pool.router.features(parsed.model, parsed.canonical_text, parsed.cache_salt)
-    return Resolution(parsed, pool, features, verdict, choice, tier_router)
+    if parsed.endpoint.prefix_routed:
+        # An adapter's KV cache is its own: the adapter salts the fingerprint (its name is also
+        # the model the chain is seeded with), so no prefix matches across adapters.
+        salt = parsed.cache_salt if adapter is None else f"{parsed.cache_salt}\x00lora:{adapter}"
+        features = pool.router.features(parsed.model, parsed.canonical_text, salt)
+    else:
+        features = RequestFeatures(parsed.model, (), 0)  # by load alone: nothing to match
+    hooks = _hooks(memory, pool, parsed, adapter) if memory is not None else None
+    return Resolution(parsed, pool, features, verdict, choice, tier_router, hooks)
+
+
+def _hooks(
+    memory: RoutingMemory, pool: PoolState, parsed: ParsedRequest, adapter: str | None
+) -> RouteHooks | None:
+    learn = parsed.endpoint is Endpoint.RESPONSES
+    previous = parsed.previous_response_id
+    if previous is not None:
+        home = memory.responses.get(previous)
+        if home is not None and home.pool == pool.name:
+            replica = pool.replicas.get(home.replica)
+            if replica is None:
+                raise ApiError(
+                    404,
+                    f"Response with id '{previous}' not found: replica {home.replica}, which "
+                    "stored it, has left the pool.",
+                    param="previous_response_id", code="previous_response_not_found",
+                )  # fmt: skip
+            if not replica.healthy:
+                raise ApiError(
+                    503,
+                    f"Response with id '{previous}' is stored on replica {home.replica}, which "
+                    "is not healthy now; retry later, or start over without "
+                    "previous_response_id.",
+                    type_="service_unavailable_error", param="previous_response_id",
+                    code="previous_response_unavailable",
+                )  # fmt: skip
+            return RouteHooks(memory, pool.name, frozenset((home.replica,)), True, adapter, learn)
+        # Unknown here (forgotten, or served through another gateway): the pool's policy
+        # chooses, and a replica without it answers vLLM's own 404.
+    replicas: frozenset[str] = frozenset()
+    if adapter is not None:
+        replicas = adapter_replicas(
+            memory.adapters, pool.name, adapter, pool.replicas.values(),
+            pool.policy.load.balance_eps,
+        )  # fmt: skip
+    if not (learn or adapter is not None):
+        return None
+    return RouteHooks(memory, pool.name, replicas, False, adapter, learn)

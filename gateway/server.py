@@ -5,15 +5,24 @@ requests are still accepted for `shutdown_delay_s` (the load balancer needs that
 sending); then the socket closes and requests in flight get `drain_timeout_s` to finish; any
 left then end with an error the client can read (a 503, or an SSE error event on a started
 stream). A second SIGTERM or SIGINT skips what is left of the wait.
+
+With ``workers`` > 1 the process forks that many workers before any event loop starts; each
+listens on the same port with SO_REUSEPORT (the kernel spreads connections over them) and
+shares routing state through the Redis backend like separate instances do. The parent only
+forwards signals and replaces a worker that crashes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
+import os
 import signal
+import sys
 import time
+from types import FrameType
 from typing import Any
 
 import uvloop
@@ -34,7 +43,7 @@ class StartupError(Exception):
     """The gateway cannot start; the message is the one line an operator needs."""
 
 
-async def serve(settings: Settings, policy: Policy) -> None:
+async def serve(settings: Settings, policy: Policy, *, reuse_port: bool = False) -> None:
     app = build_app(settings, policy)
     handler_args: dict[str, Any] = {
         # A connection that has not sent complete headers within the timeout (counted from
@@ -56,8 +65,9 @@ async def serve(settings: Settings, policy: Policy) -> None:
     )
     try:
         listener = await loop.create_server(
-            gate, settings.host, settings.port, backlog=1024, reuse_address=True
-        )
+            gate, settings.host, settings.port, backlog=1024, reuse_address=True,
+            reuse_port=reuse_port or None,
+        )  # fmt: skip
     except OSError as exc:
         await runner.cleanup()
         raise StartupError(
@@ -124,9 +134,75 @@ async def _drain(
 
 
 def run(settings: Settings, policy: Policy) -> int:
+    if settings.workers > 1:
+        return _run_workers(settings, policy)
+    return _run_one(settings, policy)
+
+
+def _run_one(settings: Settings, policy: Policy, *, reuse_port: bool = False) -> int:
     try:
-        uvloop.run(serve(settings, policy))
+        uvloop.run(serve(settings, policy, reuse_port=reuse_port))
     except StartupError as exc:
         log.error("%s", exc)
         return 2
     return 0
+
+
+_STARTUP_FAILED = 2
+_RESPAWN_PAUSE_S = 1.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _fork_worker(settings: Settings, policy: Policy) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        if sys.platform == "linux":
+            # A worker whose parent is killed outright stops too, rather than serve alone.
+            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        code = _run_one(settings, policy, reuse_port=True)
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def _run_workers(settings: Settings, policy: Policy) -> int:
+    """Fork the workers, forward SIGTERM/SIGINT/SIGHUP to them, replace any that crashes."""
+    if settings.port == 0:
+        log.error("--workers > 1 needs a fixed --port: each worker binds it with SO_REUSEPORT")
+        return 2
+    workers: set[int] = set()
+    stopping = False
+
+    def forward(sig: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        if sig != signal.SIGHUP:
+            stopping = True
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    for _ in range(settings.workers):
+        workers.add(_fork_worker(settings, policy))
+    log.info("llm-gateway: %d workers on port %d", settings.workers, settings.port)
+    worst = 0
+    while workers:
+        pid, status = os.wait()
+        workers.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code == _STARTUP_FAILED:
+            # Every worker would fail alike (the port is taken): stop them all.
+            forward(signal.SIGTERM, None)
+        if stopping or code in (0, _STARTUP_FAILED):
+            worst = max(worst, abs(code))
+            continue
+        log.error("worker %d ended with %d; starting another", pid, code)
+        time.sleep(_RESPAWN_PAUSE_S)
+        workers.add(_fork_worker(settings, policy))
+    return worst

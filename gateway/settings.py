@@ -69,6 +69,22 @@ class Settings(BaseSettings):
     """Bearer token for /admin/*; with none set (or an empty one), the admin endpoints are
     disabled."""
     log_level: str = "INFO"
+    workers: Annotated[int, Field(ge=1, le=256)] = 1
+    """Processes serving one port (SO_REUSEPORT); more than 1 needs GATEWAY_REDIS_URL, through
+    which they share routing state."""
+    redis_url: SecretStr | None = None
+    """redis://[:password@]host:port/db: the shared-state backend of several instances
+    (gateway/shared_state/); unset, each instance routes on its own observations."""
+    state_key_prefix: str = "llm-gateway"
+    """Prefix of the Redis keys: gateways with different prefixes share nothing."""
+    state_publish_interval_s: Annotated[float, Field(gt=0, le=1)] = 0.015
+    """How often this instance's dispatches are published (one stream entry per batch)."""
+    state_sync_interval_s: Annotated[float, Field(gt=0, le=5)] = 0.075
+    """How often the in-flight, waiting and arrival counts are written and read."""
+    state_ttl_s: Annotated[float, Field(gt=0)] = 2.0
+    """An instance's counts expire this long after its last write (a dead instance)."""
+    state_timeout_s: Annotated[float, Field(gt=0)] = 0.5
+    """A Redis call slower than this counts as Redis down: routing goes on from local state."""
 
     @field_validator("admin_token", mode="after")
     @classmethod
@@ -78,6 +94,14 @@ class Settings(BaseSettings):
         if token is None or not token.get_secret_value().strip():
             return None
         return token
+
+    @field_validator("redis_url", mode="after")
+    @classmethod
+    def _empty_url_is_none(cls, url: SecretStr | None) -> SecretStr | None:
+        # Compose files and charts pass GATEWAY_REDIS_URL="" to mean "no Redis".
+        if url is None or not url.get_secret_value().strip():
+            return None
+        return url
 
     @field_validator("log_level", mode="after")
     @classmethod
@@ -90,4 +114,9 @@ class Settings(BaseSettings):
     def _timeouts_agree(self) -> Settings:
         if self.outlier_max_ejection_s < self.outlier_base_ejection_s:
             raise ValueError("outlier_max_ejection_s must be >= outlier_base_ejection_s")
+        if self.workers > 1 and self.redis_url is None:
+            raise ValueError(
+                "workers > 1 needs GATEWAY_REDIS_URL: worker processes share routing state "
+                "through Redis (a redis-server on localhost will do)"
+            )
         return self

@@ -10,7 +10,7 @@ from pydantic_settings import SettingsError
 
 from gateway.settings import Settings
 
-_SECRET_FIELDS = frozenset({"admin_token"})
+_SECRET_FIELDS = frozenset({"admin_token", "redis_url"})
 
 
 def describe(exc: ValidationError) -> list[str]:

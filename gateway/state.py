@@ -7,6 +7,8 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.replica_state import Dispatch, EngineStats, ReplicaState
 from gateway.usage import PromptUsage
@@ -17,12 +19,15 @@ from router_policies.autoscale import (
     desired_replicas,
 )
 from router_policies.cost.ttft import IDLE, queued_tokens
-from router_policies.decision import Candidate, Decision, PoolSnapshot
+from router_policies.decision import Candidate, Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
 from router_policies.policies import Need, SelectionPolicy, make_policy
 from router_policies.schema import Policy, PoolPolicy
 from router_policies.tier_router import TierRouter
 from router_policies.tiers import PoolLoad
+
+if TYPE_CHECKING:
+    from gateway.shared_state.base import Outbox
 
 # Replica state lives in gateway/replica_state.py; the pool hands its types out too.
 __all__ = [
@@ -73,6 +78,17 @@ class PoolQueue:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+
+@dataclass(slots=True)
+class RemoteCounts:
+    """The other gateway instances' counts for a pool (shared state; all 0 when none)."""
+
+    arrivals: int = 0
+    """Their arrivals since this instance started (only grows)."""
+    completions: int = 0
+    waiting: int = 0
+    """Requests waiting inside them for a replica of this pool, now."""
 
 
 class PoolState:
@@ -131,6 +147,9 @@ class PoolState:
             and previous.capacity.window_s == policy.autoscale.capacity_window_s
             else CapacityMeter(policy.autoscale.capacity_window_s)
         )
+        self.remote: RemoteCounts = previous.remote if previous is not None else RemoteCounts()
+        self.outbox: Outbox | None = previous.outbox if previous is not None else None
+        """Where dispatches go to be shared with other instances (None: nothing shared)."""
 
     @property
     def model(self) -> str:
@@ -145,7 +164,7 @@ class PoolState:
 
     def _has_slot(self, replica: ReplicaState) -> bool:
         limit = self.policy.max_inflight_per_replica
-        return limit is None or replica.inflight < limit
+        return limit is None or replica.inflight + replica.remote_inflight < limit
 
     def snapshot(self, exclude: Iterable[str] = (), now: float | None = None) -> PoolSnapshot:
         """The candidates as the policy needs to see them (nothing it does not read)."""
@@ -156,7 +175,7 @@ class PoolState:
         candidates = tuple(
             Candidate(
                 r.name,
-                r.inflight,
+                r.inflight + r.remote_inflight,
                 r.load() if with_load else IDLE,
                 r.learner.rates() if with_rates else None,
                 r.recent.value(now) if with_load else 0.0,
@@ -215,7 +234,23 @@ class PoolState:
         if not retry:
             self.dispatched += 1
         self.router.record(features, decision, now)
+        if self.outbox is not None:
+            self.outbox.dispatched(self.name, decision.replica, features)
         return dispatch
+
+    def apply_remote_dispatch(self, replica: str, features: RequestFeatures, at: float) -> None:
+        """Another gateway instance dispatched this request to ``replica`` at ``at``: learn it
+        as if it were our own dispatch (the prefix index, the recent counts), but it is not
+        in flight here (its instance's counts say so)."""
+        state = self.replicas.get(replica)
+        if state is None:
+            return
+        # Weighted by its age: a decayed count adds a past event at full weight otherwise
+        # (dispatches kept through a Redis outage arrive seconds late).
+        now = time.monotonic()
+        age = max(now - at, 0.0)
+        state.recent.add(now, 0.5 ** (age / self.policy.load.recent_half_life_s))
+        self.router.record(features, Decision(replica, Route.PREFIX_HIT), min(at, now))
 
     def first_byte(self, dispatch: Dispatch, ttft_s: float) -> None:
         """The replica started streaming: its prefill is done."""
@@ -242,8 +277,11 @@ class PoolState:
         replica = dispatch.replica
         replica.inflight -= 1
         self.completions += 1
-        stayed = time.monotonic() - dispatch.at
-        replica.service_s += _SERVICE_WEIGHT * (stayed - replica.service_s)
+        # The time it held a batch slot: from its first token when streamed (the wait before
+        # it was the queue, and counting it would make a queue look like slow service, which
+        # the slot wait would then count twice); the whole stay otherwise.
+        held = time.monotonic() - dispatch.at - (dispatch.ttft_s or 0.0)
+        replica.service_s += _SERVICE_WEIGHT * (held - replica.service_s)
         self.queue.wake_one()
         if dispatch.ttft_s is not None and self.policy.cost.learn:
             own = dispatch.uncached_tokens
@@ -280,11 +318,12 @@ class PoolState:
 
     def update_desired(self, now: float) -> None:
         """Called once per scrape round, so the stabilisation window counts real time."""
-        depth = self.gateway_waiting + self.engine_waiting()
+        remote = self.remote
+        depth = self.gateway_waiting + remote.waiting + self.engine_waiting()
         healthy = len(self.healthy())
-        self.arrival_rate = self.arrival_meter.rate(now, self.arrivals)
+        self.arrival_rate = self.arrival_meter.rate(now, self.arrivals + remote.arrivals)
         had_capacity = self.capacity.value is not None
-        self.capacity.update(now, self.completions, healthy, depth)
+        self.capacity.update(now, self.completions + remote.completions, healthy, depth)
         if not had_capacity and self.capacity.value is not None:
             self.stabilizer.forget()
         self.raw_desired = desired_replicas(
@@ -319,6 +358,15 @@ class Fleet:
             model: TierRouter(model, t, old_tiers.get(model)) for model, t in policy.tiers.items()
         }
         self._by_model = {p.model: p for p in self.pools.values()}
+        self.outbox: Outbox | None = None
+        if previous is not None and previous.outbox is not None:
+            self.attach(previous.outbox)
+
+    def attach(self, outbox: Outbox) -> None:
+        """Share this fleet's dispatches with other instances (a reload's fleet inherits it)."""
+        self.outbox = outbox
+        for pool in self.pools.values():
+            pool.outbox = outbox
 
     def pool_for_model(self, model: str) -> PoolState | None:
         return self._by_model.get(model)

@@ -20,6 +20,9 @@ class Route(StrEnum):
     LEAST_LOADED = "least-loaded"
     """The prefix did not matter: the fastest, least-loaded replica."""
     ROUND_ROBIN = "round-robin"
+    LATE = "late"
+    """Every replica was predicted to miss the pool's TTFT objective: sent to the one already
+    furthest behind, so the others stay within it."""
     OVERFLOW = "overflow"
     """A tiered request sent to the other pool because its own was saturated."""
 

@@ -16,6 +16,8 @@ from typing import Any
 import orjson
 import xxhash
 
+from router_policies.block_layout import BlockLayout
+
 _ROLE_SEP = b"\x1f"
 _MSG_END = b"\x1e"
 _LEADING_ROLES = frozenset(("system", "developer"))
@@ -94,25 +96,71 @@ def canonical_prompt(prompt: Any) -> CanonicalPrompt:
     return CanonicalPrompt(orjson.dumps(prompt))
 
 
-def block_hashes(text: bytes, seed: int, block_bytes: int, max_blocks: int) -> tuple[int, ...]:
+_RESPONSES_TEXT_PARTS = frozenset(("text", "input_text", "output_text"))
+
+
+def canonical_responses(instructions: Any, input_: Any, tools: Any = None) -> CanonicalPrompt:
+    """/v1/responses: `instructions` lead as a system message would, then the input items in
+    order, each as the chat message it stands for (input_text/output_text parts as text parts),
+    so a conversation fingerprints alike whichever of the two APIs carries it. Items that are
+    not messages (function calls and their outputs, reasoning) are turns of their own."""
+    messages: list[Mapping[str, Any]] = []
+    if isinstance(instructions, str) and instructions:
+        messages.append({"role": "system", "content": instructions})
+    if isinstance(input_, str):
+        messages.append({"role": "user", "content": input_})
+    elif isinstance(input_, list):
+        for item in input_:
+            if not isinstance(item, Mapping):
+                messages.append({"role": "item", "content": item})
+            elif isinstance(item.get("role"), str) and item.get("type", "message") == "message":
+                content = item.get("content")
+                if isinstance(content, list):
+                    content = [
+                        {"type": "text", "text": p.get("text", "")}
+                        if isinstance(p, Mapping) and p.get("type") in _RESPONSES_TEXT_PARTS
+                        else p
+                        for p in content
+                    ]
+                messages.append({"role": item["role"], "content": content})
+            else:
+                messages.append({"role": str(item.get("type", "item")), "content": item})
+    return canonical_chat(messages, tools)
+
+
+def block_hashes(text: bytes, seed: int, layout: BlockLayout, max_blocks: int) -> tuple[int, ...]:
     digest = xxhash.xxh3_64_intdigest
-    hashes = []
+    end = layout.end(max_blocks)
+    if len(text) > end:
+        text = text[:end]
+    end = len(text)
+    per_size = layout.doubling or max_blocks
+    hashes: list[int] = []
+    append = hashes.append
     prev = seed
-    end = min(len(text), block_bytes * max_blocks)
-    for start in range(0, end, block_bytes):
-        prev = digest(text[start : min(start + block_bytes, end)], prev)
-        hashes.append(prev)
+    start, step = 0, layout.block_bytes
+    while start < end:
+        stop = start + step * per_size
+        for block in range(start, min(stop, end), step):
+            prev = digest(text[block : block + step], prev)
+            append(prev)
+        start, step = stop, step * 2
     return tuple(hashes)
 
 
 def fingerprint(
-    model: str, prompt: CanonicalPrompt | bytes, block_bytes: int, max_blocks: int, salt: str = ""
+    model: str,
+    prompt: CanonicalPrompt | bytes,
+    layout: BlockLayout,
+    max_blocks: int,
+    salt: str = "",
 ) -> RequestFeatures:
     if isinstance(prompt, bytes):
         prompt = CanonicalPrompt(prompt)
     text = prompt.text
     seed = _model_seed(model, salt)
-    hashes = block_hashes(text, seed, block_bytes, max_blocks)
-    hashed = min(len(text), block_bytes * max_blocks)
-    home_block = max(prompt.lead_bytes // block_bytes - 1, 0)
-    return RequestFeatures(model, hashes, hashed, home_block, min(prompt.lead_bytes, hashed))
+    hashes = block_hashes(text, seed, layout, max_blocks)
+    hashed = min(len(text), layout.end(max_blocks))
+    lead = min(prompt.lead_bytes, hashed)
+    home_block = max(layout.blocks_within(lead) - 1, 0)
+    return RequestFeatures(model, hashes, hashed, home_block, lead)

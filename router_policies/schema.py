@@ -6,6 +6,7 @@ validated and with defaults filled in, so code never carries a second copy of a 
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from router_policies.block_layout import BlockLayout
 from router_policies.yaml_locations import line_of
 
 
@@ -38,10 +40,13 @@ class PrefixSettings(_Strict):
     """How prompts are fingerprinted and how much of a match is worth pinning for."""
 
     block_bytes: Annotated[int, Field(ge=16, le=65536)] = 128
-    """Block size of the fingerprint, in bytes of canonical prompt text (~32 tokens)."""
-    max_blocks: Annotated[int, Field(ge=1, le=1 << 20)] = 65536
-    """Cap on fingerprint length: 8 MiB at the default block size, above the gateway's body
-    limit, so the whole prompt is hashed and long conversations stay apart."""
+    """Size of the fingerprint's first blocks, in bytes of canonical prompt text (~32 tokens)."""
+    doubling_blocks: Annotated[int, Field(ge=0, le=4096)] = 16
+    """The block size doubles after every this many blocks (0: fixed), so hashing a whole
+    long prompt stays cheap while a match is known to within 1/doubling_blocks of its length."""
+    max_blocks: Annotated[int, Field(ge=1, le=1 << 20)] = 4096
+    """Cap on fingerprint length in blocks: with doubling, far above the gateway's body limit,
+    so the whole prompt is hashed and long conversations stay apart."""
     min_match_blocks: Annotated[int, Field(ge=1)] = 1
     """A match shorter than this is not worth pinning for."""
     min_match_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
@@ -49,10 +54,15 @@ class PrefixSettings(_Strict):
     (Preble: a cache pays when the cached part is longer than the part left to prefill);
     below it, the prompt goes by load."""
     index_blocks: Annotated[int, Field(ge=1)] = 65536
-    """Per-replica index capacity (blocks) until the replica's KV size is known from its metrics."""
+    """Per-replica index capacity, in block_bytes units, until the replica's KV size is known
+    from its metrics."""
     chars_per_token: Annotated[float, Field(gt=0)] = 4.0
     """Bytes of prompt per model token until the replicas' reported usage teaches the real
     figure (real BPE tokenizers pack 2-4)."""
+
+    @property
+    def layout(self) -> BlockLayout:
+        return BlockLayout(self.block_bytes, self.doubling_blocks)
 
 
 class CostSettings(_Strict):
@@ -70,6 +80,18 @@ class CostSettings(_Strict):
     """Observations before a replica's learned rates replace the defaults above."""
     forgetting: Annotated[float, Field(gt=0.5, le=1.0)] = 0.98
     """Weight kept by past observations at each new one (0.98: about the last 50 count)."""
+    copy_weight: Annotated[float, Field(ge=0)] = 1.0
+    """A replica's score is its predicted TTFT plus copy_weight x the prefill it would do beyond
+    the warmest replica's: a cold copy costs the fleet that work and another prefix's cache
+    room, not only this request's time. 0: predicted TTFT alone."""
+    ttft_objective_s: Annotated[float, Field(gt=0)] | None = None
+    """The pool's TTFT objective. Set, a request predicted to miss it on every replica goes to
+    the replica already furthest behind (under late_limit_s), so that the others stay within
+    it: under overload, more requests meet the objective (goodput), the late ones wait longer.
+    Unset: every request goes to its fastest replica."""
+    late_limit_s: Annotated[float, Field(gt=0)] = 30.0
+    """A late request is not sent where it is predicted to wait longer than this (keep it
+    under the gateway's first-token timeout)."""
     near_s: Annotated[float, Field(ge=0)] = 0.005
     near_ratio: Annotated[float, Field(ge=0)] = 0.25
     """Replicas predicted within near_ratio x the fastest's TTFT + near_s count as equally
@@ -142,6 +164,10 @@ class PoolPolicy(_Strict):
     replicas: Annotated[list[str], Field(min_length=1)]
     """Base URLs of the pool's vLLM replicas, e.g. http://10.0.0.5:8000."""
     policy: PolicyName = PolicyName.PREFIX_AWARE
+    adapters: list[Annotated[str, Field(min_length=1)]] = []
+    """LoRA adapters the replicas serve (vLLM's --lora-modules names): a request naming one
+    goes to this pool, to the replicas that served the adapter lately (vLLM loads adapters on
+    demand), and its prefix never matches another adapter's or the base model's."""
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
     """GPUs per replica (2 for a 70B model on 80 GB GPUs); used by deployment recipes."""
     max_inflight_per_replica: Annotated[int, Field(ge=1)] | None = None
@@ -168,6 +194,11 @@ class PoolPolicy(_Strict):
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("a replica is listed twice")
         return cleaned
+
+
+class TierClassifierName(StrEnum):
+    CUE = "cue"
+    LEARNED = "learned"
 
 
 class TierWeights(_Strict):
@@ -208,16 +239,85 @@ class TierSettings(_Strict):
     threshold: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
     """Scores above go large (the starting point when calibration is on)."""
     calibration: Calibration | None = None
+    classifier: TierClassifierName = TierClassifierName.LEARNED
+    """`learned` (default): a word-feature model trained on public labelled prompts
+    (router_policies/tier_classifier_learned.py, docs/tier-eval.md); `cue`: the hand-weighted
+    cue model (`weights`)."""
+    model: str | None = None
+    """Model file of the `learned` classifier (`llm-gateway tiers train`); unset: the shipped
+    default. Read when the policy is loaded."""
     weights: TierWeights = TierWeights()
+    """Weights of the `cue` classifier."""
     allow_header_override: bool = False
     """Lets clients force a tier with the x-gateway-tier request header."""
     overflow: OverflowSettings = OverflowSettings()
+
+    @model_validator(mode="after")
+    def _model_needs_learned(self) -> TierSettings:
+        if self.model is not None and self.classifier is not TierClassifierName.LEARNED:
+            raise ValueError("`model` is the learned classifier's file: set `classifier: learned`")
+        if self.model is not None and not Path(self.model).is_file():
+            # Caught here so that check-policy names it; its content is checked at load.
+            raise ValueError(f"model: no file {self.model!r}")
+        return self
+
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+class TenantLimits(_Strict):
+    """One tenant: its API keys (as hashes) and its limits (unset: not limited on that axis)."""
+
+    api_key_sha256: Annotated[list[str], Field(min_length=1)]
+    """sha256 hex digests of the tenant's API keys, never the keys (`llm-gateway hash-key`)."""
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
+    tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
+    """Prompt tokens (estimated from its bytes) + max_tokens, corrected by the usage the
+    replica reports once the request ends."""
+
+    @field_validator("api_key_sha256")
+    @classmethod
+    def _hashes(cls, hashes: list[str]) -> list[str]:
+        cleaned = [h.strip().lower() for h in hashes]
+        for i, digest in enumerate(cleaned):
+            if not _SHA256_HEX.fullmatch(digest):
+                # The value is not echoed: it may be a key pasted in clear.
+                raise ValueError(
+                    f"entry {i} is not a sha256 hex digest (64 hex digits); make one with "
+                    "`llm-gateway hash-key`, never put the key itself here"
+                )
+        if len(set(cleaned)) != len(cleaned):
+            raise ValueError("a key hash is listed twice")
+        return cleaned
+
+
+class LimitsSettings(_Strict):
+    """Per-API-key rate limits. With tenants listed, the gateway authenticates clients by
+    their bearer key; with none (the default), it checks no key and limits nothing."""
+
+    tenants: dict[str, TenantLimits] = {}
+    allow_unknown_keys: bool = False
+    """Serve requests whose key belongs to no tenant (unlimited) instead of a 401."""
+    completion_tokens_estimate: Annotated[int, Field(ge=0)] = 256
+    """Completion tokens charged up front to a request that sets no max_tokens."""
+
+    @model_validator(mode="after")
+    def _one_tenant_per_key(self) -> LimitsSettings:
+        owner: dict[str, str] = {}
+        for name, tenant in self.tenants.items():
+            for digest in tenant.api_key_sha256:
+                if digest in owner:
+                    raise ValueError(f"tenants {owner[digest]!r} and {name!r} share a key hash")
+                owner[digest] = name
+        return self
 
 
 class Policy(_Strict):
     pools: Annotated[dict[str, PoolPolicy], Field(min_length=1)]
     tiers: dict[str, TierSettings] = {}
     """Virtual model names (e.g. `auto`) whose requests are classified into a pool."""
+    limits: LimitsSettings = LimitsSettings()
+    """Per-API-key rate limits (gateway/rate_limit/)."""
 
     @model_validator(mode="after")
     def _one_pool_per_model(self) -> Policy:
@@ -228,6 +328,14 @@ class Policy(_Strict):
                     f"pools {seen[pool.model]!r} and {name!r} both serve model {pool.model!r}"
                 )
             seen[pool.model] = name
+        for name, pool in self.pools.items():
+            for adapter in pool.adapters:
+                if adapter in seen:
+                    raise ValueError(
+                        f"pool {name!r} adapter {adapter!r} is also pool {seen[adapter]!r}'s "
+                        "model or adapter"
+                    )
+                seen[adapter] = name
         for virtual, tier in self.tiers.items():
             if virtual in seen:
                 raise ValueError(f"tier model {virtual!r} is also pool {seen[virtual]!r}'s model")

@@ -50,6 +50,8 @@ class TierScore:
     score: float
     features: Mapping[str, float]
     contributions: Mapping[str, float]
+    """Each feature's push on the logit (for the learned model: the strongest few)."""
+    classifier: str = "cue"
 
 
 def _text(content: Any) -> str:

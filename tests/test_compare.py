@@ -343,3 +343,14 @@ async def test_end_to_end_on_a_tiny_sim_fleet_peers() -> None:
     fleet = await run_sim_fleet([_tiny_workload()], targets, scale=SimScale.quick(), replicas=2)
     _assert_sane(fleet, targets)
     assert all(m.routes == () for m in fleet.measurements)  # peers send no x-gateway-route
+
+
+def test_the_report_keeps_what_other_benchmarks_wrote_below_the_marker(tmp_path: Path) -> None:
+    from bench.compare.cli import KEPT_MARKER, _kept_sections
+
+    path = tmp_path / "benchmarks.md"
+    assert _kept_sections(path) == ""  # no report yet
+    path.write_text("# old compare report\n\n" + KEPT_MARKER + "\n\n## Instances\n| a |\n")
+    assert _kept_sections(path) == "\n" + KEPT_MARKER + "\n\n## Instances\n| a |\n"
+    path.write_text("# a report with no marker\n")
+    assert _kept_sections(path) == ""

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from router_policies.cost.objective import late_choice
 from router_policies.cost.rates import RateLearner, Rates
 from router_policies.cost.ttft import ReplicaLoad, estimate, predicted_s, queued_tokens
 from router_policies.decay import DecayedCount
@@ -129,3 +130,26 @@ def test_a_young_pool_does_not_mistake_a_few_requests_for_all_its_traffic() -> N
 )
 def test_k_follows_the_share(share: float, replicas: int, k: int) -> None:
     assert spread(share, replicas, factor=1.25) == k
+
+
+@pytest.mark.parametrize(
+    ("predicted", "behind", "objective", "chosen"),
+    [
+        # No objective: the fastest replica serves it, as always.
+        ([3.0, 4.0, 5.0], [3.0, 4.0, 5.0], None, None),
+        # Some replica can still serve it in time: no triage.
+        ([1.5, 4.0, 5.0], [1.5, 4.0, 5.0], 2.0, None),
+        # Late everywhere: the replica furthest behind takes it, leaving the others in time.
+        ([3.0, 4.0, 5.0], [3.0, 4.0, 5.0], 2.0, 2),
+        # Furthest behind by its queue, not by a cold prefill of this very request.
+        ([3.0, 4.5, 4.0], [3.0, 2.5, 4.0], 2.0, 2),
+        # Never where it would wait past the limit (30 s): the next furthest behind.
+        ([3.0, 40.0, 5.0], [3.0, 40.0, 5.0], 2.0, 2),
+        # Past the limit everywhere: the fastest serves it (None).
+        ([31.0, 40.0], [31.0, 40.0], 2.0, None),
+    ],
+)
+def test_a_request_late_everywhere_goes_to_the_replica_furthest_behind(
+    predicted: list[float], behind: list[float], objective: float | None, chosen: int | None
+) -> None:
+    assert late_choice(predicted, behind, objective, limit_s=30.0) == chosen

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from router_policies.fingerprint import canonical_chat, canonical_prompt, fingerprint
+import pytest
+
+from router_policies.block_layout import BlockLayout
+from router_policies.fingerprint import block_hashes, canonical_chat, canonical_prompt, fingerprint
 from router_policies.prefix_index import PrefixIndex
+
+FIXED = BlockLayout(128)
+DOUBLING = BlockLayout(128, 16)
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}
 
 
 def chat_features(messages: list[dict[str, object]], model: str = "m", salt: str = ""):  # type: ignore[no-untyped-def]
-    return fingerprint(model, canonical_chat(messages), 128, 256, salt)
+    return fingerprint(model, canonical_chat(messages), FIXED, 256, salt)
 
 
 def test_requests_sharing_a_system_prompt_share_leading_blocks() -> None:
@@ -46,7 +52,7 @@ def test_model_and_cache_salt_seed_the_chain() -> None:
 
 
 def test_fingerprint_length_is_capped() -> None:
-    features = fingerprint("m", b"x" * 100_000, 128, 16)
+    features = fingerprint("m", b"x" * 100_000, FIXED, 16)
     assert len(features.block_hashes) == 16
     assert features.hashed_bytes == 128 * 16
 
@@ -64,7 +70,7 @@ def test_completion_prompts_of_every_shape_are_accepted() -> None:
 
 
 def test_index_matches_the_longest_held_prefix() -> None:
-    index = PrefixIndex(capacity=100)
+    index = PrefixIndex(capacity=100, layout=FIXED)
     a = chat_features([SYSTEM, {"role": "user", "content": "question one " * 30}])
     b = chat_features([SYSTEM, {"role": "user", "content": "question two " * 30}])
     index.insert(a.block_hashes)
@@ -74,9 +80,9 @@ def test_index_matches_the_longest_held_prefix() -> None:
 
 
 def test_index_evicts_extensions_before_their_prefixes() -> None:
-    index = PrefixIndex(capacity=12)
-    long = fingerprint("m", b"y" * 128 * 10, 128, 256)
-    other = fingerprint("m", b"z" * 128 * 4, 128, 256)
+    index = PrefixIndex(capacity=12, layout=FIXED)
+    long = fingerprint("m", b"y" * 128 * 10, FIXED, 256)
+    other = fingerprint("m", b"z" * 128 * 4, FIXED, 256)
     index.insert(long.block_hashes)
     index.insert(other.block_hashes)  # 14 blocks: the two deepest of `long` must go
     assert len(index) == 12
@@ -85,8 +91,8 @@ def test_index_evicts_extensions_before_their_prefixes() -> None:
 
 
 def test_index_resize_and_clear() -> None:
-    index = PrefixIndex(capacity=100)
-    f = fingerprint("m", b"q" * 128 * 10, 128, 256)
+    index = PrefixIndex(capacity=100, layout=FIXED)
+    f = fingerprint("m", b"q" * 128 * 10, FIXED, 256)
     index.insert(f.block_hashes)
     index.resize(3)
     assert index.match_length(f.block_hashes) == 3
@@ -110,3 +116,41 @@ def test_the_home_follows_the_whole_system_prompt_not_its_opening() -> None:
 def test_without_a_system_prompt_the_home_is_the_first_block() -> None:
     features = chat_features([{"role": "user", "content": "x" * 1000}])
     assert features.home_key == features.block_hashes[0]
+
+
+@pytest.mark.parametrize(
+    ("blocks", "end"),
+    [(0, 0), (1, 128), (16, 2048), (17, 2048 + 256), (32, 2048 + 4096), (48, 14336)],
+)
+def test_doubling_blocks_end_where_the_layout_says(blocks: int, end: int) -> None:
+    assert DOUBLING.end(blocks) == end
+    assert DOUBLING.blocks_within(end) == blocks
+    assert DOUBLING.blocks_within(end + 1) == blocks  # a partial block is not a whole one
+    assert DOUBLING.floor(end + 100) == end
+
+
+def test_a_long_prompt_is_hashed_whole_in_few_blocks() -> None:
+    text = bytes(range(256)) * (220 * 4)  # 220 KB
+    hashes = block_hashes(text, 0, DOUBLING, 4096)
+    assert 100 <= len(hashes) <= 120  # fixed 128-byte blocks would be 1,760
+    assert DOUBLING.end(len(hashes) - 1) < len(text) <= DOUBLING.end(len(hashes))
+
+
+def test_doubling_blocks_tell_apart_prompts_differing_only_near_the_end() -> None:
+    common = b"history " * 25_000  # 200 KB of shared conversation
+    a = block_hashes(common + b"one more question", 0, DOUBLING, 4096)
+    b = block_hashes(common + b"another question!", 0, DOUBLING, 4096)
+    assert a[-1] != b[-1]
+    shared = DOUBLING.blocks_within(len(common))
+    assert a[:shared] == b[:shared]
+    # The shared history is matched to within one block: a few percent of its length.
+    assert len(common) - DOUBLING.end(shared) < len(common) / 16
+
+
+def test_the_index_counts_capacity_in_first_block_units() -> None:
+    index = PrefixIndex(capacity=40, layout=DOUBLING)
+    features = fingerprint("m", b"w" * DOUBLING.end(20), DOUBLING, 4096)
+    index.insert(features.block_hashes)
+    assert index.size == 16 + 4 * 2  # 16 blocks of one unit, then 4 of two
+    index.resize(20)  # the deepest blocks go first, two units each
+    assert index.match_length(features.block_hashes) == 18

@@ -33,7 +33,7 @@ def features(
         [{"role": "system", "content": system}, {"role": "user", "content": "hello"}]
     )
     prefix = pool.policy.prefix
-    return fingerprint(MODEL, prompt, prefix.block_bytes, prefix.max_blocks)
+    return fingerprint(MODEL, prompt, prefix.layout, prefix.max_blocks)
 
 
 def send_to(pool: PoolState, url: str, request: RequestFeatures) -> None:
@@ -206,12 +206,14 @@ def test_tier_calibration_survives_a_reload_with_the_same_weights_and_calibratio
 
 
 def test_changed_weights_or_calibration_restart_the_tier_calibration() -> None:
-    old = tiered()
+    old = tiered(classifier="cue")
     calibrated(old)
 
-    reweighted = tiered(previous=old, weights={"math": 4.0})
+    reweighted = tiered(previous=old, classifier="cue", weights={"math": 4.0})
     retargeted = tiered(
-        previous=old, calibration={"target_large_share": 0.2, "window": 10, "min_samples": 10}
+        previous=old,
+        classifier="cue",
+        calibration={"target_large_share": 0.2, "window": 10, "min_samples": 10},
     )
 
     assert reweighted.tiers["auto"].threshold == 0.5

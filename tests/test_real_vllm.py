@@ -7,6 +7,7 @@ with the reason otherwise. Run with ``pytest -m vllm -rs``; the default run dese
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -38,6 +39,7 @@ pytestmark = [
 
 SERVED = "tiny-llama"
 POOL = "tiny"
+RESPONSES_STORE = "VLLM_ENABLE_RESPONSES_API_STORE"
 
 
 @dataclass
@@ -56,7 +58,17 @@ async def fleet() -> AsyncIterator[RealFleet]:
     reason = await asyncio.to_thread(vllm_cpu_available, None, model_dir)
     if reason is not None:
         pytest.skip(f"real vLLM on the CPU is not usable: {reason}")
-    replicas = await start_vllm_cpu_replicas(2, model_dir, SERVED)
+    # vLLM keeps /v1/responses for previous_response_id only with its store on; the replicas'
+    # environment is taken from this process's when they are built.
+    store_was = os.environ.get(RESPONSES_STORE)
+    os.environ[RESPONSES_STORE] = "1"
+    try:
+        replicas = await start_vllm_cpu_replicas(2, model_dir, SERVED)
+    finally:
+        if store_was is None:
+            os.environ.pop(RESPONSES_STORE, None)
+        else:
+            os.environ[RESPONSES_STORE] = store_was
     gateway: ManagedProcess | None = None
     try:
         policy = {
@@ -307,3 +319,79 @@ async def test_client_disconnect_mid_stream_frees_the_engine(fleet: RealFleet) -
     # vllm:request_success_total{finished_reason="abort"}, so the token counter tells).
     generated = await engine_value(url, "vllm:generation_tokens_total") - tokens_before[url]
     assert 5 <= generated < 900, generated
+
+
+async def post_json(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+        return response.status, dict(response.headers), await response.json()
+
+
+async def test_tokenize_and_detokenize_through_the_gateway(fleet: RealFleet) -> None:
+    text = "the red thing matters most"
+    status, hdrs, tokens = await post_json(
+        f"{fleet.gateway}/tokenize", {"model": SERVED, "prompt": text}
+    )
+    assert status == 200, tokens
+    assert hdrs[headers.POOL] == POOL and hdrs[headers.REPLICA] in fleet.replicas
+    assert tokens["count"] == len(tokens["tokens"]) > 0
+    direct = await post_json(
+        f"{fleet.replicas[hdrs[headers.REPLICA]]}/tokenize", {"model": SERVED, "prompt": text}
+    )
+    assert direct[2]["tokens"] == tokens["tokens"]
+    # vLLM serves its one model when none is named; so does the gateway with one pool.
+    status, _, back = await post_json(
+        f"{fleet.gateway}/detokenize", {"tokens": tokens["tokens"][1:]}
+    )
+    assert status == 200 and back["prompt"].strip() == text
+
+
+async def test_completions_with_a_batch_of_prompts(fleet: RealFleet) -> None:
+    prompts = ["Once upon a time,", "In a land of tiny models,", "The end."]
+    async with fleet.client() as client:
+        batch = await client.completions.create(
+            model=SERVED, prompt=prompts, max_tokens=6, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        alone = await client.completions.create(
+            model=SERVED, prompt=prompts[1], max_tokens=6, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+    assert sorted(c.index for c in batch.choices) == [0, 1, 2]
+    second = next(c for c in batch.choices if c.index == 1)
+    assert second.text == alone.choices[0].text
+    assert batch.usage is not None and batch.usage.completion_tokens == 18
+
+
+async def test_responses_streamed_and_followed_up_on_the_same_replica(fleet: RealFleet) -> None:
+    instructions = long_system_prompt(10)
+    async with fleet.client() as client:
+        raw = await client.responses.with_raw_response.create(
+            model=SERVED, instructions=instructions, input="Name a colour.",
+            max_output_tokens=8, temperature=0,
+        )  # fmt: skip
+        first = raw.parse()
+        assert first.id.startswith("resp_") and first.status in ("completed", "incomplete")
+        assert first.usage is not None and first.usage.input_tokens > 0
+        stream = await client.responses.create(
+            model=SERVED, instructions=instructions, input="Name a colour.",
+            max_output_tokens=8, temperature=0, stream=True,
+        )  # fmt: skip
+        kinds, completed = [], None
+        async for event in stream:
+            kinds.append(event.type)
+            if event.type in ("response.completed", "response.incomplete"):
+                completed = event.response
+        assert kinds[0] == "response.created" and completed is not None
+        assert completed.output_text == first.output_text
+        got = await client.responses.with_raw_response.retrieve(first.id)
+        assert got.parse().output_text == first.output_text
+        assert got.headers[headers.REPLICA] == raw.headers[headers.REPLICA]
+        # The stored response lives in one replica's memory: the follow-up must go there.
+        for previous, replica in ((first.id, raw.headers[headers.REPLICA]), (completed.id, None)):
+            follow = await client.responses.with_raw_response.create(
+                model=SERVED, input="Another one.", previous_response_id=previous,
+                max_output_tokens=4, temperature=0,
+            )  # fmt: skip
+            assert follow.parse().previous_response_id == previous
+            if replica is not None:
+                assert follow.headers[headers.REPLICA] == replica

@@ -26,7 +26,7 @@ def system_prompt(text: bytes) -> CanonicalPrompt:
 
 
 def features(prompt: CanonicalPrompt) -> RequestFeatures:
-    return fingerprint("m", prompt, BLOCK, POOL.prefix.max_blocks)
+    return fingerprint("m", prompt, POOL.prefix.layout, POOL.prefix.max_blocks)
 
 
 # 20 blocks of system prompt (~640 tokens at 4 bytes a token).
@@ -295,3 +295,29 @@ def test_round_robin_cycles_through_candidates() -> None:
 def test_round_robin_needs_no_fingerprint_and_no_load() -> None:
     rr = make_policy(POOL.model_copy(update={"policy": PolicyName.ROUND_ROBIN}))
     assert not rr.needs
+
+
+# --- a TTFT objective under overload ---------------------------------------------------------
+
+OBJECTIVE_POOL = POOL.model_copy(
+    update={"cost": POOL.cost.model_copy(update={"ttft_objective_s": 2.0})}
+)
+
+
+def full(name: str, requests: float) -> Candidate:
+    """A decode-bound replica with 4 slots, each held 3 s: a queue of ``requests``."""
+    return candidate(name, requests=requests, running=4, slots=4, service_s=3.0)
+
+
+def test_a_request_late_everywhere_joins_the_queue_furthest_behind() -> None:
+    snap = snapshot(full("a", 7), full("b", 9), full("c", 7), full("d", 8))
+    decision = choose(PrefixAware(OBJECTIVE_POOL), snap)
+    assert (decision.replica, decision.route) == ("b", Route.LATE)
+    # Without an objective it goes where it is least late.
+    assert choose(PrefixAware(POOL), snap).replica in {"a", "c"}
+
+
+def test_a_request_that_can_be_in_time_goes_where_it_is() -> None:
+    snap = snapshot(full("a", 4), full("b", 9), full("c", 7), full("d", 8))
+    decision = choose(PrefixAware(OBJECTIVE_POOL), snap)
+    assert decision.replica == "a" and decision.route != Route.LATE

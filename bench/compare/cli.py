@@ -47,8 +47,21 @@ def write_report(result: CompareResult, config: CompareConfig, out: TextIO) -> P
     text = render_markdown(info, result.fleets, result.checks, METHOD, notes(result), images)
     path = out_dir / "benchmarks.md"
     out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    path.write_text(text + _kept_sections(path), encoding="utf-8")
     return path
+
+
+KEPT_MARKER = "<!-- sections below come from other benchmarks: bench compare keeps them -->"
+
+
+def _kept_sections(path: Path) -> str:
+    """What other benchmarks wrote below the marker (bench instances), kept as it was."""
+    try:
+        old = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ""
+    at = old.find(KEPT_MARKER)
+    return "" if at < 0 else "\n" + old[at:]
 
 
 def print_summary(result: CompareResult, out: TextIO) -> None:

@@ -88,7 +88,9 @@ def overload_workload(quick: bool, seed: int = 0, replicas: int = SIM_REPLICAS) 
         f"open loop, Poisson at {phases_text} of {capacity:.2f} requests/s (seeded)",
         (seed,),
     )
-    return PlannedWorkload(info, conversations, arrivals, seed, phases=spec)
+    # The gateway is told the objective, as an operator states the pool's SLO in its policy.
+    pool = {"cost": {"ttft_objective_s": TTFT_OBJECTIVE_S}}
+    return PlannedWorkload(info, conversations, arrivals, seed, phases=spec, gateway_pool=pool)
 
 
 def overload_description(replicas: int) -> list[str]:
@@ -105,7 +107,9 @@ def overload_description(replicas: int) -> list[str]:
         f"ms / {config.max_num_seqs} of decode and ~{QUESTION_TOKENS + 16} prefill tokens per "
         f"request, so the fleet finishes {fleet_capacity(replicas):.2f} requests/s when every "
         "system prompt hits (a cold one adds ~51 ms of prefill per request, -6%).",
-        f"- TTFT objective {TTFT_OBJECTIVE_S:g} s; a request counts in the phase it arrived in.",
+        f"- TTFT objective {TTFT_OBJECTIVE_S:g} s; a request counts in the phase it arrived in. "
+        "The gateway's pool is told it (`cost.ttft_objective_s`), as an operator states an SLO; "
+        "only the prefix-aware policy reads it.",
     ]
 
 

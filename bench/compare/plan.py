@@ -3,8 +3,9 @@ for this machine."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from bench.compare.phases import PhaseSpec
 from bench.compare.results import (
@@ -46,6 +47,9 @@ class PlannedWorkload:
     """Requests in flight at most; None for open loop (a bound the run never reaches)."""
     phases: PhaseSpec | None = None
     """Report goodput per arrival phase (the overload workload)."""
+    gateway_pool: Mapping[str, Any] = field(default_factory=dict)
+    """Pool settings the gateway is given for this workload, as an operator would (the
+    overload workload's TTFT objective)."""
 
 
 def planned(

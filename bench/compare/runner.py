@@ -37,13 +37,14 @@ SIM_TIMEOUT_S = 60.0
 REAL_TIMEOUT_S = 180.0
 
 
-async def start_target(target: Target, urls: Sequence[str], model: str) -> ManagedProcess:
-    """The target's router in front of ``urls``, ready to route."""
+async def start_target(
+    target: Target, urls: Sequence[str], model: str, pool: Mapping[str, Any] | None = None
+) -> ManagedProcess:
+    """The target's router in front of ``urls``, ready to route; ``pool``: more settings of
+    the gateway's pool."""
     if target.kind == "gateway":
-        policy = {
-            "pools": {"bench": {"model": model, "replicas": list(urls), "policy": target.policy}}
-        }
-        return await start_gateway(policy)
+        settings = {"model": model, "replicas": list(urls), "policy": target.policy, **(pool or {})}
+        return await start_gateway({"pools": {"bench": settings}})
     return await peers.start_peer(target.kind, target.policy, urls)
 
 
@@ -63,7 +64,7 @@ async def measure(
     live: list[ManagedProcess],
 ) -> Measurement:
     """One target through one workload, from emptied caches; the router is stopped after."""
-    router = await start_target(target, urls, model)
+    router = await start_target(target, urls, model, workload.gateway_pool)
     live.append(router)
     try:
         before = await reset_and_verify(urls)

@@ -61,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "without one the report says they are not installed (default: $PEERS_VENV or "
         ".cache/peers-venv)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=defaults.workers,
+        help="also measure the gateway with `serve --workers N` (N > 1; needs a redis-server "
+        "binary) beside the one-process gateway (default: %(default)s: not)",
+    )
     out = parser.add_mutually_exclusive_group()
     out.add_argument(
         "--out",
@@ -91,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         peers=not args.no_peers,
         peers_venv=args.peers_venv,
         out=None if args.no_out else args.out,
+        workers=args.workers,
     )
     print("Starting a zero-delay simulated replica and the routers...", file=sys.stderr)
     try:

@@ -41,6 +41,13 @@ class OverheadConfig:
     """Where the peers' virtualenv is; None: bench.peers' default ($PEERS_VENV or
     .cache/peers-venv)."""
     out: Path | None = Path("docs/overhead.md")
+    workers: int = 1
+    """Above 1, also this gateway with ``serve --workers N`` (sharing state through a Redis
+    started for the run), as one more target beside the one-process gateway."""
+
+    @property
+    def workers_target(self) -> str:
+        return f"{GATEWAY} --workers {self.workers}"
 
     def command(self) -> str:
         """The command line that reproduces this run, every option spelled out."""
@@ -56,6 +63,8 @@ class OverheadConfig:
             parts.append("--no-peers")
         elif self.peers_venv is not None:
             parts.append(f"--peers-venv {self.peers_venv}")
+        if self.workers > 1:
+            parts.append(f"--workers {self.workers}")
         parts.append(f"--out {self.out}" if self.out is not None else "--no-out")
         return " ".join(parts)
 

@@ -27,6 +27,7 @@ from bench.overhead.config import (
     Target,
 )
 from bench.overhead.report import fmt
+from bench.redis_server import start_redis
 from replica.processes import ManagedProcess, start_sim_replicas
 
 
@@ -146,6 +147,14 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
         gateway = await start_gateway(policy)
         processes.append(gateway)
         targets = [Target(DIRECT, replica.url), Target(GATEWAY, gateway.url, gateway.pid)]
+        if config.workers > 1:
+            redis = await start_redis()
+            processes.append(redis)
+            env = {"GATEWAY_WORKERS": str(config.workers), "GATEWAY_REDIS_URL": redis.url}
+            workers = await start_gateway(policy, env=env)
+            processes.append(workers)
+            # The parent's CPU figure sums its descendants: every worker.
+            targets.append(Target(config.workers_target, workers.url, workers.pid))
         for target, process in await start_peers(config, replica.url):
             targets.append(target)
             if process is not None:

@@ -15,7 +15,9 @@
 The set is small and author-labelled: read the numbers as a sanity check, not a benchmark.
 """
 
-# Modules: ``evaluation`` (the set and the figures), ``roc``, ``report``, ``cli``.
+# Modules: ``evaluation`` (the set and the figures), ``roc``, ``report``, ``cli``; for the
+# learned classifier: ``train`` (numpy logistic regression), ``tiers_cli`` (``llm-gateway tiers
+# train|eval``), ``build_data`` (the public training sets under bench/data/tier_train/).
 
 from __future__ import annotations
 

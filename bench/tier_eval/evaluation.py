@@ -14,7 +14,7 @@ from typing import Any
 from bench.tier_eval.roc import roc_auc, roc_curve
 from router_policies.calibration import QuantileThreshold
 from router_policies.schema import TierWeights
-from router_policies.tier_classifier import score
+from router_policies.tier_classifiers import CueClassifier, TierClassifier
 
 DEFAULT_DATA = Path(__file__).parent.parent / "data" / "tier_eval.jsonl"
 DEFAULT_PLOT = Path("docs/tier_roc.png")
@@ -34,6 +34,8 @@ class Example:
     category: str
     body: Mapping[str, Any]
     """An OpenAI chat/completions request body."""
+    source: str = ""
+    """Where the prompt comes from (public training sets); "" for the project's own set."""
 
     @property
     def hard(self) -> bool:
@@ -117,6 +119,7 @@ def load_examples(path: str | Path = DEFAULT_DATA) -> list[Example]:
                     label=label,
                     category=str(record.get("category", "uncategorised")),
                     body=body,
+                    source=str(record.get("source", Path(path).stem)),
                 )
             )
     if not examples:
@@ -156,18 +159,18 @@ def calibrated_threshold(scores: Sequence[float], target_large_share: float) -> 
 
 
 def time_decisions(
-    bodies: Sequence[Mapping[str, Any]], weights: TierWeights, threshold: float
+    bodies: Sequence[Mapping[str, Any]], classifier: TierClassifier, threshold: float
 ) -> tuple[float, float]:
     """(mean, max) microseconds per decision: classify, then compare with the threshold.
     The mean is the best of several passes over the whole set; the max is the slowest prompt,
     each prompt timed as the best of several runs."""
 
     def decide_all() -> int:
-        return sum(score(b, weights).score >= threshold for b in bodies)
+        return sum(classifier.score(b).score >= threshold for b in bodies)
 
     def decide_one(body: Mapping[str, Any]) -> float:
         def decide() -> bool:
-            return score(body, weights).score >= threshold
+            return classifier.score(body).score >= threshold
 
         return min(timeit.repeat(decide, repeat=_TIMING_REPEATS, number=1))
 
@@ -184,11 +187,14 @@ def evaluate(
     path: str | Path = DEFAULT_DATA,
     weights: TierWeights = DEFAULT_WEIGHTS,
     target_large_share: float = 0.4,
+    classifier: TierClassifier | None = None,
 ) -> TierEvalResult:
+    """``classifier`` defaults to the cue model with ``weights``."""
     if not 0.0 <= target_large_share <= 1.0:
         raise ValueError(f"target_large_share must be in [0, 1], got {target_large_share}")
     examples = load_examples(path)
-    scores = [score(e.body, weights).score for e in examples]
+    clf = classifier if classifier is not None else CueClassifier(weights)
+    scores = [clf.score(e.body).score for e in examples]
     positives = [e.hard for e in examples]
     threshold = calibrated_threshold(scores, target_large_share)
 
@@ -213,7 +219,7 @@ def evaluate(
     ranked = sorted(zip(scores, examples, strict=True), key=lambda se: se[0])
     worst_easy = [(e.id, s) for s, e in reversed(ranked) if not e.hard][:_WORST_SHOWN]
     worst_hard = [(e.id, s) for s, e in ranked if e.hard][:_WORST_SHOWN]
-    mean_us, max_us = time_decisions([e.body for e in examples], weights, threshold)
+    mean_us, max_us = time_decisions([e.body for e in examples], clf, threshold)
     return TierEvalResult(
         path=str(path),
         n=len(examples),

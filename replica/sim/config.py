@@ -42,6 +42,20 @@ class SimConfig(BaseModel):
     )
     max_model_len: int = Field(32768, ge=1, description="longest prompt + completion in tokens")
     chars_per_token: int = Field(4, ge=1, description="characters per simulated token")
+    lora_modules: str = Field(
+        "",
+        description="LoRA adapters served besides the model, as vLLM's --lora-modules: "
+        "name=path pairs (or bare names), separated by spaces or commas",
+    )
+    embedding_dim: int = Field(32, ge=1, description="length of /v1/embeddings vectors")
+
+    def adapters(self) -> dict[str, str]:
+        """Adapter name -> its path, as /v1/models lists it (a bare name is its own path)."""
+        pairs = (item.partition("=") for item in self.lora_modules.replace(",", " ").split())
+        return {name: path or name for name, _, path in pairs if name}
+
+    def serves(self, model: str) -> bool:
+        return model == self.model or model in self.adapters()
 
 
 _FLAG_TYPES: dict[object, type] = {int: int, float: float, str: str}

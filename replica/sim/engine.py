@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 _NO_TOKEN = -1  # queued alone when a request ends without a token (abort, failure)
 _MAX_LAG_S = 0.05
+_U64 = (1 << 64) - 1
 
 
 class RequestRejected(ValueError):
@@ -42,6 +43,8 @@ class SimRequest:
     max_tokens: int
     arrival_s: float
     seed: int
+    salt: int = 0
+    """Seeds the KV block hashes: a LoRA adapter's, so adapters never share cached blocks."""
     allocation: Allocation | None = None
     num_computed_tokens: int = 0
     num_output_tokens: int = 0
@@ -135,8 +138,18 @@ class Engine:
         """Call ``listener`` for every request that finishes normally (not aborted)."""
         self._listeners.append(listener)
 
-    def submit(self, request_id: str, prompt_tokens: list[int], max_tokens: int) -> SimRequest:
-        """Queue a request; its tokens arrive through ``SimRequest.stream()``."""
+    def submit(
+        self,
+        request_id: str,
+        prompt_tokens: list[int],
+        max_tokens: int,
+        *,
+        salt: int = 0,
+        sample: int = 0,
+    ) -> SimRequest:
+        """Queue a request; its tokens arrive through ``SimRequest.stream()``. ``salt`` keeps
+        its KV blocks apart (an adapter's); ``sample`` numbers the choices of one prompt (n > 1):
+        each has output of its own, as sampling at a temperature gives."""
         if max_tokens < 1:
             raise RequestRejected("max_tokens must be at least 1")
         needed = self.kv_cache.blocks_needed(len(prompt_tokens) + max_tokens)
@@ -150,7 +163,8 @@ class Engine:
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             arrival_s=time.monotonic(),
-            seed=prompt_hash(prompt_tokens),
+            seed=(prompt_hash(prompt_tokens) ^ salt ^ sample * 0x9E3779B97F4A7C15) & _U64,
+            salt=salt,
         )
         self._waiting.append(request)
         self._idle.clear()
@@ -228,7 +242,7 @@ class Engine:
         while self._waiting and len(self._running) < self.config.max_num_seqs:
             request = self._waiting[0]
             allocation = self.kv_cache.lookup_and_allocate(
-                request.prompt_tokens, request.max_tokens
+                request.prompt_tokens, request.max_tokens, request.salt
             )
             if allocation is None:
                 break  # FCFS: the head waits for blocks, nobody overtakes it
@@ -316,3 +330,36 @@ class Engine:
         )
         for listener in self._listeners:
             listener(record)
+
+
+async def merged(requests: list[SimRequest]) -> AsyncIterator[tuple[int, int, str | None]]:
+    """(index in ``requests``, token, finish reason) of several requests (the choices of one
+    HTTP request), in the order the engine produces them."""
+    if len(requests) == 1:
+        async for token, reason in requests[0].stream():
+            yield 0, token, reason
+        return
+    queue: asyncio.Queue[tuple[int, int, str | None] | Exception | None] = asyncio.Queue()
+
+    async def pump(index: int, request: SimRequest) -> None:
+        try:
+            async for token, reason in request.stream():
+                queue.put_nowait((index, token, reason))
+        except Exception as exc:  # EngineFailed: re-raised to the reader below
+            queue.put_nowait(exc)
+        queue.put_nowait(None)
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+    try:
+        left = len(tasks)
+        while left:
+            item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()

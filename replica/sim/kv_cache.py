@@ -18,12 +18,13 @@ from replica.sim.tokenizer import token_bytes
 _TOKEN_WIDTH = 8  # bytes per token id in token_bytes()
 
 
-def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of ``tokens``: block i is seeded by block i-1."""
+def block_hashes(tokens: Sequence[int], block_size: int, salt: int = 0) -> list[int]:
+    """Chained hashes of the full blocks of ``tokens``: block i is seeded by block i-1, the
+    first by ``salt`` (a LoRA adapter's: vLLM never shares KV blocks across adapters)."""
     data = memoryview(token_bytes(tokens))
     stride = block_size * _TOKEN_WIDTH
     hashes: list[int] = []
-    parent = 0
+    parent = salt
     for start in range(0, (len(tokens) // block_size) * stride, stride):
         parent = xxhash.xxh3_64_intdigest(data[start : start + stride], seed=parent)
         hashes.append(parent)
@@ -58,12 +59,14 @@ class KVCache:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def lookup_and_allocate(self, tokens: Sequence[int], extra_tokens: int) -> Allocation | None:
+    def lookup_and_allocate(
+        self, tokens: Sequence[int], extra_tokens: int, salt: int = 0
+    ) -> Allocation | None:
         """Pin the cached prefix of ``tokens`` and allocate the rest of prompt + extra_tokens.
 
         Returns None, changing nothing, when the free and evictable blocks do not suffice.
         """
-        hashes = block_hashes(tokens, self.block_size)
+        hashes = block_hashes(tokens, self.block_size, salt)
         hits = self._hits(hashes, len(tokens))
 
         num_new = self.blocks_needed(len(tokens) + extra_tokens) - len(hits)

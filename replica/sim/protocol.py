@@ -28,6 +28,16 @@ class ParsedRequest:
     include_usage: bool
     prompt_text: str | None = None
     """The rendered prompt, or None when the client sent token ids."""
+    batch: tuple[tuple[list[int], str | None], ...] = ()
+    """Every prompt of a completions batch (tokens, text), the first being the one above."""
+    n: int = 1
+    """Choices per prompt."""
+    model: str = ""
+    """The model or LoRA adapter named (the served model when the body names none)."""
+
+    @property
+    def prompts(self) -> tuple[tuple[list[int], str | None], ...]:
+        return self.batch or ((self.prompt_tokens, self.prompt_text),)
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -74,14 +84,20 @@ def render_chat_body(body: Mapping[str, Any]) -> str:
         raise _bad(str(exc), "messages") from exc
 
 
-def _prompt(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> tuple[list[int], str | None]:
+def _prompts(
+    body: Mapping[str, Any], kind: Kind, config: SimConfig
+) -> list[tuple[list[int], str | None]]:
     if kind == "chat":
         text = render_chat_body(body)
-        return tokenize(text, config.chars_per_token), text
+        return [(tokenize(text, config.chars_per_token), text)]
     prompt = body.get("prompt")
-    # A batch of one prompt is accepted; larger batches are not simulated.
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
+    # A batch: a list of strings, or of token-id lists (a flat list of ints is one prompt).
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        return [_one_prompt(p, config) for p in prompt]
+    return [_one_prompt(prompt, config)]
+
+
+def _one_prompt(prompt: Any, config: SimConfig) -> tuple[list[int], str | None]:
     if isinstance(prompt, str) and prompt:
         return tokenize(prompt, config.chars_per_token), prompt
     if (
@@ -115,7 +131,7 @@ def load_body(raw: bytes, config: SimConfig) -> Body:
         raise _bad("the request body must be a JSON object")
     model = body.get("model")
     # vLLM serves its one model when the field is left out.
-    if model is not None and model != config.model:
+    if model is not None and not config.serves(model):
         raise ApiError(
             404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
         )
@@ -129,8 +145,11 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> ParsedRequest:
 
 def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> ParsedRequest:
     """``parse_request`` for a body already loaded by ``load_body``."""
-    if body.get("n") not in (None, 1):
-        raise _bad("only n=1 is supported", "n")
+    n = body.get("n")
+    if n is None:
+        n = 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 128:
+        raise _bad("'n' must be an integer from 1 to 128", "n")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream")
@@ -138,16 +157,18 @@ def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> Parsed
     if not isinstance(stream_options, Mapping):
         raise _bad("'stream_options' must be an object", "stream_options")
 
-    tokens, text = _prompt(body, kind, config)
+    batch = _prompts(body, kind, config)
+    tokens, text = batch[0]
+    longest = max(len(prompt) for prompt, _ in batch)
     max_tokens = _max_tokens(body, kind)
-    room = config.max_model_len - len(tokens)
+    room = config.max_model_len - longest
     if max_tokens is None:
         max_tokens = min(config.default_max_tokens, room)
     if room < 1 or max_tokens > room:
         raise ApiError(
             400,
             f"This model's maximum context length is {config.max_model_len} tokens. However, "
-            f"you requested {len(tokens) + max(max_tokens, 1)} tokens ({len(tokens)} in the "
+            f"you requested {longest + max(max_tokens, 1)} tokens ({longest} in the "
             f"prompt, {max(max_tokens, 1)} in the completion). Please reduce the length of "
             "the prompt or completion.",
             code="context_length_exceeded",
@@ -159,6 +180,9 @@ def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> Parsed
         stream=stream,
         include_usage=bool(stream and stream_options.get("include_usage")),
         prompt_text=text,
+        batch=tuple(batch) if len(batch) > 1 else (),
+        n=n,
+        model=str(body.get("model") or config.model),
     )
 
 
@@ -193,16 +217,18 @@ class ResponseFormat:
             "choices": choices,
         }
 
-    def whole(self, text: str, finish_reason: str, usage_: Body) -> Body:
-        body = self._envelope(self.object_whole, [self._whole_choice(text, finish_reason)])
+    def whole(self, choices: list[tuple[str, str]], usage_: Body) -> Body:
+        """The whole answer: (text, finish reason) of each choice, in index order."""
+        whole = [self._whole_choice(text, reason, i) for i, (text, reason) in enumerate(choices)]
+        body = self._envelope(self.object_whole, whole)
         body["usage"] = usage_
         return body
 
-    def opening_chunks(self) -> list[Body]:
+    def opening_chunks(self, index: int = 0) -> list[Body]:
         return []
 
-    def chunk(self, text: str, finish_reason: str | None) -> Body:
-        return self._chunk([self._chunk_choice(text, finish_reason)])
+    def chunk(self, text: str, finish_reason: str | None, index: int = 0) -> Body:
+        return self._chunk([self._chunk_choice(text, finish_reason, index)])
 
     def usage_chunk(self, usage_: Body) -> Body:
         body = self._envelope(self.object_chunk, [])
@@ -216,10 +242,10 @@ class ResponseFormat:
             body["usage"] = None
         return body
 
-    def _whole_choice(self, text: str, finish_reason: str) -> Body:
+    def _whole_choice(self, text: str, finish_reason: str, index: int) -> Body:
         raise NotImplementedError
 
-    def _chunk_choice(self, text: str, finish_reason: str | None) -> Body:
+    def _chunk_choice(self, text: str, finish_reason: str | None, index: int) -> Body:
         raise NotImplementedError
 
 
@@ -228,17 +254,20 @@ class ChatFormat(ResponseFormat):
     object_whole = "chat.completion"
     object_chunk = "chat.completion.chunk"
 
-    def opening_chunks(self) -> list[Body]:
+    def opening_chunks(self, index: int = 0) -> list[Body]:
         role = {"role": "assistant", "content": ""}
-        return [self._chunk([{"index": 0, "delta": role, "logprobs": None, "finish_reason": None}])]
+        choice = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
+        return [self._chunk([choice])]
 
-    def _whole_choice(self, text: str, finish_reason: str) -> Body:
+    def _whole_choice(self, text: str, finish_reason: str, index: int) -> Body:
         message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        return {
+            "index": index, "message": message, "logprobs": None, "finish_reason": finish_reason
+        }  # fmt: skip
 
-    def _chunk_choice(self, text: str, finish_reason: str | None) -> Body:
+    def _chunk_choice(self, text: str, finish_reason: str | None, index: int) -> Body:
         delta = {"content": text}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
 
 class CompletionFormat(ResponseFormat):
@@ -246,11 +275,11 @@ class CompletionFormat(ResponseFormat):
     object_whole = "text_completion"
     object_chunk = "text_completion"
 
-    def _whole_choice(self, text: str, finish_reason: str) -> Body:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def _whole_choice(self, text: str, finish_reason: str, index: int) -> Body:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
-    def _chunk_choice(self, text: str, finish_reason: str | None) -> Body:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def _chunk_choice(self, text: str, finish_reason: str | None, index: int) -> Body:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
 
 FORMATS: dict[Kind, type[ResponseFormat]] = {"chat": ChatFormat, "completion": CompletionFormat}

@@ -5,8 +5,10 @@ away then cancels its handler, which aborts the request in the engine and frees 
 blocks, as vLLM does. Streams also notice a dead client on their next write.
 """
 
+import functools
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -14,12 +16,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
 from replica.openai_api import REQUEST_ID, ApiError
+from replica.sim import pooling, responses
 from replica.sim.config import SimConfig
-from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest
+from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest, merged
 from replica.sim.metrics import SimMetrics
 from replica.sim.protocol import FORMATS, Kind, ResponseFormat, parse_request, usage
 from replica.sim.tokenization import Vocabulary, add_routes
-from replica.sim.tokenizer import detokenize
+from replica.sim.tokenizer import adapter_salt, detokenize
 
 ENGINE_KEY = web.AppKey("sim_engine", Engine)
 CONFIG_KEY = web.AppKey("sim_config", SimConfig)
@@ -56,50 +59,74 @@ class _Handlers:
         headers = {REQUEST_ID: given_id} if given_id else {}
         # vLLM builds the response id from the caller's request id when there is one.
         request_id = given_id or uuid.uuid4().hex
+        sim_requests: list[SimRequest] = []
         try:
             parsed = parse_request(await request.read(), kind, self.config)
-            sim_request = self.engine.submit(request_id, parsed.prompt_tokens, parsed.max_tokens)
-            self.vocabulary.remember(parsed.prompt_text)
+            salt = adapter_salt(self.config.model, parsed.model)
+            # vLLM's choice order: every sample of the first prompt, then of the next.
+            for p, (tokens, text) in enumerate(parsed.prompts):
+                for sample in range(parsed.n):
+                    sim_requests.append(
+                        self.engine.submit(
+                            f"{request_id}-{p}-{sample}", tokens, parsed.max_tokens,
+                            salt=salt, sample=sample,
+                        )
+                    )  # fmt: skip
+                self.vocabulary.remember(text)
         except ApiError as exc:
+            self._abort(sim_requests)
             return exc.response(headers)
         except RequestRejected as exc:
+            self._abort(sim_requests)
             return ApiError(400, str(exc)).response(headers)
 
-        fmt = FORMATS[kind](request_id, self.config.model, int(time.time()), parsed.include_usage)
+        fmt = FORMATS[kind](request_id, parsed.model, int(time.time()), parsed.include_usage)
+        usage_of = functools.partial(_usage, sim_requests, parsed.n)
         try:
             if parsed.stream:
-                return await self._stream(request, sim_request, fmt, headers)
-            return await self._whole(request, sim_request, fmt, headers)
+                return await self._stream(request, sim_requests, fmt, usage_of, headers)
+            return await self._whole(request, sim_requests, fmt, usage_of, headers)
         except EngineFailed as exc:
             return ApiError(500, str(exc), type_="internal_server_error").response(headers)
         finally:
             # No-op when it finished; otherwise the client is gone (cancelled or write failed).
+            self._abort(sim_requests)
+
+    def _abort(self, sim_requests: list[SimRequest]) -> None:
+        for sim_request in sim_requests:
             self.engine.abort(sim_request)
 
     async def _whole(
         self,
         request: web.Request,
-        sim_request: SimRequest,
+        sim_requests: list[SimRequest],
         fmt: ResponseFormat,
+        usage_of: Callable[[], dict[str, Any]],
         headers: dict[str, str],
     ) -> web.StreamResponse:
-        pieces: list[str] = []
-        async for token, _ in sim_request.stream():
-            pieces.append(detokenize(token))
+        pieces: list[list[str]] = [[] for _ in sim_requests]
+        async for index, token, _ in merged(sim_requests):
+            pieces[index].append(detokenize(token))
             if request.transport is None or request.transport.is_closing():
                 # Client gone; handler cancellation usually gets here first.
                 return web.Response(status=499)
-        reason = sim_request.finish_reason
-        if reason is None or reason == "abort":
-            # Only the server shutting down aborts a request whose client is still there.
-            return ApiError(503, "request aborted", type_="service_unavailable").response(headers)
-        return _json(fmt.whole("".join(pieces), reason, _usage(sim_request)), headers)
+        choices = []
+        for sim_request, texts in zip(sim_requests, pieces, strict=True):
+            reason = sim_request.finish_reason
+            if reason is None or reason == "abort":
+                # Only the server shutting down aborts a request whose client is still there.
+                return ApiError(503, "request aborted", type_="service_unavailable").response(
+                    headers
+                )
+            choices.append(("".join(texts), reason))
+        return _json(fmt.whole(choices, usage_of()), headers)
 
     async def _stream(
         self,
         request: web.Request,
-        sim_request: SimRequest,
+        sim_requests: list[SimRequest],
         fmt: ResponseFormat,
+        usage_of: Callable[[], dict[str, Any]],
         headers: dict[str, str],
     ) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -111,21 +138,21 @@ class _Handlers:
         )
         await response.prepare(request)
         try:
-            opening = fmt.opening_chunks()
-            async for token, reason in sim_request.stream():
-                body = _sse(fmt.chunk(detokenize(token), reason))
-                if opening:
+            opened: set[int] = set()
+            async for index, token, reason in merged(sim_requests):
+                body = _sse(fmt.chunk(detokenize(token), reason, index))
+                if index not in opened:
                     # Like vLLM, the role chunk goes out with the first token, not before it:
                     # a client timing its first byte measures time to first token.
-                    body = b"".join(_sse(chunk) for chunk in opening) + body
-                    opening = []
+                    opened.add(index)
+                    body = b"".join(_sse(chunk) for chunk in fmt.opening_chunks(index)) + body
                 await response.write(body)
-            if sim_request.finish_reason == "abort":
+            if any(r.finish_reason == "abort" for r in sim_requests):
                 # Only a shutdown aborts a live stream: end it without [DONE], as a cut.
                 response.force_close()
                 return response
             if fmt.include_usage:
-                await response.write(_sse(fmt.usage_chunk(_usage(sim_request))))
+                await response.write(_sse(fmt.usage_chunk(usage_of())))
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionError:
@@ -149,7 +176,20 @@ class _Handlers:
             "parent": None,
             "max_model_len": self.config.max_model_len,
         }
-        return _json({"object": "list", "data": [card]}, {})
+        # vLLM lists each --lora-modules adapter after the base model, its parent.
+        adapters = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "vllm",
+                "root": path,
+                "parent": self.config.model,
+                "max_model_len": None,
+            }
+            for name, path in self.config.adapters().items()
+        ]
+        return _json({"object": "list", "data": [card, *adapters]}, {})
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         self.engine.reset_prefix_cache()
@@ -165,11 +205,13 @@ def _sse(chunk: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-def _usage(sim_request: SimRequest) -> dict[str, Any]:
+def _usage(sim_requests: list[SimRequest], n: int) -> dict[str, Any]:
+    """Prompt tokens count once per prompt (its first sample), output tokens per choice."""
+    firsts = sim_requests[::n]
     return usage(
-        sim_request.num_prompt_tokens,
-        sim_request.num_output_tokens,
-        sim_request.num_cached_tokens,
+        sum(r.num_prompt_tokens for r in firsts),
+        sum(r.num_output_tokens for r in sim_requests),
+        sum(r.num_cached_tokens for r in firsts),
     )
 
 
@@ -189,6 +231,8 @@ def build_app(config: SimConfig) -> web.Application:
     app.router.add_post("/reset_prefix_cache", handlers.reset_prefix_cache)
     app.router.add_get("/metrics", handlers.metrics_page)
     add_routes(app, config, vocabulary)
+    pooling.add_routes(app, config, engine)
+    responses.add_routes(app, config, engine)
 
     async def finish_then_abort(app: web.Application) -> None:
         # Runs before aiohttp waits on open handlers: aborting ends their streams at once.

@@ -140,22 +140,43 @@ class TokenizationHandlers:
             return exc.response(headers)
         return _json({"prompt": prompt}, headers)
 
-    def _generate_request(
+    def _generate_requests(
         self, request: web.Request, body: Body, kind: Kind, prefix: str
-    ) -> dict[str, Any]:
+    ) -> list[dict[str, Any]]:
+        """One GenerateRequest per prompt (a completions batch has several)."""
         parsed = parse_body(body, kind, self.config)
-        self.vocabulary.remember(parsed.prompt_text)
         given = request.headers.get(REQUEST_ID)
         stream_options = body.get("stream_options") if parsed.stream else None
+        rendered = []
+        for tokens, text in parsed.prompts:
+            self.vocabulary.remember(text)
+            rendered.append(
+                self._generate_request(
+                    body, parsed.n, parsed.max_tokens, parsed.stream, stream_options, tokens,
+                    f"{prefix}{given or uuid.uuid4().hex}",
+                )
+            )  # fmt: skip
+        return rendered
+
+    @staticmethod
+    def _generate_request(
+        body: Body,
+        n: int,
+        max_tokens: int,
+        stream: bool,
+        stream_options: Any,
+        tokens: list[int],
+        request_id: str,
+    ) -> dict[str, Any]:
         return {
-            "request_id": f"{prefix}{given or uuid.uuid4().hex}",
-            "token_ids": parsed.prompt_tokens,
+            "request_id": request_id,
+            "token_ids": tokens,
             "token_offsets": None,
             "features": None,
             "content_parts": None,
-            "sampling_params": {"n": 1, "max_tokens": parsed.max_tokens},
+            "sampling_params": {"n": n, "max_tokens": max_tokens},
             "model": body.get("model"),
-            "stream": parsed.stream,
+            "stream": stream,
             "stream_options": stream_options,
             "cache_salt": body.get("cache_salt"),
             "priority": body.get("priority", 0),
@@ -166,7 +187,7 @@ class TokenizationHandlers:
         headers = _echo(request)
         try:
             body = load_body(await request.read(), self.config)
-            rendered = self._generate_request(request, body, "chat", "chatcmpl-")
+            (rendered,) = self._generate_requests(request, body, "chat", "chatcmpl-")
         except ApiError as exc:
             return exc.response(headers)
         return _json(rendered, headers)
@@ -175,11 +196,11 @@ class TokenizationHandlers:
         headers = _echo(request)
         try:
             body = load_body(await request.read(), self.config)
-            rendered = self._generate_request(request, body, "completion", "cmpl-")
+            rendered = self._generate_requests(request, body, "completion", "cmpl-")
         except ApiError as exc:
             return exc.response(headers)
-        # One GenerateRequest per prompt of the batch; the sim takes batches of one.
-        return _json([rendered], headers)
+        # One GenerateRequest per prompt of the batch, as vLLM's render answers.
+        return _json(rendered, headers)
 
 
 def add_routes(app: web.Application, config: SimConfig, vocabulary: Vocabulary) -> None:

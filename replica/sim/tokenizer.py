@@ -134,3 +134,11 @@ def output_token(seed: int, index: int) -> int:
 def detokenize(token_id: int) -> str:
     """Text of one output token; each is a word followed by a space."""
     return VOCAB[token_id] + " "
+
+
+def adapter_salt(base_model: str, model: str) -> int:
+    """Seeds an adapter's KV blocks and output (0 for the base model): vLLM keys cached blocks
+    by LoRA, and an adapter's weights answer differently."""
+    if model == base_model:
+        return 0
+    return xxhash.xxh3_64_intdigest(f"lora\x00{model}".encode())

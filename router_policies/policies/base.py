@@ -37,7 +37,7 @@ class SelectionPolicy:
         builds the canonical text only when called: a policy that reads none pays nothing."""
         if self.prefix is None:
             return RequestFeatures(model, (), 0)
-        return fingerprint(model, prompt(), self.prefix.block_bytes, self.prefix.max_blocks, salt)
+        return fingerprint(model, prompt(), self.prefix.layout, self.prefix.max_blocks, salt)
 
     def select(
         self, request: RequestFeatures, snapshot: PoolSnapshot, *, explain: bool = False

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from router_policies.cost.copies import copy_penalty_s
+from router_policies.cost.objective import late_choice
 from router_policies.cost.rates import Rates
 from router_policies.cost.ttft import estimate, predicted_s
 from router_policies.decision import Candidate, CandidateCost, Decision, PoolSnapshot, Route
@@ -41,7 +43,7 @@ def default_rates(policy: PoolPolicy) -> Rates:
 
 
 def _useful(matched_bytes: int, request: RequestFeatures, prefix: PrefixSettings) -> bool:
-    if matched_bytes < prefix.min_match_blocks * prefix.block_bytes:
+    if matched_bytes < prefix.layout.end(prefix.min_match_blocks):
         return False
     return matched_bytes >= prefix.min_match_ratio * request.hashed_bytes
 
@@ -51,7 +53,8 @@ class PrefixAware(SelectionPolicy):
 
     def __init__(self, policy: PoolPolicy, previous: PrefixAware | None = None) -> None:
         self.policy = policy
-        self.prefix = policy.prefix
+        self.prefix: PrefixSettings = policy.prefix
+        self.layout = policy.prefix.layout
         self._default_rates = default_rates(policy)
         keep = previous is not None and previous.policy.prefix == policy.prefix
         # Digests of another block size or seed match nothing: an index survives a reload only
@@ -65,7 +68,7 @@ class PrefixAware(SelectionPolicy):
     def _index(self, replica: str) -> PrefixIndex:
         index = self._indexes.get(replica)
         if index is None:
-            index = self._indexes[replica] = PrefixIndex(self.policy.prefix.index_blocks)
+            index = self._indexes[replica] = PrefixIndex(self.prefix.index_blocks, self.layout)
         return index
 
     def matched_blocks(self, replica: str, request: RequestFeatures) -> int:
@@ -88,13 +91,13 @@ class PrefixAware(SelectionPolicy):
         candidates = snapshot.candidates
         if not candidates:
             return None
-        prefix = self.policy.prefix
-        block = prefix.block_bytes
+        prefix = self.prefix
+        layout = self.layout
         key = request.home_key
-        lead_bytes = (request.lead_bytes // block) * block
+        lead_bytes = layout.floor(request.lead_bytes)
         has_home = _useful(lead_bytes, request, prefix)
         total = request.hashed_bytes
-        matched = [min(self.matched_blocks(c.name, request) * block, total) for c in candidates]
+        matched = [min(layout.end(self.matched_blocks(c.name, request)), total) for c in candidates]
         spread_homes = self._spread_homes(request, snapshot, matched) if has_home else frozenset()
 
         per_token_bytes = snapshot.chars_per_token
@@ -113,16 +116,43 @@ class PrefixAware(SelectionPolicy):
                 )
             )
 
-        fastest = min(item[0] for item in scored)
-        tolerance = self.policy.cost
-        limit = fastest * (1 + tolerance.near_ratio) + tolerance.near_s
-        # "not >" rather than "<=": were a prediction ever NaN, every replica stays a choice.
-        near = [item for item in scored if not item[0] > limit]
-        useful = {c.name for _, c, matched, _ in near if _useful(matched, request, prefix)}
-        _, chosen, matched_bytes, expected = self._balance(
-            near, candidates, key, useful | spread_homes, has_home
+        cost = self.policy.cost
+        predictions = [item[0] for item in scored]
+        late = late_choice(
+            predictions,
+            [p - e * (c.rates or default).prefill_s_per_token for p, c, _, e in scored],
+            cost.ttft_objective_s,
+            cost.late_limit_s,
         )
-        if chosen.name in useful:
+        warmest = min(item[3] for item in scored)
+        ranked = [
+            (
+                p
+                + copy_penalty_s(
+                    e, warmest, (c.rates or default).prefill_s_per_token, cost.copy_weight
+                ),
+                c,
+                m,
+                e,
+            )
+            for p, c, m, e in scored
+        ]
+        fastest = min(item[0] for item in ranked)
+        limit = fastest * (1 + cost.near_ratio) + cost.near_s
+        if cost.ttft_objective_s is not None and fastest <= cost.ttft_objective_s:
+            limit = min(limit, cost.ttft_objective_s)
+        # "not >" rather than "<=": were a prediction ever NaN, every replica stays a choice.
+        near = [item for item in ranked if not item[0] > limit]
+        useful = {c.name for _, c, matched, _ in near if _useful(matched, request, prefix)}
+        if late is not None:
+            _, chosen, matched_bytes, expected = scored[late]
+        else:
+            _, chosen, matched_bytes, expected = self._balance(
+                near, candidates, key, useful | spread_homes, has_home
+            )
+        if late is not None:
+            route = Route.LATE
+        elif chosen.name in useful:
             route = Route.PREFIX_HIT
         elif has_home:
             route = Route.PREFIX_HOME
@@ -144,7 +174,7 @@ class PrefixAware(SelectionPolicy):
         return Decision(
             chosen.name,
             route,
-            -(-matched_bytes // block),
+            self.matched_blocks(chosen.name, request),
             (total - matched_bytes) / per_token_bytes,
             estimate(chosen.load, expected, prompt_tokens, chosen.rates or default),
             costs,
@@ -164,7 +194,7 @@ class PrefixAware(SelectionPolicy):
         k = spread(share, len(candidates), self.policy.hot.spread_factor)
         if k <= 1:
             return frozenset()
-        lead = request.lead_bytes // self.policy.prefix.block_bytes * self.policy.prefix.block_bytes
+        lead = self.layout.floor(request.lead_bytes)
         holding = [c for c, m in zip(candidates, matched, strict=True) if m >= lead]
         holders = frozenset(c.name for c in holding)
         key = request.home_key

@@ -154,3 +154,21 @@ urls: {{ toYaml $urls | nindent 2 }}
 {{- end -}}
 {{- toYaml $policy -}}
 {{- end -}}
+
+{{/* "true" when the chart runs its own Redis: redis.enabled true, or auto with several gateway
+pods; never when redis.url names an external one. */}}
+{{- define "llm-gateway.redisEnabled" -}}
+{{- $enabled := toString .Values.redis.enabled -}}
+{{- if and (not .Values.redis.url) (or (eq $enabled "true") (and (eq $enabled "auto") (gt (int .Values.gateway.replicas) 1))) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* GATEWAY_REDIS_URL for the gateway pods: the external Redis, the chart's own, or none. */}}
+{{- define "llm-gateway.redisUrl" -}}
+{{- if .Values.redis.url -}}
+{{ .Values.redis.url }}
+{{- else if include "llm-gateway.redisEnabled" . -}}
+redis://{{ include "llm-gateway.fullname" . }}-redis:6379/0
+{{- end -}}
+{{- end -}}

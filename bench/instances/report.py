@@ -1,0 +1,90 @@
+"""The instances benchmark's table: each layout against one instance measured in the same run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.instances.runner import Lag, Layout, Row
+from bench.replica_counters import max_over_mean
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    if value is None or not base:
+        return "-"
+    return f"{value / base:.3f}x"
+
+
+def _diff(value: float | None, base: float | None) -> str:
+    if value is None or base is None:
+        return "-"
+    return f"{value - base:+.2f}"
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """One layout on one workload, over every seed it ran: hits over queries, and max/mean of
+    the requests each replica served, summed over the seeds."""
+
+    hit_rate: float | None
+    balance: float | None
+    failed: int
+    sent: int
+    mean_ttft_ms: float
+    seeds: int
+
+
+def combine(rows: Sequence[Row]) -> Figures:
+    measurements = [r.measurement for r in rows]
+    queries = sum(m.cache_queries for m in measurements)
+    counts = [m.requests_per_replica for m in measurements]
+    per_replica = [sum(col) for col in zip(*counts, strict=True)]
+    ttfts = [t for m in measurements for t in m.ttfts]
+    return Figures(
+        sum(m.cache_hits for m in measurements) / queries if queries else None,
+        max_over_mean(per_replica),
+        sum(m.errors for m in measurements),
+        sum(m.sent for m in measurements),
+        1000 * sum(ttfts) / len(ttfts) if ttfts else float("nan"),
+        len(measurements),
+    )
+
+
+def markdown(rows: Sequence[Row], command: str) -> str:
+    lines = [
+        f"Command: `{command}`",
+        "",
+        "| workload | seeds | gateways | hit rate | vs 1 instance | max/mean load | vs 1 instance "
+        "| failed | mean TTFT ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[str, Layout], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.workload, row.layout), []).append(row)
+    figures = {key: combine(group) for key, group in groups.items()}
+    for (workload, layout), f in figures.items():
+        one = figures.get((workload, Layout(1, False)))
+        lines.append(
+            f"| {workload} | {f.seeds} | {layout.label} "
+            f"| {'-' if f.hit_rate is None else f'{f.hit_rate:.3f}'} "
+            f"| {_ratio(f.hit_rate, one.hit_rate if one else None)} "
+            f"| {'-' if f.balance is None else f'{f.balance:.2f}'} "
+            f"| {_diff(f.balance, one.balance if one else None)} "
+            f"| {f.failed}/{f.sent} | {f.mean_ttft_ms:.0f} |"
+        )
+    lags = [r.lag for r in rows if r.lag is not None]
+    if lags:
+        lines += ["", _lag_line(lags)]
+    return "\n".join(lines) + "\n"
+
+
+def _lag_line(lags: Sequence[Lag]) -> str:
+    count = sum(lag.count for lag in lags)
+    mean = sum(lag.mean_s * lag.count for lag in lags) / count
+    p50 = max(lag.p50_s for lag in lags)
+    p99 = max(lag.p99_s for lag in lags)
+    return (
+        f"Staleness (dispatch on one instance to its replay on another, "
+        f"gateway_state_apply_lag_seconds over {count:,} replays): mean {mean * 1000:.1f} ms, "
+        f"p50 <= {p50 * 1000:g} ms, p99 <= {p99 * 1000:g} ms (histogram bucket bounds)."
+    )

@@ -1,0 +1,64 @@
+"""What sharing costs in CPU: two gateway instances on the local backend against two sharing
+through Redis, the same streaming traffic split over each pair, batches interleaved; CPU time
+per request summed over the pair's processes (/proc schedstat)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bench.compare.runner import stop_all
+from bench.driver import run_plain
+from bench.host import process_cpu_s
+from bench.launcher import start_gateway
+from bench.overhead.config import MODEL, ZERO_DELAY
+from bench.redis_server import start_redis
+from replica.processes import ManagedProcess, start_sim_replicas
+
+BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "hello there " * 20}],
+    "max_tokens": 16,
+}
+LAYOUTS = ("local", "redis")
+
+
+def _cpu(processes: list[ManagedProcess]) -> float:
+    return sum(process_cpu_s(p.pid) or 0.0 for p in processes)
+
+
+async def sharing_cpu(
+    rounds: int = 8, per_instance: int = 300, concurrency: int = 16
+) -> dict[str, float]:
+    """Microseconds of gateway CPU per request, by layout ("local", "redis")."""
+    live: list[ManagedProcess] = []
+    try:
+        [replica] = await start_sim_replicas(1, model=MODEL, **ZERO_DELAY)
+        live.append(replica)
+        redis = await start_redis()
+        live.append(redis)
+        policy = {"pools": {"bench": {"model": MODEL, "replicas": [replica.url]}}}
+        envs = {"local": {}, "redis": {"GATEWAY_REDIS_URL": redis.url}}
+        pairs = {
+            name: [await start_gateway(policy, env=envs[name]) for _ in range(2)]
+            for name in LAYOUTS
+        }
+        for pair in pairs.values():
+            live += pair
+        cpu = dict.fromkeys(LAYOUTS, 0.0)
+        sent = dict.fromkeys(LAYOUTS, 0)
+        for index in range(rounds):
+            for name in LAYOUTS if index % 2 == 0 else reversed(LAYOUTS):
+                pair = pairs[name]
+                before = _cpu(pair)
+                runs = await asyncio.gather(
+                    *(
+                        run_plain(g.url, BODY, requests=per_instance, concurrency=concurrency,
+                                  stream=True)
+                        for g in pair
+                    )
+                )  # fmt: skip
+                cpu[name] += _cpu(pair) - before
+                sent[name] += sum(len(r.results) for r in runs)
+        return {name: cpu[name] / sent[name] * 1e6 for name in LAYOUTS}
+    finally:
+        await stop_all(live)

@@ -1,0 +1,263 @@
+"""Builds the tier classifier's public training sets, bench/data/tier_train/*.jsonl, from the
+upstream files (see bench/data/README.md for each source, its licence and its label rule).
+
+    python -m bench.tier_eval.build_data RAW_DIR [--out bench/data/tier_train]
+
+RAW_DIR holds the upstream files under the names in ``SOURCES`` (each comes from the public
+repository and path given beside it). The output is deterministic: same inputs, same bytes.
+
+Not used, on purpose: self-instruct's 252 user-oriented instructions (they are part of the
+AlpacaEval set, reserved for independent evaluation), StrategyQA (yes/no questions that a
+bag of words cannot tell from trivia: labelled hard by category, they taught the model that short
+questions are hard and wrecked the held-out split with NQ trivia).
+
+Labels are by category, not by what a small model got wrong (no such labels exist for these
+sets): maths, coding and reasoning puzzles are ``hard``; general instructions, chit-chat,
+writing, extraction, reading-comprehension QA and summarisation are ``easy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import random
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = Path(__file__).parent.parent / "data" / "tier_train"
+MAX_CHARS = 8000
+"""Longer prompts are cut here (the classifier reads at most the first 3 KB and last 1 KB)."""
+SEED = 9
+
+# Upstream files, by the name expected in RAW_DIR:
+#   gsm8k_train.jsonl          openai/grade-school-math grade_school_math/data/train.jsonl (MIT)
+#   math_test.jsonl            MATH test problems (hendrycks/math, MIT), 1000-problem copy in
+#                              cmu-mind/RISE data/math/test.jsonl
+#   HumanEval.jsonl.gz         openai/human-eval data/HumanEval.jsonl.gz (MIT)
+#   mbpp.jsonl                 google-research/google-research mbpp/mbpp.jsonl (CC-BY-4.0)
+#   selfinstruct_seed_tasks.jsonl     yizhongw/self-instruct data/seed_tasks.jsonl (Apache-2.0)
+#   theoremqa_test.json        wenhuchen/TheoremQA theoremqa_test.json (MIT)
+#   nq_open_dev.jsonl          google-research-datasets/natural-questions nq_open/NQ-open.dev.jsonl
+#                              (CC-BY-SA-3.0)
+#   clinc_data_full.json       clinc/oos-eval data/data_full.json (CC-BY-3.0)
+#   banking77_train.csv        PolyAI-LDN/task-specific-datasets banking_data/train.csv (CC-BY-4.0)
+#   t0/<template>.jsonl        yizhongw/self-instruct data/finetuning/t0_train_50k/data_per_template
+#                              (P3 prompts; promptsource templates Apache-2.0; only datasets
+#                              whose own licence allows redistribution are used, see P3_SETS)
+
+SEED_TASKS_HARD = frozenset(
+    {
+        "fun_math_question", "find_subset_of_numbers_with_target_sum", "perfect_numbers",
+        "write_comments_in_python", "complete_python_code", "solving_equation", "code_todo",
+        "regular_expression_generation", "math_word_problem_with_reasoning", "text_to_sql",
+        "htlm_task", "python_code_generation", "python_sorting", "chess_puzzle",
+        "solving_math_problem", "word_math_with_algebra", "code_for_bitcoin_price",
+        "program_for_summation", "javascript_date_and_time", "python_leetcode",
+        "solve_equation_system", "syllogism", "code_syntax_error",
+    }
+)  # fmt: skip
+"""Self-instruct seed tasks whose category is coding, maths or a reasoning puzzle."""
+P3_SETS = {
+    # dataset prefix: (licence, part). Part A and part B never share a dataset.
+    "adversarial_qa": ("CC-BY-SA-3.0", "a"),
+    "duorc": ("MIT", "a"),
+    "cosmos_qa": ("CC-BY-4.0", "a"),
+    "commonsense_qa": ("MIT", "a"),
+    "common_gen": ("MIT", "a"),
+    "dbpedia_14": ("CC-BY-SA-3.0", "a"),
+    "quoref": ("CC-BY-4.0", "b"),
+    "ropes": ("CC-BY-4.0", "b"),
+    "cnn_dailymail": ("Apache-2.0", "b"),
+    "wiki_bio": ("CC-BY-SA-3.0", "b"),
+    "quartz": ("CC-BY-4.0", "b"),
+    "qasc": ("CC-BY-4.0", "b"),
+    "quarel": ("CC-BY-4.0", "b"),
+}
+P3_PER_TEMPLATE = 12
+GSM8K_SAMPLE = 2000
+SAMPLE = 1000
+"""Prompts kept from each of the larger query sets (NQ-open, CLINC150, BANKING77)."""
+
+
+def _body(text: str) -> dict[str, Any]:
+    return {"model": "auto", "messages": [{"role": "user", "content": text[:MAX_CHARS].strip()}]}
+
+
+def _record(source: str, i: int, label: str, category: str, text: str) -> dict[str, Any]:
+    return {
+        "id": f"{source}-{i:05d}",
+        "label": label,
+        "category": category,
+        "source": source,
+        "body": _body(text),
+    }
+
+
+def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def gsm8k(raw: Path) -> list[dict[str, Any]]:
+    rows = list(_jsonl(raw / "gsm8k_train.jsonl"))
+    random.Random(SEED).shuffle(rows)
+    return [
+        _record("gsm8k", i, "hard", "math_word_problem", r["question"])
+        for i, r in enumerate(rows[:GSM8K_SAMPLE])
+    ]
+
+
+def math(raw: Path) -> list[dict[str, Any]]:
+    def category(kind: str) -> str:
+        return "math_" + kind.lower().replace(" & ", "_").replace(" ", "_")
+
+    return [
+        _record("math", i, "hard", category(r["type"]), r["problem"])
+        for i, r in enumerate(_jsonl(raw / "math_test.jsonl"))
+    ]
+
+
+def humaneval(raw: Path) -> list[dict[str, Any]]:
+    # The prompt as the benchmark gives it: a signature and a docstring to complete.
+    return [
+        _record("humaneval", i, "hard", "code_completion", r["prompt"])
+        for i, r in enumerate(_jsonl(raw / "HumanEval.jsonl.gz"))
+    ]
+
+
+def mbpp(raw: Path) -> list[dict[str, Any]]:
+    # The prompt format of the MBPP paper, without its few-shot examples.
+    return [
+        _record(
+            "mbpp", i, "hard", "code_generation",
+            f"{r['text']} Your code should pass these tests:\n\n" + "\n".join(r["test_list"]),
+        )
+        for i, r in enumerate(_jsonl(raw / "mbpp.jsonl"))
+    ]  # fmt: skip
+
+
+def _instruction_text(task: dict[str, Any]) -> str:
+    instances = task.get("instances") or [{}]
+    extra = str(instances[0].get("input", "")).strip()
+    return str(task["instruction"]).strip() + (f"\n\n{extra}" if extra else "")
+
+
+def selfinstruct_seed(raw: Path) -> list[dict[str, Any]]:
+    out = []
+    for i, t in enumerate(_jsonl(raw / "selfinstruct_seed_tasks.jsonl")):
+        hard = t["name"] in SEED_TASKS_HARD
+        category = "code_math_puzzle" if hard else "general_instruction"
+        out.append(
+            _record("selfinstruct_seed", i, "hard" if hard else "easy", category,
+                    _instruction_text(t))
+        )  # fmt: skip
+    return out
+
+
+def p3(raw: Path, part: str) -> list[dict[str, Any]]:
+    rng = random.Random(SEED)
+    out: list[dict[str, Any]] = []
+    source = f"p3_{part}"
+    for path in sorted((raw / "t0").glob("*.jsonl")):
+        dataset = next((d for d in P3_SETS if path.stem.startswith(d)), None)
+        if dataset is None or P3_SETS[dataset][1] != part:
+            continue
+        rows = list(_jsonl(path))
+        for r in rng.sample(rows, min(P3_PER_TEMPLATE, len(rows))):
+            out.append(_record(source, len(out), "easy", dataset, r["prompt"]))
+    return out
+
+
+def _sample(rows: list[Any]) -> list[Any]:
+    return random.Random(SEED).sample(rows, min(SAMPLE, len(rows)))
+
+
+def theoremqa(raw: Path) -> list[dict[str, Any]]:
+    rows = json.loads((raw / "theoremqa_test.json").read_text(encoding="utf-8"))
+    return [
+        _record("theoremqa", i, "hard", "stem_" + str(r["field"]).lower(), r["Question"])
+        for i, r in enumerate(r for r in rows if not r.get("Picture"))
+    ]
+
+
+def nq_open(raw: Path) -> list[dict[str, Any]]:
+    rows = list(_jsonl(raw / "nq_open_dev.jsonl"))
+    return [
+        _record("nq_open", i, "easy", "trivia", r["question"].strip().capitalize() + "?")
+        for i, r in enumerate(_sample(rows))
+    ]
+
+
+def clinc(raw: Path) -> list[dict[str, Any]]:
+    # Queries to a personal assistant, in 150 intents (timers, translation, small sums, ...).
+    rows = json.loads((raw / "clinc_data_full.json").read_text(encoding="utf-8"))["train"]
+    return [
+        _record("clinc", i, "easy", "assistant_" + intent, text)
+        for i, (text, intent) in enumerate(_sample(rows))
+    ]
+
+
+def banking77(raw: Path) -> list[dict[str, Any]]:
+    # Customer-support questions to a bank.
+    with (raw / "banking77_train.csv").open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [
+        _record("banking77", i, "easy", "customer_support", r["text"])
+        for i, r in enumerate(_sample(rows))
+    ]
+
+
+def p3_a(raw: Path) -> list[dict[str, Any]]:
+    return p3(raw, "a")
+
+
+def p3_b(raw: Path) -> list[dict[str, Any]]:
+    return p3(raw, "b")
+
+
+BUILDERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
+    "gsm8k": gsm8k,
+    "math": math,
+    "humaneval": humaneval,
+    "mbpp": mbpp,
+    "selfinstruct_seed": selfinstruct_seed,
+    "p3_a": p3_a,
+    "p3_b": p3_b,
+    "theoremqa": theoremqa,
+    "nq_open": nq_open,
+    "clinc": clinc,
+    "banking77": banking77,
+}
+
+
+def build(raw: Path, out: Path) -> dict[str, int]:
+    out.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for name, builder in BUILDERS.items():
+        records = builder(raw)
+        with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        counts[name] = len(records)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tier_eval.build_data")
+    parser.add_argument("raw", type=Path, help="folder with the upstream files")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    for name, n in build(args.raw, args.out).items():
+        print(f"{name:<20} {n:>6}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

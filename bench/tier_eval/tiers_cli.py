@@ -1,0 +1,309 @@
+"""``llm-gateway tiers``: train the learned tier classifier and evaluate it against the cue model.
+
+    llm-gateway tiers train DATA.jsonl [DATA.jsonl ...] --out model.json.gz
+    llm-gateway tiers eval [--model model.json.gz] [--no-timing]
+
+``train`` reads labelled prompts in the format of bench/data/tier_eval.jsonl (``label``,
+``body``, optional ``category`` and ``source``) and writes a model file that a policy names in
+``tiers.<name>.model`` (with ``classifier: learned``). The shipped default model is
+``tiers train bench/data/tier_train/*.jsonl --out router_policies/models/tier_default.json.gz``.
+
+``eval`` prints, as Markdown (docs/tier-eval.md holds the latest output):
+- cross-source held-out splits (``SPLITS``): trained on one group of public sources, tested on
+  another it never saw, with the cue model's figures on the same test prompts beside;
+- both classifiers on the project's own set (bench/data/tier_eval.jsonl), never trained on;
+- decision time (p50, p90) on 2 KB and 30 KB prompts, model load time and resident memory.
+
+A tooling plugin, not a product command: training needs numpy (the bench extra); serving the
+model it writes needs only the base install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.tier_eval.evaluation import DEFAULT_DATA, Example, calibrated_threshold, load_examples
+from bench.tier_eval.roc import roc_auc
+from bench.tier_eval.train import TrainConfig, train
+from router_policies.schema import TierWeights
+from router_policies.tier_classifiers import CueClassifier, TierClassifier, load_learned
+
+TRAIN_DATA = Path(__file__).parent.parent / "data" / "tier_train"
+_PART_A = (
+    "gsm8k",
+    "humaneval",
+    "theoremqa",
+    "selfinstruct_seed",
+    "p3_a",
+    "nq_open",
+    "banking77",
+)
+_PART_B = ("math", "mbpp", "p3_b", "clinc")
+SPLITS = (("A -> B", _PART_A, _PART_B), ("B -> A", _PART_B, _PART_A))  # fmt: skip
+"""(name, training sources, held-out test sources): no source is on both sides."""
+TARGET_SHARE = 0.3
+HARD_SHARE_FOR_RECALL = 0.25
+"""Recall at the 30% threshold is measured on the held-out prompts resampled to this share of
+hard ones: with more hard prompts than the target share, recall is capped at share / hard."""
+TIMING_SIZES = (2048, 30_000)
+TIMING_PROMPTS = 200
+SEED = 9
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    n: int
+    n_hard: int
+    auc: float
+    recall: float
+    """Recall of hard at the threshold that sends TARGET_SHARE of the prompts large."""
+    large_precision: float
+
+
+def figures(classifier: TierClassifier, examples: Sequence[Example]) -> Figures:
+    scores = [classifier.score(e.body).score for e in examples]
+    positives = [e.hard for e in examples]
+    threshold = calibrated_threshold(scores, TARGET_SHARE)
+    large = [s > threshold for s in scores]
+    true_large = sum(g and p for g, p in zip(large, positives, strict=True))
+    return Figures(
+        n=len(examples),
+        n_hard=sum(positives),
+        auc=roc_auc(scores, positives),
+        recall=true_large / max(1, sum(positives)),
+        large_precision=true_large / max(1, sum(large)),
+    )
+
+
+def load_sources(names: Sequence[str], folder: Path = TRAIN_DATA) -> list[Example]:
+    out: list[Example] = []
+    for name in names:
+        out += load_examples(folder / f"{name}.jsonl")
+    return out
+
+
+def recall_mix(examples: Sequence[Example]) -> list[Example]:
+    """All the easy prompts and a seeded sample of hard ones, HARD_SHARE_FOR_RECALL of the mix."""
+    easy = [e for e in examples if not e.hard]
+    hard = [e for e in examples if e.hard]
+    want = round(len(easy) * HARD_SHARE_FOR_RECALL / (1 - HARD_SHARE_FOR_RECALL))
+    return easy + random.Random(SEED).sample(hard, min(want, len(hard)))
+
+
+# --- the report -----------------------------------------------------------------------------
+
+
+def _row(name: str, f: Figures, mix: Figures | None = None) -> str:
+    recall = f"{mix.recall:.3f}" if mix else f"{f.recall:.3f}"
+    return f"| {name} | {f.n} | {f.n_hard} | {f.auc:.3f} | {recall} |"
+
+
+def split_report(folder: Path, config: TrainConfig) -> list[str]:
+    lines = [
+        "### Cross-source held-out splits",
+        "",
+        f"Recall of hard at the threshold sending {TARGET_SHARE:.0%} of prompts large, on the "
+        f"held-out prompts resampled to {HARD_SHARE_FOR_RECALL:.0%} hard (all easy ones kept).",
+        "",
+        "| split | test set | classifier | n | hard | ROC AUC | recall@30% |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    cue = CueClassifier(TierWeights())
+    for name, train_sources, test_sources in SPLITS:
+        model = train(load_sources(train_sources, folder), config)
+        test = load_sources(test_sources, folder)
+        easy = [e for e in test if not e.hard]
+        sets = [("all held-out: " + " + ".join(test_sources), test)]
+        for source in test_sources:
+            hard = [e for e in test if e.hard and e.source == source]
+            if hard:
+                sets.append((f"{source} (hard) + held-out easy", hard + easy))
+        for set_name, examples in sets:
+            for clf_name, clf in (("learned", model), ("cue", cue)):
+                f = figures(clf, examples)
+                mix = figures(clf, recall_mix(examples))
+                lines.append(
+                    f"| {name} | {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc:.3f} "
+                    f"| {mix.recall:.3f} |"
+                )
+    return lines
+
+
+def own_report(model: TierClassifier, path: Path) -> list[str]:
+    examples = load_examples(path)
+    lines = [
+        "### The project's own set (bench/data/tier_eval.jsonl; no classifier was fitted to it)",
+        "",
+        "| classifier | n | hard | ROC AUC | recall@30% | precision@30% |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, clf in (("learned", model), ("cue", CueClassifier(TierWeights()))):
+        f = figures(clf, examples)
+        lines.append(
+            f"| {name} | {f.n} | {f.n_hard} | {f.auc:.3f} | {f.recall:.3f} "
+            f"| {f.large_precision:.3f} |"
+        )
+    return lines
+
+
+def _timing_bodies(size: int, folder: Path) -> list[dict[str, object]]:
+    """TIMING_PROMPTS distinct prompts of ``size`` characters: windows of the public prompts'
+    text laid end to end, so every prompt has real words."""
+    corpus = "\n\n".join(
+        str(e.body["messages"][-1]["content"]) for e in load_sources(_PART_B, folder)
+    )
+    rng = random.Random(SEED)
+    starts = [rng.randrange(0, len(corpus) - size) for _ in range(TIMING_PROMPTS)]
+    return [
+        {"model": "auto", "messages": [{"role": "user", "content": corpus[s : s + size]}]}
+        for s in starts
+    ]
+
+
+def _percentiles(clf: TierClassifier, bodies: Sequence[dict[str, object]]) -> tuple[float, float]:
+    for body in bodies:  # warm-up pass
+        clf.score(body)
+    times = []
+    for body in bodies:
+        t0 = time.perf_counter_ns()
+        clf.score(body).score  # noqa: B018 - the decision's own cost is what is timed
+        times.append(time.perf_counter_ns() - t0)
+    times.sort()
+    return statistics.median(times) / 1000, times[int(len(times) * 0.9)] / 1000
+
+
+_LOAD_PROBE = """
+import sys, time
+def rss_kib():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmRSS:'):
+            return int(line.split()[1])
+import router_policies.tier_classifiers as t
+before = rss_kib()
+t0 = time.perf_counter()
+model = t.load_learned(sys.argv[1] if len(sys.argv) > 1 else None)
+elapsed = time.perf_counter() - t0
+print(elapsed, (rss_kib() - before) / 1024, len(model.weights))
+"""
+
+
+def timing_report(model_path: str | None, folder: Path) -> list[str]:
+    args = [sys.executable, "-c", _LOAD_PROBE] + ([model_path] if model_path else [])
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout.split()
+    load_s, rss_mib, n_features = float(out[0]), float(out[1]), int(out[2])
+    model = load_learned(model_path)
+    lines = [
+        "### Decision time (one core, pure Python, CPython "
+        f"{sys.version_info.major}.{sys.version_info.minor})",
+        "",
+        f"{TIMING_PROMPTS} distinct prompts per size, each timed once after a warm-up pass.",
+        "",
+        "| prompt size | classifier | p50 us | p90 us |",
+        "|---:|---|---:|---:|",
+    ]
+    for size in TIMING_SIZES:
+        bodies = _timing_bodies(size, folder)
+        for name, clf in (("learned", model), ("cue", CueClassifier(TierWeights()))):
+            p50, p90 = _percentiles(clf, bodies)
+            lines.append(f"| {size // 1000} KB | {name} | {p50:.0f} | {p90:.0f} |")
+    lines += [
+        "",
+        f"Model load (fresh process): {load_s * 1000:.0f} ms; resident memory added: "
+        f"{rss_mib:.1f} MiB; {n_features} weights.",
+    ]
+    return lines
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        min_df=args.min_df, l2=args.l2, iterations=args.iterations,
+        max_features=args.max_features,
+    )  # fmt: skip
+
+
+def _add_train_options(parser: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    parser.add_argument(
+        "--min-df",
+        type=int,
+        default=d.min_df,
+        help=f"prompts a feature must occur in (default {d.min_df})",
+    )
+    parser.add_argument("--l2", type=float, default=d.l2, help=f"weight decay (default {d.l2})")
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=d.iterations,
+        help=f"optimiser steps (default {d.iterations})",
+    )
+    parser.add_argument("--max-features", type=int, default=d.max_features,
+                        help=f"weights kept in the file (default {d.max_features})")  # fmt: skip
+
+
+def _train(args: argparse.Namespace) -> int:
+    examples: list[Example] = []
+    for path in args.data:
+        examples += load_examples(path)
+    model = train(examples, _config(args), meta={"data": [Path(p).name for p in args.data]})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    model.save(args.out)
+    hard = sum(e.hard for e in examples)
+    print(
+        f"trained on {len(examples)} prompts ({hard} hard) from {len(args.data)} files: "
+        f"{len(model.weights)} weights -> {args.out} ({args.out.stat().st_size // 1024} KiB)"
+    )
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    model_path = str(args.model) if args.model else None
+    model = load_learned(model_path)
+    lines = [f"## Learned tier classifier ({args.model or 'shipped default model'})", ""]
+    lines += [*split_report(args.train_data, _config(args)), ""]
+    lines += [*own_report(model, args.own), ""]
+    if not args.no_timing:
+        lines += [*timing_report(model_path, args.train_data), ""]
+    sys.stdout.write("\n".join(lines))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llm-gateway tiers", description=(__doc__ or "").splitlines()[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="fit a learned tier model to labelled prompts")
+    p.add_argument("data", nargs="+", type=Path, help="labelled JSONL files")
+    p.add_argument("--out", type=Path, required=True, help="model file to write (.json.gz)")
+    _add_train_options(p)
+    p.set_defaults(run=_train)
+    p = sub.add_parser("eval", help="held-out splits, the own set and timings (Markdown)")
+    p.add_argument("--model", type=Path, help="model file (default: the shipped one)")
+    p.add_argument("--train-data", type=Path, default=TRAIN_DATA,
+                   help="folder of the public sets that SPLITS names")  # fmt: skip
+    p.add_argument("--own", type=Path, default=DEFAULT_DATA, help="the project's own set")
+    p.add_argument("--no-timing", action="store_true", help="skip the microbenchmark")
+    _add_train_options(p)
+    p.set_defaults(run=_eval)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result: int = args.run(args)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return result

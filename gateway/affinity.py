@@ -1,0 +1,168 @@
+"""Where a request must, or should, go besides what the pool's policy decides.
+
+- A `/v1/responses` request with `previous_response_id` must go to the replica that served that
+  response: vLLM keeps stored responses in the server's own memory, and no other replica has it.
+  The gateway learns each response's id from the relayed body or stream (bounded, LRU).
+- A request naming a LoRA adapter should go to a replica that served the adapter lately: vLLM
+  loads adapters on demand, so a cold replica pays a load (and a slot of --max-loras) first.
+  With no such replica, the adapter's rendezvous home: every gateway instance agrees on it.
+
+The pool's policy still makes the choice, among the replicas left to it: `RouteHooks.exclude`
+names the others to the Forwarder (on every attempt when pinned, on the first only when merely
+preferred), and `RouteHooks.answered` watches the relayed bytes for what to remember.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import xxhash
+
+from gateway.replica_state import ReplicaState
+from router_policies.rendezvous import hrw_score
+
+RESPONSE_HOMES = 100_000
+"""Response ids remembered: ~100 bytes each, and vLLM's own store is bounded by its memory."""
+ADAPTER_WARM_S = 300.0
+"""A replica that served an adapter this recently counts as having it loaded."""
+ADAPTER_SLACK = 1.0
+"""Warm replicas are preferred while their least busy one has at most (1 + balance_eps) x the
+pool's least in-flight count + this many requests: past that, loading the adapter elsewhere
+costs less than waiting for it."""
+_ADAPTERS_TRACKED = 10_000
+_ID_SCAN_BYTES = 64 * 1024
+"""How far into a response to look for its id: vLLM puts it in the first event or field."""
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_.:-]{1,200})"')
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRef:
+    pool: str
+    replica: str
+
+
+class ResponseHomes:
+    """Response id -> the replica that stored it; least recently used forgotten first."""
+
+    def __init__(self, capacity: int = RESPONSE_HOMES) -> None:
+        self.capacity = capacity
+        self._homes: OrderedDict[str, ReplicaRef] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._homes)
+
+    def remember(self, response_id: str, home: ReplicaRef) -> None:
+        self._homes[response_id] = home
+        self._homes.move_to_end(response_id)
+        while len(self._homes) > self.capacity:
+            self._homes.popitem(last=False)
+
+    def get(self, response_id: str) -> ReplicaRef | None:
+        home = self._homes.get(response_id)
+        if home is not None:
+            self._homes.move_to_end(response_id)
+        return home
+
+
+class AdapterHomes:
+    """(pool, adapter) -> the replicas that served it, with when they last did."""
+
+    def __init__(self, warm_s: float = ADAPTER_WARM_S) -> None:
+        self.warm_s = warm_s
+        self._served: OrderedDict[tuple[str, str], dict[str, float]] = OrderedDict()
+
+    def served(self, pool: str, adapter: str, replica: str, now: float) -> None:
+        key = (pool, adapter)
+        self._served.setdefault(key, {})[replica] = now
+        self._served.move_to_end(key)
+        while len(self._served) > _ADAPTERS_TRACKED:
+            self._served.popitem(last=False)
+
+    def warm(self, pool: str, adapter: str, now: float) -> frozenset[str]:
+        served = self._served.get((pool, adapter), {})
+        return frozenset(name for name, at in served.items() if now - at <= self.warm_s)
+
+
+@dataclass(slots=True)
+class RoutingMemory:
+    """What the gateway remembers across requests and policy reloads, for the hooks above."""
+
+    responses: ResponseHomes = field(default_factory=ResponseHomes)
+    adapters: AdapterHomes = field(default_factory=AdapterHomes)
+    learned_adapters: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Pool name -> adapters its replicas list that the policy does not declare
+    (gateway/adapter_discovery.py)."""
+
+
+def adapter_key(adapter: str) -> int:
+    return xxhash.xxh3_64_intdigest(f"lora\x00{adapter}".encode())
+
+
+def adapter_replicas(
+    homes: AdapterHomes,
+    pool: str,
+    adapter: str,
+    replicas: Iterable[ReplicaState],
+    balance_eps: float,
+    now: float | None = None,
+) -> frozenset[str]:
+    """The replicas an adapter's request should try first: those that served it lately, else
+    its rendezvous home; none (no preference) when they are much busier than the pool."""
+    now = time.monotonic() if now is None else now
+    available = [r for r in replicas if r.available(now)]
+    if not available:
+        return frozenset()
+    warm = homes.warm(pool, adapter, now)
+    chosen = [r for r in available if r.name in warm]
+    if not chosen:
+        key = adapter_key(adapter)
+        chosen = [max(available, key=lambda r: hrw_score(key, r.name))]
+    least = min(r.inflight for r in available)
+    if min(r.inflight for r in chosen) > (1 + balance_eps) * least + ADAPTER_SLACK:
+        return frozenset()
+    return frozenset(r.name for r in chosen)
+
+
+@dataclass(slots=True)
+class RouteHooks:
+    """A request's placement constraints and what to learn from its answer (see module doc)."""
+
+    memory: RoutingMemory
+    pool: str
+    replicas: frozenset[str] = frozenset()
+    """The pool's replicas this request may use; empty: all of them."""
+    pinned: bool = False
+    """Hold `replicas` on every attempt (a stored response), not only the first."""
+    adapter: str | None = None
+    learn_response_id: bool = False
+    _head: bytes = b""
+
+    def exclude(self, every: Iterable[str], tried: list[str], attempt: int) -> list[str]:
+        """The replicas the Forwarder must not try on this attempt."""
+        if not self.replicas or (attempt > 0 and not self.pinned):
+            return tried
+        return [*tried, *(name for name in every if name not in self.replicas)]
+
+    def answered(self, replica: str, status: int, data: bytes) -> bool:
+        """Sees the relayed bytes (the whole body, or stream chunks in order); True while it
+        wants the next chunk."""
+        if status >= 400:
+            return False
+        if self.adapter is not None:
+            self.memory.adapters.served(self.pool, self.adapter, replica, time.monotonic())
+            self.adapter = None  # once per request
+        if not self.learn_response_id:
+            return False
+        self._head += data
+        found = _RESPONSE_ID.search(self._head)
+        if found is not None:
+            self.memory.responses.remember(found.group(1).decode(), ReplicaRef(self.pool, replica))
+        if found is not None or len(self._head) > _ID_SCAN_BYTES:
+            self.learn_response_id = False
+            self._head = b""
+            return False
+        return True

@@ -1,0 +1,236 @@
+"""The request handler's view of rate limits: authenticate, admit or refuse, settle.
+
+- authenticate: with tenants in the policy, a completion request needs the bearer key of one
+  (401 otherwise, unless ``allow_unknown_keys``); without tenants nothing is checked.
+- admit: one request and the token estimate (prompt bytes / chars_per_token + max_tokens,
+  x n) taken from the tenant's buckets, or a 429 with OpenAI's body and headers.
+- settle: once the response is over, the estimate is corrected by the usage the replica
+  reported (or refunded when the request failed with no usage), in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import Counter
+
+from gateway import headers
+from gateway.errors import ApiError
+from gateway.rate_limit.keys import TenantIndex, bearer
+from gateway.rate_limit.store import BucketStore
+from gateway.request_body import Endpoint, ParsedRequest
+from gateway.resolve import Resolution
+from router_policies.rate_limit import BucketView, Limit, format_reset, needed
+from router_policies.schema import LimitsSettings, TenantLimits
+
+REQUESTS, TOKENS = "requests", "tokens"
+_COMPLETION_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+_TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
+_HEADER_NAMES = {
+    REQUESTS: (
+        headers.RATELIMIT_LIMIT_REQUESTS,
+        headers.RATELIMIT_REMAINING_REQUESTS,
+        headers.RATELIMIT_RESET_REQUESTS,
+    ),
+    TOKENS: (
+        headers.RATELIMIT_LIMIT_TOKENS,
+        headers.RATELIMIT_REMAINING_TOKENS,
+        headers.RATELIMIT_RESET_TOKENS,
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    limits: TenantLimits
+
+
+class RateLimited(ApiError):
+    """A 429 that carries its Retry-After and x-ratelimit-* headers through the error path."""
+
+    def __init__(self, message: str, kind: str, extra_headers: dict[str, str]) -> None:
+        # OpenAI's own 429s: type "requests" or "tokens", code "rate_limit_exceeded".
+        super().__init__(429, message, type_=kind, code="rate_limit_exceeded")
+        self.extra_headers = extra_headers
+
+    def response(self, headers: dict[str, str] | None = None) -> web.Response:
+        return super().response({**self.extra_headers, **(headers or {})})
+
+
+@dataclass(slots=True)
+class Admission:
+    """An admitted request's charge, settled once its response is over."""
+
+    tenant: str
+    headers: dict[str, str]
+    tokens_charged: float = 0.0
+    token_limit: Limit | None = None
+    reported_tokens: int | None = None
+
+    def observe(self, data: bytes) -> None:
+        """Relayed bytes that carry `usage` (the proxy calls this where it finds one)."""
+        found = _TOTAL_TOKENS.search(data)
+        if found is not None:
+            self.reported_tokens = int(found.group(1))
+
+
+def _key(tenant: str, kind: str) -> str:
+    # The braces are a Redis Cluster hash tag: one tenant's buckets share a slot, as the
+    # script that takes from both at once needs.
+    return f"{{{tenant}}}:{kind}"
+
+
+def estimate_tokens(
+    parsed: ParsedRequest, prompt_bytes: int, chars_per_token: float, default_completion: int
+) -> float:
+    """Prompt tokens from its bytes, plus the most the request may generate."""
+    prompt = math.ceil(prompt_bytes / chars_per_token)
+    if not parsed.endpoint.prefix_routed:
+        return float(prompt)  # embeddings, scores, the tokenizer: nothing generated
+    body = parsed.body
+    completion = next((body[f] for f in _COMPLETION_FIELDS if body.get(f)), default_completion)
+    n = body.get("n") if parsed.endpoint in (Endpoint.CHAT, Endpoint.COMPLETIONS) else 1
+    choices = n if isinstance(n, int) and n > 0 else 1
+    return float(prompt + int(completion) * choices)
+
+
+def _headers(kinds: tuple[str, ...], views: tuple[BucketView, ...]) -> dict[str, str]:
+    out = {}
+    for kind, seen in zip(kinds, views, strict=True):
+        limit, remaining, reset = _HEADER_NAMES[kind]
+        out[limit] = str(int(seen.limit))
+        out[remaining] = str(math.floor(seen.remaining))
+        out[reset] = format_reset(seen.reset_s)
+    return out
+
+
+class RateLimiter:
+    def __init__(
+        self,
+        store: BucketStore,
+        requests: Counter,
+        tokens: Counter,
+        limited: Counter,
+    ) -> None:
+        self.store = store
+        self._requests = requests
+        self._tokens = tokens
+        self._limited = limited
+        self._index: TenantIndex | None = None
+        self._settling: set[asyncio.Task[None]] = set()
+
+    def authenticate(self, limits: LimitsSettings, sent: Mapping[str, str]) -> Tenant | None:
+        """The request's tenant; None when the policy has none (or the key is allowed
+        unknown); a 401 otherwise."""
+        if not limits.tenants:
+            return None
+        index = self._index
+        if index is None or index.limits is not limits:
+            # Built once per policy generation: a reload brings a new LimitsSettings.
+            index = self._index = TenantIndex(limits)
+        key = bearer(sent)
+        found = index.find(key) if key is not None else None
+        if found is not None:
+            return Tenant(*found)
+        if limits.allow_unknown_keys:
+            return None
+        raise ApiError(
+            401,
+            "Incorrect API key provided."
+            if key
+            else "No API key provided: send 'Authorization: Bearer YOUR_KEY'.",
+            type_="invalid_request_error",
+            code="invalid_api_key",
+        )
+
+    async def admit_request(
+        self, tenant: Tenant, limits: LimitsSettings, resolution: Resolution
+    ) -> Admission:
+        """admit() with the token estimate of a resolved request, in its pool's learned
+        characters per token."""
+        parsed = resolution.parsed
+        generates = parsed.endpoint.prefix_routed
+        prompt_bytes = resolution.features.hashed_bytes if generates else len(parsed.raw)
+        tokens = estimate_tokens(
+            parsed, prompt_bytes, resolution.pool.chars_per_token,
+            limits.completion_tokens_estimate,
+        )  # fmt: skip
+        return await self.admit(tenant, tokens)
+
+    async def admit(self, tenant: Tenant, tokens: float) -> Admission:
+        """Take one request and ``tokens`` from the tenant's buckets, or raise a 429."""
+        kinds: list[str] = []
+        limits: list[Limit] = []
+        costs: list[float] = []
+        for kind, per_minute, cost in (
+            (REQUESTS, tenant.limits.requests_per_minute, 1.0),
+            (TOKENS, tenant.limits.tokens_per_minute, tokens),
+        ):
+            if per_minute is not None:
+                kinds.append(kind)
+                limits.append(Limit(float(per_minute)))
+                costs.append(cost)
+        token_limit = limits[kinds.index(TOKENS)] if TOKENS in kinds else None
+        verdict = None
+        if kinds:
+            keys = [_key(tenant.name, kind) for kind in kinds]
+            verdict = await self.store.take(keys, limits, costs)
+        if verdict is None:  # no limits, or the store did not answer (fail open)
+            self._requests.labels(tenant.name).inc()
+            return Admission(tenant.name, {}, tokens, token_limit)
+        out = _headers(tuple(kinds), verdict.views)
+        if verdict.allowed:
+            self._requests.labels(tenant.name).inc()
+            return Admission(tenant.name, out, tokens, token_limit)
+        short = next(
+            i
+            for i, (seen, lim, cost) in enumerate(zip(verdict.views, limits, costs, strict=True))
+            if seen.remaining < needed(cost, lim)
+        )
+        kind = kinds[short]
+        self._limited.labels(tenant.name, kind).inc()
+        retry = max(verdict.retry_after_s, 0.001)
+        out[headers.RETRY_AFTER] = str(math.ceil(retry))
+        out[headers.RETRY_AFTER_MS] = str(math.ceil(retry * 1000))
+        unit = "requests" if kind == REQUESTS else "tokens"
+        raise RateLimited(
+            f"Rate limit reached for tenant {tenant.name!r} on {unit} per minute: "
+            f"limit {int(limits[short].per_minute)}, "
+            f"remaining {math.floor(verdict.views[short].remaining)}, "
+            f"requested {math.ceil(costs[short])}. Please try again in {format_reset(retry)}.",
+            kind,
+            out,
+        )
+
+    def settle(self, admission: Admission, status: int) -> None:
+        """Counts the tokens and corrects the estimate, off the request path."""
+        charged = admission.tokens_charged
+        if admission.reported_tokens is not None:
+            used = float(admission.reported_tokens)
+        elif status >= 400:
+            used = 0.0  # nothing was generated (or nothing the client got): a refund
+        else:
+            used = charged  # no usage reported (a stream without include_usage)
+        self._tokens.labels(admission.tenant).inc(used)
+        if admission.token_limit is None or used == charged:
+            return
+        task = asyncio.create_task(
+            self.store.adjust(_key(admission.tenant, TOKENS), admission.token_limit, used - charged)
+        )
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def settled(self) -> None:
+        """Waits for the corrections still being written (shutdown, tests)."""
+        if self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.settled()
+        await self.store.close()

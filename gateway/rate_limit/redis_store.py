@@ -1,0 +1,150 @@
+"""Token buckets in Redis, shared by every gateway instance, updated by one Lua script.
+
+The script runs the rules of router_policies/rate_limit.py (the same table of cases tests
+both) atomically on the server, on the server's clock (TIME), so instances with skewed clocks
+still agree. A bucket is a hash {used, at} that expires once it would be full again: an
+absent bucket is a full one, and idle tenants cost no memory.
+
+Redis down or slower than the timeout: the request is served (fail open), one warning is
+logged per outage, each failure is counted in gateway_rate_limit_backend_errors_total, and
+Redis is not tried again for ``retry_s`` so that an outage adds no latency to every request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from prometheus_client import Counter
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from router_policies.rate_limit import Bucket, Limit, Verdict, view
+
+log = logging.getLogger(__name__)
+
+_FAILURES = (RedisError, OSError, TimeoutError)
+
+# KEYS: the buckets. ARGV[1]: "take" or "adjust"; then per bucket: size per minute, cost.
+# A bucket is {used, at}, as in router_policies/rate_limit.py. Returns {allowed (1/0),
+# retry_after_s, used of each bucket after}, as strings (Redis truncates Lua numbers).
+_SCRIPT = """
+redis.replicate_commands()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local n = #KEYS
+local sizes, costs, used = {}, {}, {}
+for i = 1, n do
+  sizes[i] = tonumber(ARGV[2 * i])
+  costs[i] = tonumber(ARGV[2 * i + 1])
+  local state = redis.call('HMGET', KEYS[i], 'used', 'at')
+  used[i] = 0
+  if state[1] and state[2] then
+    local elapsed = math.max(now - tonumber(state[2]), 0)
+    used[i] = math.max(tonumber(state[1]) - elapsed * sizes[i] / 60, 0)
+  end
+end
+local function store(i)
+  redis.call('HSET', KEYS[i], 'used', string.format('%.6f', used[i]),
+             'at', string.format('%.6f', now))
+  -- Gone once full again: an absent bucket is a full one.
+  redis.call('PEXPIRE', KEYS[i], math.ceil(used[i] / (sizes[i] / 60) * 1000) + 1000)
+end
+if ARGV[1] == 'adjust' then
+  used[1] = math.min(math.max(used[1] + costs[1], 0), 2 * sizes[1])
+  store(1)
+  return {'1', '0', string.format('%.6f', used[1])}
+end
+local retry = 0
+for i = 1, n do
+  local need = math.min(costs[i], sizes[i])
+  local level = sizes[i] - used[i]
+  if level < need then
+    retry = math.max(retry, (need - level) / (sizes[i] / 60))
+  end
+end
+if retry == 0 then
+  for i = 1, n do
+    used[i] = used[i] + costs[i]
+    store(i)
+  end
+end
+local out = {retry == 0 and '1' or '0', string.format('%.6f', retry)}
+for i = 1, n do out[#out + 1] = string.format('%.6f', used[i]) end
+return out
+"""
+
+
+class RedisStore:
+    backend = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        errors: Counter,
+        *,
+        key_prefix: str = "llm-gateway",
+        timeout_s: float = 0.5,
+        retry_s: float = 1.0,
+    ) -> None:
+        self._client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            # One immediate retry on a broken connection (a pooled one Redis closed on a
+            # restart), none on a timeout: the request waits at most one timeout.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
+        self._script = self._client.register_script(_SCRIPT)
+        self._prefix = f"{key_prefix}:ratelimit:"
+        self._errors = errors
+        self._retry_s = retry_s
+        self._down_until = 0.0
+        self._down = False
+
+    async def take(
+        self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
+    ) -> Verdict | None:
+        args: list[str | float] = ["take"]
+        for limit, cost in zip(limits, costs, strict=True):
+            args += [limit.per_minute, cost]
+        reply = await self._run(keys, args)
+        if reply is None:
+            return None
+        allowed, retry, *used = (float(v) for v in reply)
+        buckets = tuple(Bucket(u, 0.0) for u in used)
+        views = tuple(view(b, lim) for b, lim in zip(buckets, limits, strict=True))
+        return Verdict(allowed == 1.0, buckets, views, retry)
+
+    async def adjust(self, key: str, limit: Limit, delta: float) -> None:
+        await self._run([key], ["adjust", limit.per_minute, delta])
+
+    async def _run(self, keys: Sequence[str], args: list[str | float]) -> list[bytes] | None:
+        if self._down and time.monotonic() < self._down_until:
+            self._errors.inc()
+            return None
+        try:
+            reply: list[bytes] = await self._script(
+                keys=[self._prefix + k for k in keys], args=args
+            )
+        except _FAILURES as exc:
+            self._errors.inc()
+            self._down_until = time.monotonic() + self._retry_s
+            if not self._down:
+                self._down = True
+                log.warning(
+                    "rate limits: Redis unreachable (%s); serving without limits until it "
+                    "answers again", type(exc).__name__,
+                )  # fmt: skip
+            return None
+        if self._down:
+            self._down = False
+            log.info("rate limits: Redis answers again; limits are enforced")
+        return reply
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,123 @@
+"""`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`: relayed to the replica that
+stored the response (vLLM keeps it in that server's memory; gateway/affinity.py learned where).
+
+These calls carry no prompt and are rare (a client polling a background response, or stopping
+one): no routing decision, no retry elsewhere, a plain relay of what the replica answers,
+streamed as it comes (`?stream=true` replays a background response's events).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+from aiohttp import web
+
+from gateway import headers
+from gateway.affinity import RoutingMemory
+from gateway.errors import ApiError
+from gateway.logs import REQUEST_ID
+from gateway.metrics import GatewayMetrics
+from gateway.state import Fleet, PoolState, ReplicaState
+
+PINNED = "pinned"
+"""x-gateway-route of a relay to the one replica that holds the response."""
+SESSION = web.AppKey("responses_lookup_session", aiohttp.ClientSession)
+_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=3.0, sock_read=600.0)
+_FORWARDED = ("Authorization", "traceparent", "tracestate", "Accept")
+
+
+def not_found(response_id: str) -> ApiError:
+    """vLLM's own answer for a response it does not hold."""
+    return ApiError(404, f"Response with id '{response_id}' not found.", param="response_id")
+
+
+class ResponseLookup:
+    def __init__(
+        self, fleet: Callable[[], Fleet], memory: RoutingMemory, metrics: GatewayMetrics
+    ) -> None:
+        self._fleet = fleet
+        self._memory = memory
+        self._metrics = metrics
+
+    def _home(self, response_id: str) -> tuple[PoolState, ReplicaState]:
+        home = self._memory.responses.get(response_id)
+        pool = self._fleet().pools.get(home.pool) if home is not None else None
+        replica = pool.replicas.get(home.replica) if pool is not None and home else None
+        if pool is None or replica is None:
+            raise not_found(response_id)
+        if not replica.healthy:
+            raise ApiError(
+                503, f"Response with id '{response_id}' is stored on replica {replica.name}, "
+                "which is not healthy now; retry later.",
+                type_="service_unavailable_error", param="response_id",
+                code="previous_response_unavailable",
+            )  # fmt: skip
+        return pool, replica
+
+    async def retrieve(self, request: web.Request) -> web.StreamResponse:
+        return await self._relay(request, "GET", "")
+
+    async def cancel(self, request: web.Request) -> web.StreamResponse:
+        return await self._relay(request, "POST", "/cancel")
+
+    async def _relay(self, request: web.Request, method: str, suffix: str) -> web.StreamResponse:
+        response_id = request.match_info["response_id"]
+        pool, replica = self._home(response_id)
+        out = {name: request.headers[name] for name in _FORWARDED if name in request.headers}
+        out[headers.REQUEST_ID] = REQUEST_ID.get()
+        out["Accept-Encoding"] = "identity"
+        url = f"{replica.url}/v1/responses/{response_id}{suffix}"
+        started = time.perf_counter()
+        status = 502
+        try:
+            async with request.app[SESSION].request(
+                method, url, params=request.query, headers=out, timeout=_TIMEOUT
+            ) as upstream:
+                status = upstream.status
+                response = web.StreamResponse(
+                    status=upstream.status,
+                    headers={
+                        "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                        headers.REQUEST_ID: REQUEST_ID.get(),
+                        headers.POOL: pool.name,
+                        headers.REPLICA: replica.name,
+                        headers.ROUTE: PINNED,
+                    },
+                )
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            status = 502
+            if request.writer.output_size > 0:
+                raise  # mid-relay: the connection is cut, as any broken stream
+            error = ApiError(
+                502, f"Replica {replica.name} could not be reached: {type(exc).__name__}.",
+                type_="server_error", code="upstream_unavailable",
+            )  # fmt: skip
+            return error.response({headers.REQUEST_ID: REQUEST_ID.get(), headers.POOL: pool.name})
+        finally:
+            self._metrics.requests.labels(pool.name, PINNED, str(status)).inc()
+            self._metrics.duration.labels(pool.name).observe(time.perf_counter() - started)
+
+
+def add_routes(
+    app: web.Application,
+    fleet: Callable[[], Fleet],
+    memory: RoutingMemory,
+    metrics: GatewayMetrics,
+) -> None:
+    lookup = ResponseLookup(fleet, memory, metrics)
+
+    async def session(app: web.Application) -> AsyncIterator[None]:
+        async with aiohttp.ClientSession(auto_decompress=False) as client:
+            app[SESSION] = client
+            yield
+
+    app.cleanup_ctx.append(session)
+    app.router.add_get("/v1/responses/{response_id}", lookup.retrieve)
+    app.router.add_post("/v1/responses/{response_id}/cancel", lookup.cancel)

@@ -1,0 +1,16 @@
+"""State that several gateway instances share, behind one small interface.
+
+``local`` (the default) shares nothing: each instance routes on what it has seen itself, as a
+single instance always did. ``redis`` (set GATEWAY_REDIS_URL) shares, in background tasks only:
+the prefix-index updates every dispatch makes (a Redis stream, in batches), each instance's
+in-flight counts, arrivals and completions (a hash per instance with a heartbeat TTL). The
+request path only appends to an in-memory outbox; it never awaits Redis.
+"""
+
+from __future__ import annotations
+
+from gateway.shared_state.base import Outbox, SharedState
+from gateway.shared_state.local import LocalState
+from gateway.shared_state.make import make_shared_state
+
+__all__ = ["LocalState", "Outbox", "SharedState", "make_shared_state"]

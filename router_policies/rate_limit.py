@@ -1,0 +1,121 @@
+"""Token-bucket arithmetic for per-tenant rate limits: plain values in, plain values out.
+
+A limit of C per minute is a bucket that holds at most C and refills at C/60 per second; a
+request takes its cost from every bucket of its tenant (requests: 1, tokens: the estimate)
+or from none. The local store runs these functions; the Redis store runs the same rules in a
+Lua script (gateway/rate_limit/redis_store.py), and one table of cases tests both.
+
+Rules worth knowing:
+- A cost above the bucket's size could never be admitted: it is admitted from a full bucket
+  and leaves the bucket in debt, so the tenant's average still holds.
+- The token cost is an estimate; the correction the replica's usage brings may push a bucket
+  into debt too, but never past one full bucket (a bogus report cannot lock a tenant out for
+  more than two minutes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SECONDS_PER_MINUTE = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """A bucket's size; it refills from empty to full in one minute."""
+
+    per_minute: float
+
+    @property
+    def per_s(self) -> float:
+        return self.per_minute / SECONDS_PER_MINUTE
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """What a bucket has given out and not yet refilled, at a time (seconds on any clock, the
+    same for every call). Kept as the amount used, not the level left, so that a limit changed
+    by a policy reload applies at once: what the tenant used in the last minute counts against
+    the new size."""
+
+    used: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class BucketView:
+    """What the x-ratelimit-* headers report of one bucket after the decision."""
+
+    limit: float
+    remaining: float
+    reset_s: float
+    """Seconds until the bucket is full again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    allowed: bool
+    buckets: tuple[Bucket, ...]
+    """Every bucket's new state (nothing taken, refilled to now, when refused)."""
+    views: tuple[BucketView, ...]
+    retry_after_s: float = 0.0
+    """When refused: seconds until every bucket holds what this request needs."""
+
+
+def refilled(bucket: Bucket | None, limit: Limit, now: float) -> Bucket:
+    """The bucket at ``now``; a bucket never seen (or forgotten) is full (nothing used)."""
+    if bucket is None:
+        return Bucket(0.0, now)
+    elapsed = max(now - bucket.at, 0.0)  # a clock that steps back refills nothing
+    return Bucket(max(bucket.used - elapsed * limit.per_s, 0.0), max(now, bucket.at))
+
+
+def needed(cost: float, limit: Limit) -> float:
+    """What the bucket must hold to admit ``cost``: all of it, or a full bucket."""
+    return min(cost, limit.per_minute)
+
+
+def view(bucket: Bucket, limit: Limit) -> BucketView:
+    remaining = max(limit.per_minute - bucket.used, 0.0)
+    return BucketView(limit.per_minute, remaining, bucket.used / limit.per_s)
+
+
+def take(
+    buckets: Sequence[Bucket | None],
+    limits: Sequence[Limit],
+    costs: Sequence[float],
+    now: float,
+) -> Verdict:
+    """Take ``costs[i]`` from bucket i for every i, or nothing at all."""
+    current = [refilled(b, lim, now) for b, lim in zip(buckets, limits, strict=True)]
+    short = [
+        (needed(cost, lim) - (lim.per_minute - b.used)) / lim.per_s
+        for b, lim, cost in zip(current, limits, costs, strict=True)
+        if lim.per_minute - b.used < needed(cost, lim)
+    ]
+    if short:
+        views = tuple(view(b, lim) for b, lim in zip(current, limits, strict=True))
+        return Verdict(False, tuple(current), views, max(short))
+    after = tuple(Bucket(b.used + cost, b.at) for b, cost in zip(current, costs, strict=True))
+    views = tuple(view(b, lim) for b, lim in zip(after, limits, strict=True))
+    return Verdict(True, after, views)
+
+
+def adjust(bucket: Bucket | None, limit: Limit, delta: float, now: float) -> Bucket:
+    """Take ``delta`` more (a refund when negative): the level stays within [-size, size]."""
+    current = refilled(bucket, limit, now)
+    used = min(max(current.used + delta, 0.0), 2 * limit.per_minute)
+    return Bucket(used, current.at)
+
+
+def format_reset(seconds: float) -> str:
+    """A duration as OpenAI writes x-ratelimit-reset-*: "20ms", "1.5s", "6m0s" (rounded up
+    to the millisecond: never earlier than the truth)."""
+    ms = math.ceil(round(seconds * 1000, 6))  # round first: 1.5 s is not 1501 ms
+    if ms < 1000:
+        return f"{ms}ms"
+    minutes, rest_ms = divmod(ms, 60_000)
+    secs = f"{rest_ms / 1000:.3f}".rstrip("0").rstrip(".")
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"

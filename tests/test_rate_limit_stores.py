@@ -1,0 +1,144 @@
+"""The two bucket stores keep the same rules: one table of cases runs on the in-process store
+and on the Redis one (its Lua script, on a real redis-server). Then what Redis adds: several
+clients share the buckets, and an outage fails open."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from gateway.rate_limit.redis_store import RedisStore
+from gateway.rate_limit.store import BucketStore, LocalStore
+from router_policies.rate_limit import Limit
+from tests.redis_server import running_redis
+
+# (sizes per minute, [(costs, admitted, floor of what remains in each bucket after)])
+# Redis runs on the server's clock: the few milliseconds a case takes refill a small fraction
+# of one unit, which no floor below sees.
+Step = tuple[list[float], bool, list[int]]
+CASES: dict[str, tuple[list[float], list[Step]]] = {
+    "a burst of the size, then refusals": (
+        [3],
+        [([1], True, [2]), ([1], True, [1]), ([1], True, [0]), ([1], False, [0])],
+    ),
+    "all or nothing across requests and tokens": (
+        [3, 100],
+        [([1, 60], True, [2, 40]), ([1, 60], False, [2, 40]), ([1, 40], True, [1, 0])],
+    ),
+    "a cost above the size: from a full bucket only, into debt": (
+        [100],
+        [([250], True, [0]), ([1], False, [0])],
+    ),
+    "fractional costs add up": (
+        [10],
+        [([2.5], True, [7]), ([2.5], True, [5]), ([5.5], False, [5])],
+    ),
+}
+
+
+def _errors(registry: CollectorRegistry | None = None) -> Counter:
+    return Counter("errors", "", registry=registry or CollectorRegistry())
+
+
+@pytest.fixture(params=["local", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[BucketStore]:
+    if request.param == "local":
+        yield LocalStore(clock=lambda: 1000.0)
+        return
+    async with running_redis() as server:
+        redis_store = RedisStore(server.url, _errors())
+        yield redis_store
+        await redis_store.close()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_both_stores_take_by_the_same_rules(store: BucketStore, case: str) -> None:
+    sizes, steps = CASES[case]
+    limits = [Limit(s) for s in sizes]
+    keys = [f"{{t}}:{i}" for i in range(len(sizes))]
+    for costs, admitted, remaining in steps:
+        verdict = await store.take(keys, limits, costs)
+        assert verdict is not None
+        assert verdict.allowed is admitted, (costs, verdict)
+        assert [int(v.remaining) for v in verdict.views] == remaining
+
+
+async def test_adjust_refunds_and_charges_on_both_stores(store: BucketStore) -> None:
+    limit = Limit(100)
+    await store.take(["{t}:tokens"], [limit], [80])
+    await store.adjust("{t}:tokens", limit, -50)  # used 30 of the 80 estimated
+    verdict = await store.take(["{t}:tokens"], [limit], [70])
+    assert verdict is not None and verdict.allowed
+    await store.adjust("{t}:tokens", limit, 40)  # used 40 more than estimated: in debt
+    verdict = await store.take(["{t}:tokens"], [limit], [1])
+    assert verdict is not None and not verdict.allowed
+    assert verdict.retry_after_s == pytest.approx((1 + 40) * 60 / 100, rel=0.01)
+
+
+async def test_tenants_have_separate_buckets(store: BucketStore) -> None:
+    one = [Limit(1)]
+    assert (await store.take(["{a}:requests"], one, [1])).allowed  # type: ignore[union-attr]
+    assert (await store.take(["{b}:requests"], one, [1])).allowed  # type: ignore[union-attr]
+    assert not (await store.take(["{a}:requests"], one, [1])).allowed  # type: ignore[union-attr]
+
+
+async def test_redis_buckets_are_exact_under_concurrent_takes_from_many_clients() -> None:
+    async with running_redis() as server:
+        stores = [RedisStore(server.url, _errors()) for _ in range(4)]
+        try:
+            verdicts = await asyncio.gather(
+                *(stores[i % 4].take(["{t}:requests"], [Limit(25)], [1]) for i in range(100))
+            )
+        finally:
+            for s in stores:
+                await s.close()
+    assert sum(1 for v in verdicts if v is not None and v.allowed) == 25
+
+
+async def test_redis_down_fails_open_once_logged_and_counted_then_limits_return(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = CollectorRegistry()
+    errors = _errors(registry)
+    async with running_redis() as server:
+        store = RedisStore(server.url, errors, timeout_s=0.5, retry_s=0.0)
+        try:
+            one = [Limit(1)]
+            assert (await store.take(["{t}:requests"], one, [1])).allowed  # type: ignore[union-attr]
+            await server.kill()
+            with caplog.at_level(logging.WARNING, logger="gateway.rate_limit.redis_store"):
+                assert await store.take(["{t}:requests"], one, [1]) is None  # served
+                assert await store.take(["{t}:requests"], one, [1]) is None
+            assert registry.get_sample_value("errors_total") == 2
+            assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+            await server.restart()  # empty: the buckets are soft state, full again
+            assert (await store.take(["{t}:requests"], one, [1])).allowed  # type: ignore[union-attr]
+            assert not (await store.take(["{t}:requests"], one, [1])).allowed  # type: ignore[union-attr]
+        finally:
+            await store.close()
+
+
+async def test_redis_too_slow_fails_open_too() -> None:
+    registry = CollectorRegistry()
+    async with running_redis() as server:
+        store = RedisStore(server.url, _errors(registry), timeout_s=0.2, retry_s=0.0)
+        try:
+            one = [Limit(1)]
+            assert (await store.take(["{t}:requests"], one, [1])).allowed  # type: ignore[union-attr]
+            os.kill(server.pid, signal.SIGSTOP)  # alive, connected, silent
+            try:
+                assert await store.take(["{t}:requests"], one, [1]) is None
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+            assert registry.get_sample_value("errors_total") == 1
+            # Back: the bucket it kept is still spent.
+            verdict = await store.take(["{t}:requests"], one, [1])
+            assert verdict is not None and not verdict.allowed
+        finally:
+            await store.close()

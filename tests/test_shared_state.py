@@ -1,0 +1,232 @@
+"""The shared-state layer without Redis: what one instance publishes of a dispatch, how another
+replays it, how the other instances' counts join the local view, and the settings that pick
+the backend. (Against a real redis-server: tests/test_shared_state_redis.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from gateway.cli import main
+from gateway.settings import Settings
+from gateway.shared_state import LocalState, Outbox, codec
+from gateway.shared_state.figures import RemoteFigures, own_figures
+from gateway.state import Fleet, PoolState
+from router_policies.decision import Route
+from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
+from router_policies.schema import parse_policy
+from tests.conftest import MODEL, pool_policy
+
+URLS = [f"http://127.0.0.1:{port}" for port in (9101, 9102, 9103, 9104)]
+NAMES = [url.removeprefix("http://") for url in URLS]
+
+
+def fleet() -> Fleet:
+    return Fleet(parse_policy(pool_policy(URLS)))
+
+
+def pool_of(f: Fleet) -> PoolState:
+    return f.pools["small"]
+
+
+def features(pool: PoolState, system: str) -> RequestFeatures:
+    text = system.encode()
+    return pool.router.features(MODEL, lambda: CanonicalPrompt(text, lead_bytes=len(text)))
+
+
+SYSTEM = "You are a careful assistant. " * 200
+
+
+def dispatch_to(pool: PoolState, replica: str, request: RequestFeatures) -> None:
+    decision = pool.decide(request)
+    assert decision is not None
+    pool.begin(dataclasses.replace(decision, replica=replica), request)
+
+
+# -- what travels --------------------------------------------------------------------------------
+
+
+def test_features_survive_the_round_trip_through_json_values() -> None:
+    request = features(pool_of(fleet()), SYSTEM)
+    assert codec.decode(list(codec.FIELDS), codec.encode(request)) == request
+
+
+def test_a_field_the_receiver_does_not_know_is_ignored_and_a_missing_one_defaults() -> None:
+    request = features(pool_of(fleet()), SYSTEM)
+    names = [*codec.FIELDS, "from_a_newer_gateway"]
+    decoded = codec.decode(names, [*codec.encode(request), 42])
+    assert decoded == request
+    required = [
+        f.name for f in dataclasses.fields(RequestFeatures) if f.default is dataclasses.MISSING
+    ]
+    partial = codec.decode(
+        required, [codec.encode(request)[codec.FIELDS.index(n)] for n in required]
+    )
+    assert partial is not None and partial.block_hashes == request.block_hashes
+
+
+def test_values_that_cannot_make_features_are_dropped_not_raised() -> None:
+    assert codec.decode(["no_such_field"], [1]) is None
+
+
+# -- publishing ----------------------------------------------------------------------------------
+
+
+def test_without_a_shared_backend_a_dispatch_publishes_nothing() -> None:
+    f = fleet()
+    pool = pool_of(f)
+    assert pool.outbox is None
+    dispatch_to(pool, NAMES[0], features(pool, SYSTEM))  # no outbox: nothing to append to
+
+
+def test_a_dispatch_lands_in_the_outbox_once_the_fleet_shares() -> None:
+    f = fleet()
+    outbox = Outbox()
+    f.attach(outbox)
+    pool = pool_of(f)
+    request = features(pool, SYSTEM)
+    dispatch_to(pool, NAMES[2], request)
+    [(_, pool_name, replica, sent)] = outbox.peek(10)
+    assert (pool_name, replica, sent) == ("small", NAMES[2], request)
+
+
+def test_a_reloaded_fleet_keeps_sharing_through_the_same_outbox() -> None:
+    f = fleet()
+    outbox = Outbox()
+    f.attach(outbox)
+    reloaded = Fleet(f.policy, f)
+    assert reloaded.outbox is outbox and pool_of(reloaded).outbox is outbox
+
+
+def test_the_outbox_is_bounded_and_forgets_its_oldest_first() -> None:
+    outbox = Outbox(limit=3)
+    request = RequestFeatures(MODEL, (1,), 1)
+    for i in range(5):
+        outbox.dispatched("small", f"r{i}", request)
+    assert [replica for _, _, replica, _ in outbox.peek(10)] == ["r2", "r3", "r4"]
+    outbox.drop(2)
+    assert [replica for _, _, replica, _ in outbox.peek(10)] == ["r4"]
+
+
+# -- replaying another instance's dispatch ------------------------------------------------------
+
+
+def test_a_prefix_another_instance_sent_somewhere_is_a_prefix_hit_there_here() -> None:
+    here = pool_of(fleet())
+    request = features(here, SYSTEM)
+    cold = here.decide(request)
+    assert cold is not None and cold.route is Route.PREFIX_HOME
+    elsewhere = next(n for n in NAMES if n != cold.replica)
+    here.apply_remote_dispatch(elsewhere, request, at=0.0)
+    warm = here.decide(request)
+    assert warm is not None
+    assert (warm.replica, warm.route) == (elsewhere, Route.PREFIX_HIT)
+
+
+def test_a_replayed_dispatch_is_not_in_flight_here_but_counts_as_recent_load() -> None:
+    here = pool_of(fleet())
+    now = time.monotonic()
+    here.apply_remote_dispatch(NAMES[1], features(here, SYSTEM), at=now)
+    replica = here.replicas[NAMES[1]]
+    assert replica.inflight == 0
+    assert replica.recent.value(now) == pytest.approx(1.0, rel=0.01)
+
+
+def test_a_late_dispatch_counts_as_recent_load_only_as_much_as_its_age_leaves() -> None:
+    here = pool_of(fleet())
+    half_life = here.policy.load.recent_half_life_s
+    now = time.monotonic()
+    here.apply_remote_dispatch(NAMES[1], features(here, SYSTEM), at=now - 2 * half_life)
+    assert here.replicas[NAMES[1]].recent.value(now) == pytest.approx(0.25, rel=0.01)
+
+
+def test_a_dispatch_to_a_replica_this_instance_does_not_know_is_ignored() -> None:
+    here = pool_of(fleet())
+    here.apply_remote_dispatch("127.0.0.1:1", features(here, SYSTEM), at=time.monotonic())
+    assert all(r.recent.value(time.monotonic()) == 0.0 for r in here.replicas.values())
+
+
+# -- the other instances' counts -----------------------------------------------------------------
+
+
+def test_counts_published_by_other_instances_add_to_the_local_view() -> None:
+    theirs, mine = fleet(), fleet()
+    pool_of(theirs).replicas[NAMES[0]].inflight = 3
+    pool_of(theirs).arrivals = 10
+    pool_of(mine).replicas[NAMES[0]].inflight = 1
+    remote = RemoteFigures()
+    remote.apply(mine, {"a": _as_hash(theirs), "b": _as_hash(theirs)})
+    pool = pool_of(mine)
+    assert pool.replicas[NAMES[0]].remote_inflight == 6
+    seen = {c.name: c.inflight for c in pool.snapshot().candidates}
+    assert seen[NAMES[0]] == 7
+    assert pool.remote.arrivals == 20
+
+
+def test_prefill_queued_by_other_instances_counts_in_the_cost_models_view() -> None:
+    theirs, mine = fleet(), fleet()
+    busy = pool_of(theirs).replicas[NAMES[2]]
+    busy.pending_requests, busy.pending_prefill_tokens = 2, 3000.0
+    RemoteFigures().apply(mine, {"a": _as_hash(theirs)})
+    load = pool_of(mine).replicas[NAMES[2]].load()
+    assert (load.pending_requests, load.pending_prefill_tokens) == (2, 3000.0)
+
+
+def test_arrivals_only_grow_when_an_instance_restarts_or_disappears() -> None:
+    theirs, mine = fleet(), fleet()
+    remote = RemoteFigures()
+    pool_of(theirs).arrivals = 10
+    remote.apply(mine, {"a": _as_hash(theirs)})
+    remote.apply(mine, {})  # a read that missed it
+    pool_of(theirs).arrivals = 12
+    remote.apply(mine, {"a": _as_hash(theirs)})
+    assert pool_of(mine).remote.arrivals == 12
+    pool_of(theirs).arrivals = 4  # it restarted, counting from 0
+    remote.apply(mine, {"a": _as_hash(theirs)})
+    assert pool_of(mine).remote.arrivals == 16
+
+
+def test_when_the_backend_is_away_only_local_counts_remain() -> None:
+    theirs, mine = fleet(), fleet()
+    pool_of(theirs).replicas[NAMES[0]].inflight = 3
+    RemoteFigures().apply(mine, {"a": _as_hash(theirs)})
+    RemoteFigures.forget(mine)
+    assert pool_of(mine).replicas[NAMES[0]].remote_inflight == 0
+
+
+def _as_hash(f: Fleet) -> dict[str, str]:
+    """What an instance's Redis hash holds, as the reader decodes it."""
+    return {k: str(v) for k, v in own_figures(f).items()}
+
+
+# -- choosing the backend ------------------------------------------------------------------------
+
+
+def test_local_is_the_default_backend() -> None:
+    assert Settings().redis_url is None
+    assert LocalState().up
+
+
+def test_an_empty_redis_url_means_no_redis() -> None:
+    assert Settings(redis_url=SecretStr("  ")).redis_url is None
+
+
+def test_several_workers_need_the_redis_backend() -> None:
+    with pytest.raises(ValidationError, match="GATEWAY_REDIS_URL"):
+        Settings(workers=2)
+    assert Settings(workers=2, redis_url=SecretStr("redis://127.0.0.1:6379")).workers == 2
+
+
+def test_serve_refuses_workers_without_redis_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--workers", "2", "--port", "8999"]) == 2
+    assert "GATEWAY_REDIS_URL" in capsys.readouterr().err
+
+
+def test_serve_refuses_zero_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--workers", "0"]) == 2
+    assert "GATEWAY_WORKERS" in capsys.readouterr().err

@@ -1,0 +1,176 @@
+"""Several real `llm-gateway serve` processes on one real redis-server act as one gateway: a
+prefix learned through one instance is a hit through another, in-flight requests on one are
+seen by the other, and Redis SIGKILLed mid-run costs no request and sharing resumes when it
+returns."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from bench.launcher import start_gateway
+from gateway import headers
+from replica.processes import ManagedProcess
+from tests.conftest import FAST_PROBES, chat, pool_policy, running_sims
+from tests.redis_server import RedisServer, running_redis
+
+NO_SHUTDOWN_DELAY = {"GATEWAY_SHUTDOWN_DELAY_S": "0"}
+ADMIN_TOKEN = "test-admin"
+_WAIT_S = 10.0
+"""Longest wait for a background effect (a replay, a reconnect): a bound, not a measurement."""
+
+
+@dataclass
+class Fleet:
+    redis: RedisServer
+    replicas: list[ManagedProcess]
+    gateways: list[ManagedProcess]
+
+
+@contextlib.asynccontextmanager
+async def shared_fleet(instances: int = 2, **sim: Any) -> AsyncIterator[Fleet]:
+    async with running_redis() as redis, running_sims(4, **sim) as replicas:
+        policy = pool_policy([r.url for r in replicas])
+        env = {
+            **FAST_PROBES, **NO_SHUTDOWN_DELAY,
+            "GATEWAY_REDIS_URL": redis.url, "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
+        }  # fmt: skip
+        gateways = await asyncio.gather(*(start_gateway(policy, env=env) for _ in range(instances)))
+        try:
+            yield Fleet(redis, replicas, list(gateways))
+        finally:
+            await asyncio.gather(*(g.stop() for g in gateways))
+
+
+async def send(gateway: ManagedProcess, body: dict[str, object]) -> tuple[int, str, str]:
+    """(status, replica, route) of one chat completion through ``gateway``."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{gateway.url}/v1/chat/completions", json=body) as response,
+    ):
+        await response.read()
+        return (
+            response.status,
+            response.headers.get(headers.REPLICA, ""),
+            response.headers.get(headers.ROUTE, ""),
+        )
+
+
+async def would_route(gateway: ManagedProcess, body: dict[str, object]) -> tuple[str, str]:
+    """(replica, route) the gateway would choose for ``body`` now (POST /admin/route)."""
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{gateway.url}/admin/route", json=body, headers=auth) as response,
+    ):
+        decision = await response.json()
+        return decision["replica"], decision["route"]
+
+
+async def metric(gateway: ManagedProcess, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    async with aiohttp.ClientSession() as session, session.get(f"{gateway.url}/metrics") as r:
+        text = await r.text()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line[len(name) : len(name) + 1] not in ("{", " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = _WAIT_S) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.05)
+    return await check()
+
+
+async def replayed(gateway: ManagedProcess, at_least: float) -> bool:
+    return await metric(gateway, "gateway_state_apply_lag_seconds_count") >= at_least
+
+
+def system(i: int) -> str:
+    return f"You are assistant number {i}. " + "Follow the house style guide closely. " * 60
+
+
+async def test_a_prefix_learned_through_one_instance_is_a_hit_through_another() -> None:
+    async with shared_fleet() as fleet:
+        a, b = fleet.gateways
+        status, home, route = await send(a, chat(system(1), "first question"))
+        assert (status, route) == (200, "prefix-home")
+        assert await eventually(lambda: replayed(b, 1))
+        status, replica, route = await send(b, chat(system(1), "second question"))
+        assert (status, replica, route) == (200, home, "prefix-hit")
+
+
+async def test_requests_in_flight_through_one_instance_count_on_the_other() -> None:
+    # Slow decoding keeps the requests in flight long enough to look at them.
+    async with shared_fleet(decode_step_s=0.05) as fleet:
+        a, b = fleet.gateways
+        long = [
+            asyncio.create_task(send(a, chat(system(i), "go", max_tokens=40))) for i in range(3)
+        ]
+
+        async def b_sees_them() -> bool:
+            return await metric(b, "gateway_replica_remote_inflight") == 3
+
+        assert await eventually(b_sees_them)
+        assert await metric(b, "gateway_replica_inflight") == 0
+        assert [s for s, _, _ in await asyncio.gather(*long)] == [200, 200, 200]
+
+        async def b_sees_none() -> bool:
+            return await metric(b, "gateway_replica_remote_inflight") == 0
+
+        assert await eventually(b_sees_none)
+
+
+async def test_redis_killed_mid_run_fails_no_request_and_sharing_resumes_on_its_return() -> None:
+    async with shared_fleet() as fleet:
+        a, b = fleet.gateways
+        for g in (a, b):
+            assert await eventually(backend_up_is(g, 1))
+
+        async def traffic(rounds: int) -> list[int]:
+            statuses = []
+            for i in range(rounds):
+                replies = await asyncio.gather(
+                    *(send(g, chat(system(100 + i % 7), f"q{i}")) for g in (a, b))
+                )
+                statuses += [s for s, _, _ in replies]
+            return statuses
+
+        running = asyncio.create_task(traffic(40))
+        await asyncio.sleep(0.3)
+        await fleet.redis.kill()
+        for g in (a, b):
+            assert await eventually(backend_up_is(g, 0))
+        await fleet.redis.restart()
+        statuses = await running
+        assert statuses == [200] * len(statuses)
+        for g in (a, b):
+            assert await eventually(backend_up_is(g, 1))
+
+        # Sharing resumed: a new prefix through A is a hit through B.
+        _, home, _ = await send(a, chat(system(999), "after the outage"))
+
+        async def b_learned_it() -> bool:
+            return await would_route(b, chat(system(999), "again")) == (home, "prefix-hit")
+
+        assert await eventually(b_learned_it)
+
+
+def backend_up_is(gateway: ManagedProcess, value: float) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await metric(gateway, "gateway_state_backend_up", backend="redis") == value
+
+    return check
