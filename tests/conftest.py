@@ -4,11 +4,13 @@ matters (signals, the CLI, start-up), and real clients against both."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -118,6 +120,20 @@ async def fake_replica(chat_handler: Handler) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+async def breaks_mid_stream(request: web.Request) -> web.StreamResponse:
+    """A fake replica's chat handler that sends one chunk ("partial ") and then dies: the
+    failure after the first byte, which no retry can hide."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+             "choices": [{"index": 0, "delta": {"content": "partial "}, "finish_reason": None}]}  # fmt: skip
+    await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    await asyncio.sleep(0.05)
+    assert request.transport is not None
+    request.transport.close()
+    return response
 
 
 async def get_text(url: str) -> tuple[int, str]:

@@ -15,7 +15,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import headers
 from replica.processes import ManagedProcess, sim_replica_argv
-from tests.conftest import MODEL, chat, fake_replica, get_text, running_gateway, running_sims
+from tests.conftest import (
+    MODEL,
+    breaks_mid_stream,
+    chat,
+    fake_replica,
+    get_text,
+    running_gateway,
+    running_sims,
+)
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:
@@ -117,17 +125,6 @@ async def test_with_retries_off_the_5xx_reaches_the_client_unchanged() -> None:
 
 
 async def test_a_stream_that_breaks_ends_with_an_error_not_a_hang() -> None:
-    async def breaks_mid_stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
-                 "choices": [{"index": 0, "delta": {"content": "partial "}, "finish_reason": None}]}  # fmt: skip
-        await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
-        await asyncio.sleep(0.05)
-        assert request.transport is not None
-        request.transport.close()  # the replica dies after the first byte
-        return response
-
     async with fake_replica(breaks_mid_stream) as url, running_gateway([url]) as gw:
         client = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0, timeout=10)
         stream = await client.chat.completions.create(

@@ -13,9 +13,29 @@ from aiohttp import web
 from openai import APIError, AsyncOpenAI
 
 from gateway import headers
-from tests.conftest import MODEL, chat, fake_replica, get_text, running_gateway, running_sims
+from tests.conftest import (
+    MODEL,
+    breaks_mid_stream,
+    chat,
+    fake_replica,
+    get_text,
+    running_gateway,
+    running_sims,
+)
 from tests.hardening import wait_for_log
 from tests.test_gateway_failover import eventually, metric
+
+
+class Broken500:
+    """A fake replica's chat handler that answers 500 to everything, counting the attempts."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+
+    async def __call__(self, request: web.Request) -> web.Response:
+        self.hits += 1
+        return web.json_response({"error": {"message": "engine dead"}}, status=500)
+
 
 FAST = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
 
@@ -56,12 +76,7 @@ async def test_a_stream_whose_replica_dies_before_the_first_token_is_retried() -
 
 
 async def test_a_replica_answering_500_to_everything_is_ejected_and_logged() -> None:
-    hits = 0
-
-    async def broken(request: web.Request) -> web.Response:
-        nonlocal hits
-        hits += 1
-        return web.json_response({"error": {"message": "engine dead"}}, status=500)
+    broken = Broken500()
 
     async with (
         running_sims(2, **FAST) as good,
@@ -77,7 +92,7 @@ async def test_a_replica_answering_500_to_everything_is_ejected_and_logged() -> 
             ) as response:
                 statuses.append(response.status)
         assert statuses == [200] * 60
-        assert hits == 5  # GATEWAY_OUTLIER_CONSECUTIVE_FAILURES, then no more
+        assert broken.hits == 5  # GATEWAY_OUTLIER_CONSECUTIVE_FAILURES, then no more
         _, text = await get_text(f"{gw.url}/metrics")
         assert metric(text, "gateway_replica_ejected", replica=bad) == 1.0
         assert metric(text, "gateway_replica_ejections_total", replica=bad) == 1.0
@@ -88,12 +103,7 @@ async def test_a_replica_answering_500_to_everything_is_ejected_and_logged() -> 
 
 
 async def test_round_robin_turns_are_not_consumed_by_retries() -> None:
-    hits = 0
-
-    async def broken(request: web.Request) -> web.Response:
-        nonlocal hits
-        hits += 1
-        return web.json_response({"error": {"message": "engine dead"}}, status=500)
+    broken = Broken500()
 
     async with (
         running_sims(2, **FAST) as good,
@@ -112,7 +122,7 @@ async def test_round_robin_turns_are_not_consumed_by_retries() -> None:
             ) as response:
                 assert response.status == 200
                 served[response.headers[headers.REPLICA]] += 1
-        assert hits == 10  # one turn in three, not every request's first attempt
+        assert broken.hits == 10  # one turn in three, not every request's first attempt
         assert sorted(served.values()) == [15, 15]
 
 
@@ -164,18 +174,7 @@ async def test_a_client_that_leaves_a_non_streaming_request_is_counted_499() -> 
 
 
 async def test_a_stream_that_ends_in_an_error_event_is_counted_502() -> None:
-    async def breaks(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
-                 "choices": [{"index": 0, "delta": {"content": "partial"}, "finish_reason": None}]}  # fmt: skip
-        await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
-        await asyncio.sleep(0.05)
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    async with fake_replica(breaks) as url, running_gateway([url]) as gw:
+    async with fake_replica(breaks_mid_stream) as url, running_gateway([url]) as gw:
         try:
             await stream_text(gw.url, "q")
             raise AssertionError("the stream should have raised")
