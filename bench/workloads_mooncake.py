@@ -12,14 +12,17 @@ of ``512 x length_scale x chars_per_token`` characters, the last block cut so th
 is ``input_length x length_scale x chars_per_token`` characters. The whole prompt is one user
 message with no system prompt: the trace says nothing about roles.
 
-The trace files are public data fetched at run time: they are not part of this repository.
+A five-minute window of the conversation trace is in bench/data/mooncake/ (its README says
+which and why; ``bench compare`` replays it); the whole traces are public data, not part of
+this repository.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,29 +145,74 @@ class TraceSummary:
     """Last timestamp minus the first."""
     mean_input_tokens: float
     block_reuse: float
-    """The trace's own bound: the share of prompt blocks an unbounded cache holding every
-    earlier prompt would serve (leading run of already-seen hash ids, as in a prefix cache)."""
+    """The trace's own bound, in blocks: the share of prompt blocks an unbounded cache holding
+    every earlier prompt would serve (leading run of already-seen hash ids, as in a prefix
+    cache)."""
+    token_reuse: float = 0.0
+    """The same bound in prompt tokens, as a fleet's hit rate is counted: a reused block
+    counts its tokens (512, or fewer for a prompt's partial last block)."""
+
+
+def reused_blocks(record: TraceRecord, seen: set[int] | Mapping[int, object]) -> int:
+    """How many of the record's leading hash ids are in ``seen``: the blocks a prefix cache
+    holding them would serve (ids are chained, so the run stops at the first unknown one)."""
+    hits = 0
+    for hash_id in record.hash_ids:
+        if hash_id not in seen:
+            break
+        hits += 1
+    return hits
+
+
+def reused_tokens(record: TraceRecord, blocks: int) -> int:
+    """The prompt tokens in the record's first ``blocks`` blocks."""
+    return min(blocks * TRACE_BLOCK_TOKENS, record.input_length)
 
 
 def summarise(records: Iterable[TraceRecord]) -> TraceSummary:
     """Line count, time span, mean input length and block-level reuse bound of records."""
     seen: set[int] = set()
-    count = blocks = reused = inputs = 0
+    count = blocks = reused = inputs = reused_input = 0
     first = last = None
     for record in records:
         count += 1
         inputs += record.input_length
         first = record.timestamp_ms if first is None else min(first, record.timestamp_ms)
         last = record.timestamp_ms if last is None else max(last, record.timestamp_ms)
-        hits = 0
-        for hash_id in record.hash_ids:
-            if hash_id not in seen:
-                break
-            hits += 1
+        hits = reused_blocks(record, seen)
         reused += hits
+        reused_input += reused_tokens(record, hits)
         blocks += len(record.hash_ids)
         seen.update(record.hash_ids)
     span = (last - first) / 1000.0 if first is not None and last is not None else 0.0
     return TraceSummary(
-        count, span, inputs / count if count else 0.0, reused / blocks if blocks else 0.0
+        count,
+        span,
+        inputs / count if count else 0.0,
+        reused / blocks if blocks else 0.0,
+        reused_input / inputs if inputs else 0.0,
     )
+
+
+def lru_reuse(records: Sequence[TraceRecord], capacity_blocks: int) -> float:
+    """The token share one prefix cache of ``capacity_blocks`` trace blocks, evicting the
+    least recently used block, would serve over ``records`` in order.
+
+    A fleet of caches that together hold that many blocks reaches this at best when routing
+    keeps every prefix where it was last used (a rough ceiling: a real cache evicts from the
+    leaf up, this one by recency alone); the gap to ``token_reuse`` is what finite caches cost,
+    whatever the routing.
+    """
+    if capacity_blocks < 0:
+        raise ValueError("capacity_blocks must be >= 0")
+    cache: OrderedDict[int, None] = OrderedDict()
+    inputs = reused = 0
+    for record in records:
+        inputs += record.input_length
+        reused += reused_tokens(record, reused_blocks(record, cache))
+        for hash_id in record.hash_ids:
+            cache[hash_id] = None
+            cache.move_to_end(hash_id)
+        while len(cache) > capacity_blocks:
+            cache.popitem(last=False)
+    return reused / inputs if inputs else 0.0

@@ -264,8 +264,13 @@ async def admin_route(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     raw = await read_body(request, settings.body_timeout_s)
     parsed = parse_request(endpoint, raw, settings.max_json_depth)
-    resolution = resolve(request.app[POLICY].fleet, parsed, request.headers.get(headers.TIER))
-    decision = resolution.pool.decide(resolution.features, explain=True)
+    resolution = resolve(
+        request.app[POLICY].fleet, parsed, request.headers.get(headers.TIER), request.app[MEMORY]
+    )
+    # As a dispatch would: a stored response's replica, or an adapter's warm replicas.
+    hooks = resolution.hooks
+    exclude = hooks.exclude(resolution.pool.replicas, [], 0) if hooks is not None else ()
+    decision = resolution.pool.decide(resolution.features, exclude, explain=True)
     tier = None
     if resolution.verdict is not None:
         verdict = resolution.verdict

@@ -139,7 +139,8 @@ class FleetCollector(Collector):
         )
         capacity = GaugeMetricFamily(
             POOL_REPLICA_CAPACITY,
-            "Requests/s one replica completes when saturated, as learned (absent until then).",
+            "Requests/s one replica completes when saturated: measured at saturation, else "
+            "estimated from its learned rates (absent until either exists).",
             labels=["pool"],
         )
         for pool in fleet.pools.values():
@@ -159,8 +160,8 @@ class FleetCollector(Collector):
             pool_kv.add_metric([pool.name], pool.mean_kv_usage())
             arrivals.add_metric([pool.name], pool.arrivals)
             arrival_rate.add_metric([pool.name], pool.arrival_rate)
-            if pool.capacity.value is not None:
-                capacity.add_metric([pool.name], pool.capacity.value)
+            if pool.capacity_in_use is not None:
+                capacity.add_metric([pool.name], pool.capacity_in_use)
             desired.add_metric([pool.name], pool.desired)
             raw_desired.add_metric([pool.name], pool.raw_desired)
         threshold = GaugeMetricFamily(

@@ -3,11 +3,11 @@ the record of one dispatch there. Plain state, updated by the pool (gateway/stat
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from gateway.outlier import Outlier
+from router_policies.batch_slots import BatchSlots
 from router_policies.cost.rates import RateLearner
 from router_policies.cost.ttft import ReplicaLoad
 from router_policies.decay import DecayedCount
@@ -36,8 +36,8 @@ class ReplicaState:
     """Requests dispatched here lately: the balance rule's measure."""
     index_belief: IndexBelief = field(default_factory=IndexBelief)
     """Share of the prefix index's claims about this replica that its reports bear out."""
-    slots: float = math.inf
-    """Most sequences the engine was seen running while it had a queue: its batch size."""
+    slots: BatchSlots = field(default_factory=BatchSlots)
+    """The engine's batch size, as far as its queue has shown it."""
     service_s: float = 0.0
     """Recent mean time a request stays here (dispatch to end)."""
     name: str = ""
@@ -104,10 +104,10 @@ class ReplicaState:
         return ReplicaLoad(
             self.pending_prefill_tokens + self.remote_pending_prefill_tokens,
             self.pending_requests + self.remote_pending_requests,
-            min(max(self.engine.running, inflight), self.slots),
+            min(max(self.engine.running, inflight), self.slots.value),
             self.engine.waiting,
             requests,
-            self.slots,
+            self.slots.value,
             self.service_s,
         )
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -17,6 +16,13 @@ from router_policies.autoscale import (
     RateMeter,
     ScaleDownStabilizer,
     desired_replicas,
+)
+from router_policies.capacity import (
+    CapacityEstimate,
+    WorkloadMeter,
+    batch_size,
+    full_batch_capacity,
+    kv_tokens,
 )
 from router_policies.cost.ttft import IDLE, queued_tokens
 from router_policies.decision import Candidate, Decision, PoolSnapshot, Route
@@ -147,6 +153,18 @@ class PoolState:
             and previous.capacity.window_s == policy.autoscale.capacity_window_s
             else CapacityMeter(policy.autoscale.capacity_window_s)
         )
+        self.workload: WorkloadMeter = (
+            previous.workload if previous is not None else WorkloadMeter()
+        )
+        """The pool's mean uncached prompt and decode time per request, for the estimate."""
+        self.capacity_estimate: CapacityEstimate = (
+            previous.capacity_estimate
+            if previous is not None
+            else CapacityEstimate(policy.autoscale.capacity_window_s)
+        )
+        """Capacity from the learned rates, used until the measured one exists."""
+        self.capacity_in_use: float | None = None
+        """Per-replica capacity the signal runs on: measured, else estimated (or None)."""
         self.remote: RemoteCounts = previous.remote if previous is not None else RemoteCounts()
         self.outbox: Outbox | None = previous.outbox if previous is not None else None
         """Where dispatches go to be shared with other instances (None: nothing shared)."""
@@ -217,11 +235,17 @@ class PoolState:
                 return self.begin(decision, features, retry=retry)
 
     def begin(
-        self, decision: Decision, features: RequestFeatures, *, retry: bool = False
+        self,
+        decision: Decision,
+        features: RequestFeatures,
+        *,
+        retry: bool = False,
+        now: float | None = None,
     ) -> Dispatch:
         """Book the dispatch. A retry does not advance round-robin's cursor: the request's
-        turn was already taken by its first attempt."""
-        now = time.monotonic()
+        turn was already taken by its first attempt. ``now``: monotonic time (a simulation's
+        clock; default the real one)."""
+        now = time.monotonic() if now is None else now
         replica = self.replicas[decision.replica]
         load = replica.load()
         own = decision.uncached_tokens
@@ -271,7 +295,7 @@ class PoolState:
             expected_cached = usage.prompt_tokens - dispatch.decision.uncached_tokens
             dispatch.replica.index_belief.observe(expected_cached, usage.cached_tokens)
 
-    def end(self, dispatch: Dispatch) -> None:
+    def end(self, dispatch: Dispatch, now: float | None = None) -> None:
         if dispatch.pending:
             self._settle(dispatch)
         replica = dispatch.replica
@@ -280,13 +304,16 @@ class PoolState:
         # The time it held a batch slot: from its first token when streamed (the wait before
         # it was the queue, and counting it would make a queue look like slow service, which
         # the slot wait would then count twice); the whole stay otherwise.
-        held = time.monotonic() - dispatch.at - (dispatch.ttft_s or 0.0)
+        now = time.monotonic() if now is None else now
+        held = now - dispatch.at - (dispatch.ttft_s or 0.0)
         replica.service_s += _SERVICE_WEIGHT * (held - replica.service_s)
         self.queue.wake_one()
+        own = dispatch.uncached_tokens
+        if own is None:
+            own = dispatch.decision.uncached_tokens
+        # Streamed, its decode time tells its output length (capacity estimate).
+        self.workload.observe(own, held if dispatch.ttft_s is not None else None, dispatch.running)
         if dispatch.ttft_s is not None and self.policy.cost.learn:
-            own = dispatch.uncached_tokens
-            if own is None:
-                own = dispatch.decision.uncached_tokens
             replica.learner.observe(dispatch.queued_tokens + own, dispatch.running, dispatch.ttft_s)
 
     @staticmethod
@@ -300,10 +327,7 @@ class PoolState:
 
     def apply_engine_stats(self, replica: ReplicaState, stats: EngineStats) -> None:
         replica.engine = stats
-        if stats.waiting > 0 and stats.running > 0:
-            # A queue behind a batch: the batch is as large as the engine runs.
-            known = replica.slots if math.isfinite(replica.slots) else 0.0
-            replica.slots = max(known, stats.running)
+        replica.slots.observe(stats.running, stats.waiting)
         if stats.kv_capacity_tokens:
             tokens = stats.kv_capacity_tokens * replica.index_belief.value
             blocks = tokens * self.chars_per_token / self.policy.prefix.block_bytes
@@ -322,9 +346,20 @@ class PoolState:
         depth = self.gateway_waiting + remote.waiting + self.engine_waiting()
         healthy = len(self.healthy())
         self.arrival_rate = self.arrival_meter.rate(now, self.arrivals + remote.arrivals)
-        had_capacity = self.capacity.value is not None
+        blind = self.capacity.value is None and self.capacity_estimate.value is None
+        configured = self.policy.autoscale.target_rate_per_replica is not None
         self.capacity.update(now, self.completions + remote.completions, healthy, depth)
-        if not had_capacity and self.capacity.value is not None:
+        # Measured at saturation wins; until then, estimated from the learned rates.
+        capacity = self.capacity.value
+        if capacity is None:
+            # Saturated as CapacityMeter counts it: a request waiting per healthy replica (an
+            # engine queues every request briefly before its next step: no sign on its own).
+            capacity = self.capacity_estimate.update(
+                now, self._replica_capacities(), saturated=healthy > 0 and depth >= healthy
+            )
+        self.capacity_in_use = capacity
+        if blind and capacity is not None and not configured:
+            # The queue term's recommendations were made blind: they should not hold it up.
             self.stabilizer.forget()
         self.raw_desired = desired_replicas(
             healthy,
@@ -332,9 +367,30 @@ class PoolState:
             self.mean_kv_usage(),
             self.policy.autoscale,
             self.arrival_rate,
-            self.capacity.value,
+            capacity,
         )
         self.desired = self.stabilizer.recommend(now, self.raw_desired)
+
+    def _replica_capacities(self) -> list[float]:
+        """Each healthy replica's estimated capacity (requests/s at a full batch), from those
+        that have learned their rates (the policy's default rates are no measurement)."""
+        workload = self.workload.value()
+        if workload is None:
+            return []
+        settings = self.policy.autoscale
+        learned = [r for r in self.healthy() if r.learner.learned]
+        capacities = []
+        for r in learned:
+            rates = r.learner.rates()
+            batch = batch_size(
+                r.slots.value,
+                settings.batch_slots,
+                kv_tokens(workload, rates),
+                r.engine.kv_capacity_tokens,
+                settings.kv_usage_ceiling,
+            )
+            capacities.append(full_batch_capacity(rates, batch, workload))
+        return capacities
 
     def load(self) -> PoolLoad:
         return PoolLoad(

@@ -1,11 +1,13 @@
 """The autoscaling signal: how many replicas a pool should have, from what the gateway sees.
 
 Replicas needed by load and by KV pressure, whichever is higher:
-  load, with a target rate per replica (target_rate_per_replica, or else the capacity the
-  gateway learns x target_utilization):
+  load, with a target rate per replica (target_rate_per_replica, or else a replica's
+  capacity x target_utilization: measured at saturation, else estimated from the learned
+  rates, router_policies/capacity.py):
          (arrival rate + queue_depth / backlog_drain_s) / target rate
          proportional to the load, so its fixed point is the right count;
-  load, before any capacity is known: queue_depth / target_queue_per_replica
+  load, before any capacity is known (no replica has learned its rates yet):
+         queue_depth / target_queue_per_replica
          sees backlog only, so it keeps growing while new replicas cold-start and falls to
          the minimum once the queue drains (docs/scaling.md measures both);
   KV:    healthy x mean KV-cache usage / kv_usage_ceiling
@@ -110,7 +112,7 @@ class ScaleDownStabilizer:
 
     def forget(self) -> None:
         """Drop the history: recommendations made on a basis since replaced (the queue term,
-        before a capacity was learned) should not hold the signal up."""
+        before any capacity was known) should not hold the signal up."""
         self._history.clear()
 
     def recommend(self, now: float, raw: int) -> int:

@@ -15,8 +15,8 @@ class Route(StrEnum):
     PREFIX_HIT = "prefix-hit"
     """The fastest replica holds a useful part of the prompt."""
     PREFIX_HOME = "prefix-home"
-    """A prompt whose shared lead is worth a home went to one (its rendezvous order, skipping
-    replicas over the bounded-load cap; several for a hot prefix)."""
+    """A prompt whose shared lead is worth a home went to one: the least recently loaded
+    replica for a new prefix (several for a hot prefix)."""
     LEAST_LOADED = "least-loaded"
     """The prefix did not matter: the fastest, least-loaded replica."""
     ROUND_ROBIN = "round-robin"

@@ -101,15 +101,15 @@ class CostSettings(_Strict):
 
 class LoadSettings(_Strict):
     balance_eps: Annotated[float, Field(ge=0.0, le=10.0)] = 0.25
-    """Among equally fast replicas, one takes a request only while its recent dispatches stay
-    within (1 + balance_eps) x the pool's mean (bounded load, Mirrokni et al.)."""
+    """A hot prefix also fills the pool's least recently loaded replica when every replica
+    holding it has had more than (1 + balance_eps) x as many recent dispatches (+ 1)."""
     recent_half_life_s: Annotated[float, Field(gt=0)] = 10.0
     """Half-life of the recent-dispatch counts the balance rule compares: long enough that a
     Poisson burst does not look like a hot spot."""
 
 
 class HotPrefixSettings(_Strict):
-    """Hot prefixes are spread over the first k replicas of their own rendezvous order."""
+    """Hot prefixes are spread over k replicas: those holding them, then the least loaded."""
 
     spread_factor: Annotated[float, Field(ge=1.0)] = 1.25
     """k = ceil(share x replicas x spread_factor): no replica takes more than 1/spread_factor
@@ -127,14 +127,24 @@ class AutoscaleSettings(_Strict):
     target_rate_per_replica: Annotated[float, Field(gt=0)] | None = None
     """Requests per second one replica should serve. The load term is (arrival rate + queue /
     backlog_drain_s) / this: proportional to load, so it settles on the right count. Unset,
-    the gateway uses target_utilization x the capacity it learns (a replica's completions per
-    second while the pool is saturated); until it has learned one, the queue term below, which
-    only sees backlog and winds up during cold starts (docs/scaling.md)."""
+    the gateway uses target_utilization x a capacity it estimates from each replica's learned
+    rates and the pool's mean request (router_policies/capacity.py), replaced by the measured
+    one (a replica's completions per second once the pool has stayed saturated for
+    capacity_window_s). Only before the first estimate (about 8 completed requests) does the
+    queue term below apply. The estimate can be well off (docs/scaling.md): set this for a
+    predictable replica count."""
     target_utilization: Annotated[float, Field(gt=0, le=1)] = 0.8
     """Share of a replica's learned capacity to run at when target_rate_per_replica is unset."""
     capacity_window_s: Annotated[float, Field(gt=0)] = 30.0
     """The pool must stay saturated (a request waiting per healthy replica) this long before its
-    completion rate counts as its capacity."""
+    completion rate counts as its capacity. Until then the capacity is estimated from each
+    replica's learned rates and the pool's mean prompt and output (router_policies/capacity.py)."""
+    batch_slots: Annotated[int, Field(ge=1)] = 256
+    """Sequences a replica's engine runs at once (vLLM --max-num-seqs), for the capacity
+    estimate until the replica's queue shows its batch. Not scraped: vLLM does not export it.
+    256 is vLLM's default on an A100 or a GPU under 70 GiB (1024 on an H100): a guess too low
+    asks for a few more replicas (decode-bound capacity barely grows past it), and the measured
+    saturation capacity replaces the estimate."""
     backlog_drain_s: Annotated[float, Field(gt=0)] = 120.0
     """Time within which extra replicas should clear the waiting queue (rate term)."""
     rate_window_s: Annotated[float, Field(gt=0)] = 15.0

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
+import pytest
+
 from router_policies.autoscale import (
     CapacityMeter,
     RateMeter,
     ScaleDownStabilizer,
     desired_replicas,
 )
+from router_policies.capacity import (
+    CapacityEstimate,
+    Workload,
+    WorkloadMeter,
+    batch_size,
+    decode_steps,
+    full_batch_capacity,
+)
+from router_policies.cost.rates import Rates
 from router_policies.schema import AutoscaleSettings
 
 S = AutoscaleSettings(
@@ -124,3 +138,90 @@ def test_forgetting_drops_recommendations_made_blind() -> None:
     assert stabilizer.recommend(0.0, 64) == 64
     stabilizer.forget()
     assert stabilizer.recommend(1.0, 9) == 9
+
+
+# -- the capacity estimate before saturation (router_policies/capacity.py) ---------------------
+
+# The scaling benchmark's engine: 8 ms + 0.2 ms per sequence a decode step, 20k prefill tokens/s,
+# 1024 prompt + 256 output tokens; the fluid model gives 9.08 req/s at a batch of 256.
+ENGINE = Rates(prefill_s_per_token=5e-5, step_s=0.008, decode_s_per_seq=0.0002)
+# 255 decode steps seen at 25 running: 255 x (8 ms + 25 x 0.2 ms) = 3.315 s.
+MEAN = Workload(prompt_tokens=1024, decode_s=255 * 0.013, decode_running=25)
+
+
+def test_decode_steps_come_from_decode_time_over_the_step_time() -> None:
+    assert decode_steps(MEAN, ENGINE) == pytest.approx(255)
+
+
+@pytest.mark.parametrize(
+    ("case", "rates", "workload", "batch", "expected"),
+    [
+        ("the engine model at a full batch", ENGINE, MEAN, 256, 9.08),
+        (
+            "a replica 2x slower in decode has half the decode capacity",
+            replace(ENGINE, step_s=0.016, decode_s_per_seq=0.0004, prefill_s_per_token=1e-9),
+            # the same output length, seen as twice the decode time
+            replace(MEAN, prompt_tokens=0, decode_s=2 * MEAN.decode_s),
+            256,
+            0.5 * full_batch_capacity(ENGINE, 256, replace(MEAN, prompt_tokens=0)),
+        ),
+        (
+            "a fully cached prompt costs no prefill",
+            ENGINE,
+            replace(MEAN, prompt_tokens=0),
+            256,
+            256 / (255 * (0.008 + 256 * 0.0002)),
+        ),
+        ("one sequence at a time", ENGINE, MEAN, 1, 1 / (1024 * 5e-5 + 255 * 0.0082)),
+    ],
+)
+def test_full_batch_capacity(
+    case: str, rates: Rates, workload: Workload, batch: float, expected: float
+) -> None:
+    assert full_batch_capacity(rates, batch, workload) == pytest.approx(expected, rel=0.01), case
+
+
+def test_a_larger_batch_serves_more_but_less_than_in_proportion() -> None:
+    small = full_batch_capacity(ENGINE, 128, MEAN)
+    large = full_batch_capacity(ENGINE, 256, MEAN)
+    assert small < large < 2 * small
+
+
+@pytest.mark.parametrize(
+    ("case", "slots", "kv_capacity", "expected"),
+    [
+        ("the batch the queue showed", 128.0, None, 128),
+        ("unknown batch size uses the configured batch_slots (256)", math.inf, None, 256),
+        ("never more than the KV cache holds under its ceiling", math.inf, 200_000, 140.625),
+        ("at least one sequence", math.inf, 100, 1),
+    ],
+)
+def test_batch_size(case: str, slots: float, kv_capacity: int | None, expected: float) -> None:
+    fallback = AutoscaleSettings().batch_slots
+    assert batch_size(slots, fallback, 1280, kv_capacity, 0.9) == pytest.approx(expected), case
+
+
+def test_the_workload_is_unknown_until_enough_decodes_were_seen() -> None:
+    meter = WorkloadMeter(min_samples=3)
+    for _ in range(2):
+        meter.observe(1024, 3.3, 25)
+    meter.observe(1024, None, 25)  # not streamed: no decode time
+    assert meter.value() is None
+    meter.observe(1024, 3.3, 25)
+    assert meter.value() == Workload(1024, 3.3, 25)
+
+
+def test_the_estimate_holds_through_saturation_and_its_aftermath() -> None:
+    estimate = CapacityEstimate(quiet_s=30, weight=1.0)
+    assert estimate.update(0, [9.0, 10.0], saturated=False) == 9.5
+    # Slot waits read as slow prefill: the rates' estimate drops, the held value does not.
+    assert estimate.update(10, [2.0], saturated=True) == 9.5
+    assert estimate.update(30, [3.0], saturated=False) == 9.5
+    assert estimate.update(41, [8.0], saturated=False) == 8.0
+
+
+def test_with_no_target_rate_a_capacity_makes_the_rate_term_run() -> None:
+    # 48 req/s at 0.8 x 9.08 per replica: 7 replicas, though 2 are up and nothing is queued.
+    settings = AutoscaleSettings(max_replicas=64)
+    assert desired_replicas(2, 0, 0.1, settings, arrival_rate=48, capacity=9.08) == 7
+    assert desired_replicas(2, 0, 0.1, settings, arrival_rate=48) == 1

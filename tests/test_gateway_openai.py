@@ -33,6 +33,8 @@ ADAPTER = "sql-lora"
 LEARNED = "tone-lora"
 """Served by the replicas only: learned from their /v1/models."""
 
+ADMIN_TOKEN = "test-admin-token"
+
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def replicas() -> AsyncIterator[list[ManagedProcess]]:
@@ -44,7 +46,8 @@ async def replicas() -> AsyncIterator[list[ManagedProcess]]:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def gateway(replicas: list[ManagedProcess]) -> AsyncIterator[ManagedProcess]:
-    async with running_gateway([r.url for r in replicas], adapters=[ADAPTER]) as gw:
+    env = {"GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
+    async with running_gateway([r.url for r in replicas], adapters=[ADAPTER], env=env) as gw:
         yield gw
 
 
@@ -193,7 +196,26 @@ async def test_responses_follow_up_goes_to_the_replica_that_stored_the_first(
         )
         assert follow.headers[headers.REPLICA] == raw.headers[headers.REPLICA]
         assert follow.parse().previous_response_id == first.id
+        # The operator's dry run names the replica the follow-up would be pinned to.
+        dry_run = await admin_route(
+            gateway, {"model": MODEL, "input": "Again?", "previous_response_id": first.id}
+        )
+        assert dry_run["replica"] == raw.headers[headers.REPLICA]
     assert len(replicas) == 2
+
+
+async def admin_route(gateway: ManagedProcess, body: dict[str, Any]) -> dict[str, Any]:
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{gateway.url}/admin/route", params={"endpoint": "/v1/responses"}, json=body,
+            headers=auth,
+        ) as response,
+    ):  # fmt: skip
+        assert response.status == 200
+        result: dict[str, Any] = await response.json()
+        return result
 
 
 async def test_streamed_response_is_relayed_and_its_id_learned(gateway: ManagedProcess) -> None:

@@ -159,16 +159,28 @@ def test_a_slower_replica_gets_the_cold_prefill_only_when_the_fast_one_is_busy()
 # --- the balance rule among equally fast replicas ----------------------------------------------
 
 
-def test_a_cold_prefix_skips_a_home_over_the_bounded_load_cap() -> None:
-    overloaded_home = candidate(HOME, recent=20)
-    decision = choose(PrefixAware(POOL), snapshot(overloaded_home))
+def test_a_cold_prefix_goes_to_the_least_recently_loaded_replica_not_a_busy_home() -> None:
+    """A fixed hash order would stack two popular prefixes on one replica by chance: a new
+    prefix starts where the fewest requests went lately, its rendezvous order breaking ties."""
+    busy_home = candidate(HOME, recent=1)
+    decision = choose(PrefixAware(POOL), snapshot(busy_home))
     assert (decision.replica, decision.route) == (SECOND, Route.PREFIX_HOME)
 
 
-def test_the_cap_follows_the_balance_factor() -> None:
-    loose = POOL.model_copy(update={"load": POOL.load.model_copy(update={"balance_eps": 10.0})})
-    decision = choose(PrefixAware(loose), snapshot(candidate(HOME, recent=6)))
-    assert decision.replica == HOME
+def test_prefixes_arriving_one_after_another_fill_the_pool_evenly() -> None:
+    """Each new prefix is placed where the fewest requests went: four prefixes, four replicas,
+    whatever their hashes, and the fifth shares the least loaded one."""
+    policy = PrefixAware(POOL)
+    recent = dict.fromkeys(NAMES, 0.0)
+    placed = []
+    for i in range(5):
+        request = features(system_prompt(f"prefix {i} ".encode() * 200))
+        snap = PoolSnapshot(tuple(candidate(n, recent=r) for n, r in recent.items()))
+        decision = choose(policy, snap, request)
+        placed.append(decision.replica)
+        recent[decision.replica] += 10.0 - i  # earlier prefixes are the more popular
+    assert sorted(placed[:4]) == sorted(NAMES)
+    assert placed[4] == placed[3]
 
 
 def test_a_mostly_unique_prompt_goes_to_the_least_recently_loaded_replica() -> None:

@@ -167,8 +167,10 @@ def test_a_step_makes_the_gateway_strategy_scale_up(step_run: ScalingResult) -> 
     assert run.summary.ready_at_s == pytest.approx(82.5 + 90 - 60, abs=1.0)
     # The HPA sync at 67.5 s still reads the scrape of t=60, taken before the step.
     after = [v for t, v in zip(s.hpa_t, s.hpa_value, strict=True) if 60 < t < 160]
-    # Blind at first (the queue term), then on the capacity learned 30 s into saturation.
-    assert after[:2] == [2, 6]
+    # On the capacity estimated from the learned rates (an estimate that runs low while the
+    # rates settle): up to one replica above the base load's 2, then the rate term's count.
+    assert after[0] <= 3
+    assert after[1] >= run.summary.right_after
     assert max(after) <= 2 * run.summary.right_after
     assert after[-1] >= run.summary.right_after
 
@@ -226,31 +228,25 @@ def test_engine_only_signal_misses_requests_held_in_the_gateway() -> None:
 # -- the acceptance criterion, measured --------------------------------------------------------
 
 
-def test_defaults_learn_the_capacity_and_overshoot_only_while_blind(
+def test_defaults_estimate_the_capacity_before_saturation_and_never_wind_up(
     step_run: ScalingResult,
 ) -> None:
-    """With the schema defaults the queue term jumps at the first scrape, then the capacity
-    learned once the pool has been saturated for capacity_window_s takes over: the target
-    comes back down once, to the rate term's count, instead of winding up to max_replicas."""
+    """With the schema defaults the gateway estimates a replica's capacity from the rates it
+    learns at the base load (router_policies/capacity.py): the rate term runs from the first
+    second, so the step never meets a blind queue term (which jumped to 51-64)."""
     a = summary(step_run, "A")
     assert a.right_after == 6
-    assert a.reach_intervals is not None and a.reach_intervals <= 2
-    assert a.peak_target <= 2 * a.right_after + 1
+    assert a.peak_signal <= 2 * a.right_after
     assert a.peak_target < ScalingConfig().settings.max_replicas
-    assert a.max_changes_per_window == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "default settings (no target_rate_per_replica): reaches the right value in 1 scrape "
-        "interval on the queue term, then comes down once when the learned capacity (30 s of "
-        "saturation) replaces it, and goes up again as the backlog's drain term grows: 2 "
-        "direction changes within 300 s"
-    ),
-)
 def test_current_formula_meets_the_acceptance(step_run: ScalingResult) -> None:
-    assert summary(step_run, "A").acceptance
+    """The default settings (no target_rate_per_replica): the right count within 2 scrape
+    intervals, at most one direction change of the HPA target per stabilization window."""
+    a = summary(step_run, "A")
+    assert a.reach_intervals is not None and a.reach_intervals <= 2
+    assert a.max_changes_per_window <= 1
+    assert a.acceptance
 
 
 def test_gateway_with_target_rate_meets_the_acceptance(step_run: ScalingResult) -> None:

@@ -11,7 +11,8 @@ Fleets:
         generated-shared-prefix and Zipf on 3 seeds (--seeds). Then two fleets of their own:
         long-context agents on 8 sims with 64k-token context and 16x the KV cache (closed
         loop), and overload on 8 sims slowed to saturate at ~10 requests/s (1.3x capacity,
-        then 0.6x; goodput within a TTFT objective).
+        then 0.6x; goodput within a TTFT objective), and a window of Mooncake's public
+        conversation trace replayed on 8 sims with 6x the KV cache (figures only, no check).
   real  2 real vLLM CPU replicas (the "small" ~41M-parameter Llama, one core each) and a small
         shared-prefix workload; gateway prefix-aware vs round-robin, and the cache-aware peers.
 
@@ -22,9 +23,9 @@ Writes docs/benchmarks.md and PNG plots next to it.
 """
 
 # Modules: ``plan`` (workloads), ``results``, ``seeds``, ``phases`` and ``checks`` (figures and
-# acceptance), ``runner`` and ``fleets`` (what runs), ``agents`` and ``overload`` (the workloads
-# with fleets of their own), ``comparison`` (the whole run), ``notes``, ``markdown`` and
-# ``plots`` (the report), ``code_state``, ``cli``.
+# acceptance), ``runner`` and ``fleets`` (what runs), ``agents``, ``overload`` and ``mooncake``
+# (the workloads with fleets of their own), ``comparison`` (the whole run), ``notes``,
+# ``markdown`` and ``plots`` (the report), ``code_state``, ``cli``.
 
 from __future__ import annotations
 

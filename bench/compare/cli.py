@@ -14,7 +14,7 @@ import uvloop
 
 from bench.compare.code_state import CodeState, code_line
 from bench.compare.comparison import CompareConfig, CompareResult, run_compare
-from bench.compare.markdown import RunInfo, pct, ratio, render_markdown
+from bench.compare.markdown import RunInfo, pct, ratio, render_markdown, shown_phases
 from bench.compare.notes import METHOD, notes
 from bench.compare.plan import DEFAULT_SEEDS
 from bench.compare.plots import plots_available, write_plots
@@ -94,7 +94,7 @@ def print_summary(result: CompareResult, out: TextIO) -> None:
                     file=out,
                 )
                 for m in f.runs:
-                    for p in m.phases:
+                    for p in shown_phases(m):
                         print(
                             f"      {p.name:26}{p.arrived:>5} arrived{p.good:>5} good "
                             f"{p.goodput:>6.2f}/s  TTFT p99 {1000 * p.ttft_p99_s:.0f}ms",
@@ -128,9 +128,10 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fleet",
-        choices=("sim", "real", "all"),
+        choices=("sim", "real", "mooncake", "all"),
         default="all",
-        help="fleets to run (default: all)",
+        help="fleets to run: sim (the simulated fleets, the Mooncake replay included), real, "
+        "mooncake (the Mooncake trace replay only), all (default: all)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="smaller workloads, gateway-only real fleet (minutes)"

@@ -15,6 +15,7 @@ from bench.compare.agents import agents_workload, run_agents_fleet
 from bench.compare.checks import Check, overload_checks, real_checks, sim_checks
 from bench.compare.code_state import CodeState
 from bench.compare.fleets import prepare_real_fleet, run_real_fleet, run_sim_fleet
+from bench.compare.mooncake import mooncake_workload, run_mooncake_fleet
 from bench.compare.overload import overload_workload, run_overload_fleet
 from bench.compare.plan import DEFAULT_SEEDS, SimScale, real_workloads, sim_workloads
 from bench.compare.results import (
@@ -92,12 +93,14 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
     else:
         skipped = {t.label: peer_reason for t in PEER_TARGETS}
     run_sim = config.fleet in ("sim", "all")
+    run_mooncake = config.fleet in ("sim", "all", "mooncake")
     run_real = config.fleet in ("real", "all")
     scale = SimScale.quick() if config.quick else SimScale()
     seeds = config.seeds[:1] if config.quick else config.seeds
     sim_plan = sim_workloads(scale, seeds)
     agents_plan = [agents_workload(config.quick, seeds[0])]
     overload_plan = [overload_workload(config.quick, seeds[0])]
+    mooncake_plan = [mooncake_workload(config.quick, seeds[0])] if run_mooncake else []
     real_plan = real_workloads(config.quick, seeds[0])
     model_dir, real_reason = (Path(), None)
     if run_real:
@@ -105,8 +108,10 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
         if real_reason is not None:
             print(f"[compare] real vLLM fleet skipped: {real_reason}", file=out)
     sim_runs = len(sim_plan) + len(agents_plan) + len(overload_plan)
-    total = (sim_runs * len(sim_targets) if run_sim else 0) + (
-        len(real_plan) * len(real_targets) if run_real and real_reason is None else 0
+    total = (
+        (sim_runs * len(sim_targets) if run_sim else 0)
+        + len(mooncake_plan) * len(sim_targets)
+        + (len(real_plan) * len(real_targets) if run_real and real_reason is None else 0)
     )
     with tqdm(total=total, unit="run", desc="compare", disable=not config.progress) as bar:
         if run_sim:
@@ -124,6 +129,13 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
             )
             fleets.append(heavy)
             checks += overload_checks(heavy)
+        if run_mooncake:
+            # Reported, not checked: the issue asks for the figures on real traffic.
+            fleets.append(
+                await run_mooncake_fleet(
+                    mooncake_plan, sim_targets, skipped_targets=skipped, bar=bar
+                )
+            )
         if run_real:
             if real_reason is None:
                 real_skipped = (

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.compare.checks import Check
+from bench.compare.phases import PhaseFigures
 from bench.compare.results import (
     FleetResult,
     Measurement,
+    WorkloadInfo,
 )
 from bench.compare.seeds import Figures, Spread, all_figures, seeds_text
 
@@ -110,14 +112,38 @@ PHASE_HEADER = (
 )
 
 
+def shown_phases(m: Measurement) -> tuple[PhaseFigures, ...]:
+    """The phases worth a row: a run of one phase has its whole-run ("all") figures twice."""
+    if len(m.phases) == 2 and m.phases[-1].name == "all":
+        return m.phases[:1]
+    return m.phases
+
+
 def phase_rows(measurements: Sequence[Measurement]) -> list[str]:
-    """Goodput per arrival phase, for phased workloads (overload)."""
+    """Goodput per arrival phase, for phased workloads (overload, the Mooncake replay)."""
     return [
         f"| {m.target.label} | {p.name} | {p.arrived} | {p.good} | {p.goodput:.2f} "
         f"| {_ms(p.ttft_p99_s)} |"
         for m in measurements
-        for p in m.phases
+        for p in shown_phases(m)
     ]
+
+
+def trace_bound_line(workload: WorkloadInfo, table: Sequence[Figures]) -> str | None:
+    """A replayed trace's own bound, and each target's hit rate as a fraction of it."""
+    if workload.trace_bound is None:
+        return None
+    fractions = ", ".join(
+        f"{f.target.label} {ratio(_fraction(f.hit_rate, workload.trace_bound))}" for f in table
+    )
+    return (
+        f"- The trace's own bound (its block ids): {pct(workload.trace_bound)}; "
+        f"hit / trace bound: {fractions}."
+    )
+
+
+def _fraction(rate: Spread | None, bound: float) -> float | None:
+    return None if rate is None or bound <= 0 else rate.mean / bound
 
 
 TABLE_HEADER = (
@@ -172,6 +198,9 @@ def fleet_section(fleet: FleetResult, images: Sequence[str]) -> list[str]:
             )
             lines.append(f"- Affinity bound: {bounds}.")
         table = all_figures(fleet, workload.key)
+        trace_line = trace_bound_line(workload, table)
+        if trace_line is not None:
+            lines.append(trace_line)
         lines += ["", TABLE_HEADER]
         lines += [figures_row(f) for f in table]
         if any(m.phases for m in measurements):

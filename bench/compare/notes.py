@@ -211,7 +211,7 @@ def notes(result: CompareResult) -> list[str]:
             lines += sim_notes(fleet, result.checks)
         elif fleet.key == "overload":
             lines += overload_notes(fleet, result.checks)
-        elif fleet.key == "agents":
+        elif fleet.key in ("agents", "mooncake"):
             lines += _lopsided(fleet)
         elif fleet.key == "real":
             pa, rr = fleet.get(REAL_GSP, PREFIX_AWARE), fleet.get(REAL_GSP, ROUND_ROBIN)

@@ -28,7 +28,7 @@ REAL_SIZE = "small"
 
 
 GSP, MRQA, LOW, ZIPF, REAL_GSP = "gsp", "mrqa", "low", "zipf", "real-gsp"
-AGENTS, OVERLOAD = "agents", "overload"
+AGENTS, OVERLOAD, MOONCAKE = "agents", "overload", "mooncake"
 SEEDED = (GSP, ZIPF)
 """The workloads run on every seed given; the others run on the first seed only."""
 DEFAULT_SEEDS = (0, 1, 2)

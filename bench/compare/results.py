@@ -190,6 +190,9 @@ class WorkloadInfo:
     """The arrival process, e.g. Poisson at 16 req/s."""
     seeds: tuple[int, ...] = (0,)
     """The seeds it ran with; ``requests`` is per seed."""
+    trace_bound: float | None = None
+    """A replayed trace's own bound, from its block ids (Mooncake), besides the affinity
+    bound over the prompts as sent; None for the generated workloads."""
 
 
 @dataclass(slots=True)

@@ -109,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rate-window-s",
         type=float,
         default=d.rate_window_s,
-        help="P: the gateway's rate_window_s (default: %(default)s; the schema's is 60)",
+        help="P: the gateway's rate_window_s (default: %(default)s, the schema's)",
     )
     add(
         "--strategies",

@@ -67,8 +67,9 @@ class ScalingConfig:
     """PoolPolicy.max_inflight_per_replica: beyond it requests wait in the gateway."""
     engine: EngineModel = field(default_factory=EngineModel)
     settings: AutoscaleSettings = field(default_factory=lambda: AutoscaleSettings(min_replicas=2))
-    """The gateway's autoscale settings: schema defaults (no target_rate_per_replica, so the
-    queue term) but min_replicas, also every strategy's HPA floor: the right value at the base
+    """The gateway's autoscale settings: schema defaults (no
+    target_rate_per_replica, so the capacity learned or estimated) but min_replicas, also every
+    strategy's HPA floor: the right value at the base
     load (``baseline_settings``), 2 for the default 12 req/s. A, B and C run these."""
     target_utilization: float = 0.8
     """P: target_rate_per_replica as a share of the measured per-replica capacity (the model's
@@ -76,8 +77,8 @@ class ScalingConfig:
     backlog_drain_s: float = AutoscaleSettings().backlog_drain_s
     """P: the gateway's backlog_drain_s (the schema default, 120 s)."""
     rate_window_s: float = 15.0
-    """P: the gateway's rate_window_s. 15 s, as docs/scaling.md tells operators to set it: with
-    the schema default of 60 s the signal reaches the right value a scrape interval late."""
+    """P: the gateway's rate_window_s (15 s, the schema default): with 60 s the signal
+    reaches the right value a scrape interval late (docs/scaling.md)."""
     strategies: tuple[str, ...] = ("A", "B", "C", "P")
     scenarios: tuple[str, ...] = ("step", "ramp")
     ttft_window_s: float = 30.0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +27,19 @@ class Timing:
         self.d1 = model.decode_s_per_seq
 
 
+Hook = Callable[[Any, float], None]
+"""Called with a request's payload and a time: its first token, or its end."""
+
+
+def _ignore(payload: Any, at: float) -> None:
+    pass
+
+
 class Pod:
-    """One replica: the engine's waiting queue, its running requests, and its pod lifecycle."""
+    """One replica: the engine's waiting queue, its running requests, and its pod lifecycle.
+
+    Each request is (arrival time, payload): the payload is what the gateway booked at dispatch,
+    handed back to the hooks at its first token and at its end, as a live gateway sees them."""
 
     __slots__ = (
         "clock",
@@ -39,6 +52,7 @@ class Pod:
         "prefill",
         "ready_s",
         "running",
+        "serial",
         "waiting",
     )
 
@@ -48,12 +62,13 @@ class Pod:
         self.ready_s = ready_s
         self.healthy = False
         self.draining = False
-        self.waiting: deque[float] = deque()
-        """Arrival times of the requests in the engine's waiting queue."""
-        self.prefill: deque[list[float]] = deque()
-        """[arrival time, prompt tokens left] of admitted requests still in prefill."""
-        self.decoding: list[float] = []
-        """Heap of the decode clock values at which each decoding request finishes."""
+        self.waiting: deque[tuple[float, Any]] = deque()
+        """(arrival time, payload) of the requests in the engine's waiting queue."""
+        self.prefill: deque[list[Any]] = deque()
+        """[arrival time, prompt tokens left, payload] of admitted requests still in prefill."""
+        self.decoding: list[tuple[float, int, Any]] = []
+        """Heap of (decode clock value at which it finishes, serial, payload)."""
+        self.serial = 0
         self.clock = 0.0
         """Decode steps taken so far: every decoding request gains one token per step."""
         self.running = 0
@@ -63,18 +78,31 @@ class Pod:
     def kv_usage(self, model: EngineModel) -> float:
         return self.running * model.tokens_per_request / model.kv_capacity_tokens
 
-    def advance(self, now: float, dt: float, timing: Timing, first_tokens: list[float]) -> None:
-        """Run the engine for dt seconds: admit, prefill in arrival order, then decode steps.
+    def advance(
+        self,
+        now: float,
+        dt: float,
+        timing: Timing,
+        first_tokens: list[float],
+        on_first: Hook = _ignore,
+        on_end: Hook = _ignore,
+    ) -> None:
+        """Run the engine from ``now`` for dt seconds: admit, prefill in arrival order, then
+        decode steps.
 
         Chunked prefill mixes prompt chunks into decode steps; over a tick the GPU time is
-        the same as prefilling first and decoding in the rest, which is what this does.
+        the same as prefilling first and decoding in the rest, which is what this does. A
+        request's first token comes out of the step that finishes its prefill, which also
+        decodes the running batch: its TTFT includes one decode step of that batch.
         """
         waiting, prefill = self.waiting, self.prefill
         while waiting and self.running < timing.limit:
-            prefill.append([waiting.popleft(), timing.prompt])
+            arrival, payload = waiting.popleft()
+            prefill.append([arrival, timing.prompt, payload])
             self.running += 1
         cursor = 0.0
         per_token = timing.per_token
+        decoding = self.decoding
         while prefill:
             item = prefill[0]
             need = item[1] * per_token
@@ -84,22 +112,24 @@ class Pod:
                 break
             cursor += need
             prefill.popleft()
+            first = now + cursor + timing.d0 + timing.d1 * len(decoding)
             first_tokens.append(item[0])
-            first_tokens.append(now + cursor)
-            heapq.heappush(self.decoding, self.clock + timing.decode_tokens)
-        decoding = self.decoding
+            first_tokens.append(first)
+            on_first(item[2], first)
+            self.serial += 1
+            heapq.heappush(decoding, (self.clock + timing.decode_tokens, self.serial, item[2]))
         if decoding and cursor < dt:
             self.clock += (dt - cursor) / (timing.d0 + timing.d1 * len(decoding))
             done = 0
-            while decoding and decoding[0] <= self.clock + 1e-9:
-                heapq.heappop(decoding)
+            while decoding and decoding[0][0] <= self.clock + 1e-9:
+                on_end(heapq.heappop(decoding)[2], now + dt)
                 done += 1
             self.running -= done
             self.inflight -= done
 
     def held(self) -> list[float]:
         """Arrival times of the requests here that have no first token yet."""
-        return [*self.waiting, *(item[0] for item in self.prefill)]
+        return [*(arrival for arrival, _ in self.waiting), *(item[0] for item in self.prefill)]
 
 
 def replica_steady_state(
@@ -115,7 +145,7 @@ def replica_steady_state(
     for k in range(ticks):
         now = k * tick_s
         while upcoming < len(arrivals) and arrivals[upcoming] < now:
-            pod.waiting.append(arrivals[upcoming])
+            pod.waiting.append((arrivals[upcoming], None))
             pod.inflight += 1
             upcoming += 1
         before = pod.inflight

@@ -47,8 +47,8 @@ def format_report(result: ScalingResult) -> str:
         f"{s.kv_usage_ceiling:g}, replicas {s.min_replicas}-{s.max_replicas}, stabilization "
         f"{s.scale_down_stabilization_s:g} s, update_desired every {c.gateway_round_s:g} s, "
         f"in-flight limit {c.inflight_limit or 'none'}",
-        f"         A: target_rate_per_replica unset (queue term until a capacity is learned, then "
-        f"{s.target_utilization:g} x it); P: target_rate_per_replica "
+        f"         A: target_rate_per_replica unset ({s.target_utilization:g} x the capacity "
+        f"estimated from the learned rates, measured once saturated); P: target_rate_per_replica "
         f"{c.target_rate_per_replica:.2f} req/s ({c.target_utilization:g} x capacity), "
         f"backlog_drain_s {c.backlog_drain_s:g}, rate_window_s {c.rate_window_s:g}",
         f"cluster  cold start {c.cold_start_s:g} s, scrape every {c.scrape_interval_s:g} s, HPA "

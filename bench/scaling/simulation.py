@@ -27,8 +27,10 @@ from bench.scaling.results import (
     max_direction_changes,
     worst_lag,
 )
-from gateway.state import EngineStats, PoolQueue, PoolState
-from router_policies.schema import PoolPolicy
+from gateway.state import Dispatch, EngineStats, PoolQueue, PoolState
+from router_policies.decision import Decision, Route
+from router_policies.fingerprint import RequestFeatures
+from router_policies.schema import PolicyName, PoolPolicy
 
 
 class _SimQueue(PoolQueue):
@@ -64,6 +66,10 @@ class _Simulation:
         for _ in range(initial):
             self._create(0.0, ready_s=0.0)
         self.pool = self._pool(None)
+        # Every request is the same prompt, never cached (no prefix sharing is simulated).
+        self.features = RequestFeatures(
+            "sim", (), round(self.model.prompt_tokens * self.pool.chars_per_token)
+        )
         # The gateway has counted the base load for a rate window before t=0, as one that has
         # been up a while. (Just started, its RateMeter averages over a second or two of
         # Poisson noise and P may ask for a replica too many, held for the stabilization window.)
@@ -99,6 +105,7 @@ class _Simulation:
         policy = PoolPolicy(
             model="sim",
             replicas=[f"http://{p.name}" for p in self.pods],
+            policy=PolicyName.LEAST_LOADED,
             max_inflight_per_replica=self.config.inflight_limit,
             autoscale=self.settings,
         )
@@ -118,19 +125,22 @@ class _Simulation:
                 pod.healthy = pod.ready_s <= now
             self.pool = self._pool(self.pool)
         model = self.model
+        pool = self.pool
         for pod in self.pods:
             if pod.healthy:
-                self.pool.replicas[pod.name].engine = EngineStats(
+                stats = EngineStats(
                     running=float(pod.running),
                     waiting=float(len(pod.waiting)),
                     kv_usage=pod.kv_usage(model),
                     kv_capacity_tokens=model.kv_capacity_tokens,
                 )
-        self.pool.update_desired(now)
+                pool.apply_engine_stats(pool.replicas[pod.name], stats)
+        pool.update_desired(now)
 
-    def dispatch(self) -> None:
+    def dispatch(self, now: float) -> None:
         """Each waiting request to the healthy replica with the fewest in flight, while one has
-        room under the in-flight limit."""
+        room under the in-flight limit, booked with the gateway as its dispatch books it
+        (``PoolState.begin``; its first token and its end go to ``first_byte`` and ``end``)."""
         line = self.line
         if not line:
             return
@@ -139,12 +149,24 @@ class _Simulation:
         if limit is not None:
             open_ = [p for p in open_ if p.inflight < limit]
         least = attrgetter("inflight")
+        pool, features = self.pool, self.features
+        prompt = float(self.model.prompt_tokens)
         while line and open_:
             pod = min(open_, key=least)
-            pod.waiting.append(line.popleft())
+            arrival = line.popleft()
+            decision = Decision(pod.name, Route.LEAST_LOADED, uncached_tokens=prompt)
+            booked = pool.begin(decision, features, now=now)
+            pod.waiting.append((arrival, booked))
             pod.inflight += 1
             if limit is not None and pod.inflight >= limit:
                 open_.remove(pod)
+
+    def first_token(self, dispatch: Dispatch, at: float) -> None:
+        self.pool.first_byte(dispatch, at - dispatch.at)
+
+    def end(self, dispatch: Dispatch, at: float) -> None:
+        # The gateway counts each request that ends: what its capacity is learned from.
+        self.pool.end(dispatch, now=at)
 
     # -- Prometheus and the HPA -----------------------------------------------------------
 
@@ -209,16 +231,14 @@ class _Simulation:
                 )
             if k % hpa_every == hpa_offset:
                 self.hpa_sync(now)
-            self.dispatch()
-            held = self._inflight()
+            self.dispatch(now)
+            on_first, on_end = self.first_token, self.end
             for pod in self.pods:
                 if pod.inflight:
-                    pod.advance(now, dt, timing, first)
+                    pod.advance(now, dt, timing, first, on_first, on_end)
             if self.draining:
                 for pod in self.draining:
-                    pod.advance(now, dt, timing, first)
-            # The gateway counts each request that ends: what its capacity is learned from.
-            self.pool.completions += held - self._inflight()
+                    pod.advance(now, dt, timing, first, on_first, on_end)
             self.draining = [p for p in self.draining if p.inflight]
             self.pod_s += (len(self.pods) + len(self.draining)) * dt
             if k % round_every == 0:
@@ -228,9 +248,6 @@ class _Simulation:
         if progress is not None:
             progress(ticks % 1000)
         return StrategyOutcome(self.strategy, series, self._summarize(ticks * dt))
-
-    def _inflight(self) -> int:
-        return sum(p.inflight for p in self.pods) + sum(p.inflight for p in self.draining)
 
     def _sample(self, now: float) -> None:
         s, model = self.series, self.model

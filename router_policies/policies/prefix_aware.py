@@ -7,13 +7,16 @@ batch. Pinning falls out of the model: a cache hit is cheap and a cold prefill e
 burst of hits stays home, while a queue on the home sends the next request to a warm second
 replica. Then:
 
-- Replicas within ``cost.near_s`` of the fastest are equally good; among them the balance rule
-  picks: the first in the prefix's rendezvous order whose recent dispatches are under the
-  bounded-load cap (so every gateway instance agrees where a new prefix lives), or, for a
-  prompt that is mostly its own unique text (Preble's rule), the least recently loaded.
+- A replica's score adds the copy charge (cost/copies.py): a cold copy costs the fleet more
+  than this request's wait. Replicas scored within ``cost.near_ratio`` x the best +
+  ``cost.near_s`` are equally good; among them a warm one is kept if there is one, and the
+  least recently loaded is chosen (a new prefix, or a prompt that is mostly its own unique
+  text, Preble's rule, goes to the least recently loaded of all), ties by rendezvous order.
 - A hot prefix, whose recent share of the pool's traffic is more than a fair share of one
-  replica, counts as warm on the first k replicas of its rendezvous order (k follows its share),
-  so it spreads over k warm replicas instead of overloading one.
+  replica, counts as warm on k replicas (k follows its share), so it spreads over k warm
+  replicas instead of overloading one.
+- With a TTFT objective set, a request predicted to miss it everywhere joins the replica
+  furthest behind (cost/objective.py).
 """
 
 from __future__ import annotations
@@ -27,14 +30,10 @@ from router_policies.cost.ttft import estimate, predicted_s
 from router_policies.decision import Candidate, CandidateCost, Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
 from router_policies.hot_prefixes import HotPrefixes, spread
-from router_policies.load import recent_cap
 from router_policies.policies.base import Need, SelectionPolicy
 from router_policies.prefix_index import PrefixIndex
 from router_policies.rendezvous import hrw_score
 from router_policies.schema import PoolPolicy, PrefixSettings
-
-_Scored = tuple[float, Candidate, int, float]
-"""(predicted TTFT, candidate, matched bytes, tokens it is expected to prefill)."""
 
 
 def default_rates(policy: PoolPolicy) -> Rates:
@@ -92,145 +91,117 @@ class PrefixAware(SelectionPolicy):
         if not candidates:
             return None
         prefix = self.prefix
-        layout = self.layout
-        key = request.home_key
-        lead_bytes = layout.floor(request.lead_bytes)
+        cost = self.policy.cost
+        lead_bytes = self.layout.floor(request.lead_bytes)
         has_home = _useful(lead_bytes, request, prefix)
         total = request.hashed_bytes
-        matched = [min(layout.end(self.matched_blocks(c.name, request)), total) for c in candidates]
-        spread_homes = self._spread_homes(request, snapshot, matched) if has_home else frozenset()
-
+        blocks = [self.matched_blocks(c.name, request) for c in candidates]
+        matched = [min(self.layout.end(b), total) for b in blocks]
+        spread_homes = self._spread_homes(request, snapshot, matched) if has_home else set()
         per_token_bytes = snapshot.chars_per_token
         prompt_tokens = total / per_token_bytes
-        default = self._default_rates
-        scored = []
-        for c, matched_bytes in zip(candidates, matched, strict=True):
-            warm_bytes = max(matched_bytes, lead_bytes) if c.name in spread_homes else matched_bytes
-            expected = (total - warm_bytes) / per_token_bytes
-            scored.append(
-                (
-                    predicted_s(c.load, expected, prompt_tokens, c.rates or default),
-                    c,
-                    matched_bytes,
-                    expected,
-                )
-            )
-
-        cost = self.policy.cost
-        predictions = [item[0] for item in scored]
-        late = late_choice(
-            predictions,
-            [p - e * (c.rates or default).prefill_s_per_token for p, c, _, e in scored],
-            cost.ttft_objective_s,
-            cost.late_limit_s,
-        )
-        warmest = min(item[3] for item in scored)
-        ranked = [
-            (
-                p
-                + copy_penalty_s(
-                    e, warmest, (c.rates or default).prefill_s_per_token, cost.copy_weight
-                ),
-                c,
-                m,
-                e,
-            )
-            for p, c, m, e in scored
+        rates = [c.rates or self._default_rates for c in candidates]
+        expected = [
+            (total - (max(m, lead_bytes) if i in spread_homes else m)) / per_token_bytes
+            for i, m in enumerate(matched)
         ]
-        fastest = min(item[0] for item in ranked)
-        limit = fastest * (1 + cost.near_ratio) + cost.near_s
-        if cost.ttft_objective_s is not None and fastest <= cost.ttft_objective_s:
-            limit = min(limit, cost.ttft_objective_s)
-        # "not >" rather than "<=": were a prediction ever NaN, every replica stays a choice.
-        near = [item for item in ranked if not item[0] > limit]
-        useful = {c.name for _, c, matched, _ in near if _useful(matched, request, prefix)}
+        predicted = [
+            predicted_s(c.load, e, prompt_tokens, r)
+            for c, e, r in zip(candidates, expected, rates, strict=True)
+        ]
+        late = None
+        if cost.ttft_objective_s is not None:
+            behind = [
+                p - e * r.prefill_s_per_token
+                for p, e, r in zip(predicted, expected, rates, strict=True)
+            ]
+            late = late_choice(predicted, behind, cost.ttft_objective_s, cost.late_limit_s)
         if late is not None:
-            _, chosen, matched_bytes, expected = scored[late]
+            chosen, route = late, Route.LATE
         else:
-            _, chosen, matched_bytes, expected = self._balance(
-                near, candidates, key, useful | spread_homes, has_home
-            )
-        if late is not None:
-            route = Route.LATE
-        elif chosen.name in useful:
-            route = Route.PREFIX_HIT
-        elif has_home:
-            route = Route.PREFIX_HOME
-        else:
-            route = Route.LEAST_LOADED
+            warmest = min(expected)
+            score = [
+                p + copy_penalty_s(e, warmest, r.prefill_s_per_token, cost.copy_weight)
+                for p, e, r in zip(predicted, expected, rates, strict=True)
+            ]
+            fastest = min(score)
+            limit = fastest * (1 + cost.near_ratio) + cost.near_s
+            if cost.ttft_objective_s is not None and fastest <= cost.ttft_objective_s:
+                limit = min(limit, cost.ttft_objective_s)
+            # "not >" rather than "<=": were a prediction ever NaN, every replica stays a choice.
+            near = [i for i, s in enumerate(score) if not s > limit]
+            useful = {i for i in near if _useful(matched[i], request, prefix)}
+            chosen = self._balance(near, candidates, request.home_key, useful | spread_homes)
+            if chosen in useful:
+                route = Route.PREFIX_HIT
+            elif has_home:
+                route = Route.PREFIX_HOME
+            else:
+                route = Route.LEAST_LOADED
         costs: tuple[CandidateCost, ...] = ()
         if explain:
             costs = tuple(
                 CandidateCost(
                     c.name,
-                    self.matched_blocks(c.name, request),
-                    (total - m) / per_token_bytes,
-                    estimate(c.load, e, prompt_tokens, c.rates or default),
+                    blocks[i],
+                    (total - matched[i]) / per_token_bytes,
+                    estimate(c.load, expected[i], prompt_tokens, rates[i]),
                     c.recent,
-                    c.rates or default,
+                    rates[i],
                 )
-                for _, c, m, e in scored
+                for i, c in enumerate(candidates)
             )
+        winner = candidates[chosen]
         return Decision(
-            chosen.name,
+            winner.name,
             route,
-            self.matched_blocks(chosen.name, request),
-            (total - matched_bytes) / per_token_bytes,
-            estimate(chosen.load, expected, prompt_tokens, chosen.rates or default),
+            blocks[chosen],
+            (total - matched[chosen]) / per_token_bytes,
+            estimate(winner.load, expected[chosen], prompt_tokens, rates[chosen]),
             costs,
         )
 
     def _spread_homes(
         self, request: RequestFeatures, snapshot: PoolSnapshot, matched: list[int]
-    ) -> frozenset[str]:
-        """The replicas a hot prefix counts as warm on, sent there yet or not: those that hold
-        its lead, plus, while they are fewer than k, the least recently loaded others, and the
-        pool's least loaded replica whenever every holder is busier than it by more than the
-        balance factor: the hot prefix's traffic is the fluid that fills the pool's valleys,
-        which the sticky single-home prefixes cannot do. A cold prefix (k = 1) needs no such
-        credit: its one home is where a cold start goes anyway."""
+    ) -> set[int]:
+        """The replicas (by index) a hot prefix counts as warm on, sent there yet or not: those
+        that hold its lead, plus, while they are fewer than k, the least recently loaded others,
+        and the pool's least loaded replica whenever every holder is busier than it by more
+        than the balance factor: the hot prefix's traffic is the fluid that fills the pool's
+        valleys, which the sticky single-home prefixes cannot do. A cold prefix (k = 1) needs
+        no such credit: its one home is where a cold start goes anyway."""
         candidates = snapshot.candidates
         share = self.hot.share(request.home_key, snapshot.now, self.policy.hot.min_requests)
         k = spread(share, len(candidates), self.policy.hot.spread_factor)
         if k <= 1:
-            return frozenset()
+            return set()
         lead = self.layout.floor(request.lead_bytes)
-        holding = [c for c, m in zip(candidates, matched, strict=True) if m >= lead]
-        holders = frozenset(c.name for c in holding)
+        holders = {i for i, m in enumerate(matched) if m >= lead}
         key = request.home_key
         others = sorted(
-            (c for c in candidates if c.name not in holders),
-            key=lambda c: (c.recent, -hrw_score(key, c.name)),
+            (i for i in range(len(candidates)) if i not in holders),
+            key=lambda i: (candidates[i].recent, -hrw_score(key, candidates[i].name)),
         )
-        missing = k - len(holding)
+        missing = k - len(holders)
         if missing <= 0 and others:
-            valley = others[0].recent * (1 + self.policy.load.balance_eps) + 1
-            missing = int(min(c.recent for c in holding) > valley)
-        return holders | {c.name for c in others[:missing]}
+            valley = candidates[others[0]].recent * (1 + self.policy.load.balance_eps) + 1
+            missing = int(min(candidates[i].recent for i in holders) > valley)
+        return holders | set(others[:missing])
 
+    @staticmethod
     def _balance(
-        self,
-        near: list[_Scored],
-        candidates: tuple[Candidate, ...],
-        key: int,
-        useful: set[str],
-        has_home: bool,
-    ) -> _Scored:
-        if has_home:
-            # Among equally fast replicas, those warm for the prompt (holding it, or a spread
-            # home of a hot prefix): a cold copy elsewhere costs a prefill and cache room, so
-            # the balance rule only moves a prompt between warm replicas, or places a new one.
-            # Several warm replicas share the prompt's traffic evenly: the least recently loaded.
-            warm = [item for item in near if item[1].name in useful]
-            if warm:
-                near = warm
-            else:
-                # A new home: the prefix's own rendezvous order, skipping replicas over the
-                # bounded-load cap, so every gateway instance places it alike while the pool
-                # is balanced.
-                cap = recent_cap([c.recent for c in candidates], self.policy.load.balance_eps)
-                by_rank = sorted(near, key=lambda item: hrw_score(key, item[1].name), reverse=True)
-                under = next((item for item in by_rank if item[1].recent + 1 <= cap), None)
-                if under is not None:
-                    return under
-        return min(near, key=lambda item: (item[1].recent, -hrw_score(key, item[1].name)))
+        near: list[int], candidates: tuple[Candidate, ...], key: int, warm: set[int]
+    ) -> int:
+        """Among equally fast replicas, those warm for the prompt (holding it, or a spread home
+        of a hot prefix): a cold copy elsewhere costs a prefill and cache room, so the balance
+        rule only moves a prompt between warm replicas. Several warm replicas share its traffic
+        evenly, and a new prefix (or a mostly unique prompt) goes where the fewest requests
+        went lately: prefixes arrive hot first, so placing each on the least loaded replica
+        packs the pool evenly, where a fixed hash order would stack two popular prefixes on
+        one replica. Ties follow the prefix's rendezvous order, so gateway instances sharing
+        counts place it alike."""
+        warm_near = [i for i in near if i in warm]
+        return min(
+            warm_near or near,
+            key=lambda i: (candidates[i].recent, -hrw_score(key, candidates[i].name)),
+        )
