@@ -4,14 +4,11 @@ their regime (cache pressure, queueing) does not change."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from tqdm import tqdm
-
-from bench.compare.plan import AGENTS, SIM_REPLICAS, PlannedWorkload
-from bench.compare.results import FleetResult, Target, WorkloadInfo
-from bench.compare.runner import run_sim_variant
+from bench.compare.plan import AGENTS, PlannedWorkload
+from bench.compare.results import WorkloadInfo
+from bench.compare.runner import SimVariant
 from bench.workloads import Conversation, total_requests
 from bench.workloads_agents import long_context_agents
 from replica.sim.config import SimConfig
@@ -66,19 +63,6 @@ def agents_description(replicas: int) -> list[str]:
     ]
 
 
-async def run_agents_fleet(
-    workloads: Sequence[PlannedWorkload],
-    targets: Sequence[Target],
-    *,
-    replicas: int = SIM_REPLICAS,
-    skipped_targets: dict[str, str] | None = None,
-    bar: tqdm[Any] | None = None,
-) -> FleetResult:
-    fleet = FleetResult(
-        "agents",
-        f"Long-context agents on a large-KV simulated fleet ({replicas} replicas)",
-        agents_description(replicas),
-        targets=list(targets),
-        skipped_targets=dict(skipped_targets or {}),
-    )
-    return await run_sim_variant(fleet, AGENTS_SIM, workloads, replicas=replicas, bar=bar)
+AGENTS_VARIANT = SimVariant(
+    "agents", "Long-context agents on a large-KV simulated fleet", agents_description, AGENTS_SIM
+)

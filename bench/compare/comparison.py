@@ -11,12 +11,12 @@ from typing import TextIO
 from tqdm import tqdm
 
 from bench import peers
-from bench.compare.agents import agents_workload, run_agents_fleet
+from bench.compare.agents import AGENTS_VARIANT, agents_workload
 from bench.compare.checks import Check, overload_checks, real_checks, sim_checks
 from bench.compare.code_state import CodeState
 from bench.compare.fleets import prepare_real_fleet, run_real_fleet, run_sim_fleet
-from bench.compare.mooncake import mooncake_workload, run_mooncake_fleet
-from bench.compare.overload import overload_workload, run_overload_fleet
+from bench.compare.mooncake import MOONCAKE_VARIANT, mooncake_workload
+from bench.compare.overload import OVERLOAD_VARIANT, overload_workload
 from bench.compare.plan import DEFAULT_SEEDS, SimScale, real_workloads, sim_workloads
 from bench.compare.results import (
     CACHE_AWARE_PEERS,
@@ -26,6 +26,7 @@ from bench.compare.results import (
     ROUND_ROBIN,
     FleetResult,
 )
+from bench.compare.runner import run_sim_variant
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,20 +121,20 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
             )
             fleets.append(sim)
             checks += sim_checks(sim)
-            agents = await run_agents_fleet(
-                agents_plan, sim_targets, skipped_targets=skipped, bar=bar
+            agents = await run_sim_variant(
+                AGENTS_VARIANT, agents_plan, sim_targets, skipped_targets=skipped, bar=bar
             )
             fleets.append(agents)
-            heavy = await run_overload_fleet(
-                overload_plan, sim_targets, skipped_targets=skipped, bar=bar
+            heavy = await run_sim_variant(
+                OVERLOAD_VARIANT, overload_plan, sim_targets, skipped_targets=skipped, bar=bar
             )
             fleets.append(heavy)
             checks += overload_checks(heavy)
         if run_mooncake:
             # Reported, not checked: the issue asks for the figures on real traffic.
             fleets.append(
-                await run_mooncake_fleet(
-                    mooncake_plan, sim_targets, skipped_targets=skipped, bar=bar
+                await run_sim_variant(
+                    MOONCAKE_VARIANT, mooncake_plan, sim_targets, skipped_targets=skipped, bar=bar
                 )
             )
         if run_real:

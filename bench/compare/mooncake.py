@@ -17,12 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from bench.compare.phases import PhaseSpec
 from bench.compare.plan import MOONCAKE, SIM_REPLICAS, PlannedWorkload
-from bench.compare.results import FleetResult, Target, WorkloadInfo
-from bench.compare.runner import run_sim_variant
+from bench.compare.results import WorkloadInfo
+from bench.compare.runner import SimVariant
 from bench.workloads import CHARS_PER_TOKEN, split_schedule, total_requests
 from bench.workloads_mooncake import (
     TRACE_BLOCK_TOKENS,
@@ -173,19 +171,6 @@ def mooncake_description(replicas: int) -> list[str]:
     ]
 
 
-async def run_mooncake_fleet(
-    workloads: Sequence[PlannedWorkload],
-    targets: Sequence[Target],
-    *,
-    replicas: int = SIM_REPLICAS,
-    skipped_targets: dict[str, str] | None = None,
-    bar: tqdm[Any] | None = None,
-) -> FleetResult:
-    fleet = FleetResult(
-        "mooncake",
-        f"Mooncake trace replay on a simulated fleet ({replicas} replicas)",
-        mooncake_description(replicas),
-        targets=list(targets),
-        skipped_targets=dict(skipped_targets or {}),
-    )
-    return await run_sim_variant(fleet, MOONCAKE_SIM, workloads, replicas=replicas, bar=bar)
+MOONCAKE_VARIANT = SimVariant(
+    "mooncake", "Mooncake trace replay on a simulated fleet", mooncake_description, MOONCAKE_SIM
+)

@@ -8,15 +8,12 @@ sends comfortably: the queueing is the replicas', not the client's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
-
-from tqdm import tqdm
 
 from bench.compare.phases import PhaseSpec
 from bench.compare.plan import OVERLOAD, SIM_REPLICAS, PlannedWorkload
-from bench.compare.results import FleetResult, Target, WorkloadInfo
-from bench.compare.runner import run_sim_variant
+from bench.compare.results import WorkloadInfo
+from bench.compare.runner import SimVariant
 from bench.workloads import split_schedule, total_requests
 from bench.workloads_overload import OVERLOAD_PHASES, overload
 from replica.sim.config import SimConfig
@@ -113,19 +110,6 @@ def overload_description(replicas: int) -> list[str]:
     ]
 
 
-async def run_overload_fleet(
-    workloads: Sequence[PlannedWorkload],
-    targets: Sequence[Target],
-    *,
-    replicas: int = SIM_REPLICAS,
-    skipped_targets: dict[str, str] | None = None,
-    bar: tqdm[Any] | None = None,
-) -> FleetResult:
-    fleet = FleetResult(
-        "overload",
-        f"Overload on a slowed simulated fleet ({replicas} replicas)",
-        overload_description(replicas),
-        targets=list(targets),
-        skipped_targets=dict(skipped_targets or {}),
-    )
-    return await run_sim_variant(fleet, OVERLOAD_SIM, workloads, replicas=replicas, bar=bar)
+OVERLOAD_VARIANT = SimVariant(
+    "overload", "Overload on a slowed simulated fleet", overload_description, OVERLOAD_SIM
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -14,7 +15,7 @@ from tqdm import tqdm
 from bench import peers
 from bench.affinity import affinity_bound_with_tools
 from bench.compare.phases import PhaseFigures, phase_figures
-from bench.compare.plan import SIM_MODEL, PlannedWorkload
+from bench.compare.plan import SIM_MODEL, SIM_REPLICAS, PlannedWorkload
 from bench.compare.results import (
     FleetResult,
     Measurement,
@@ -162,18 +163,38 @@ async def run_fleet(
     return fleet
 
 
+@dataclass(frozen=True, slots=True)
+class SimVariant:
+    """A fleet of simulated replicas with settings of their own (the rest default)."""
+
+    key: str
+    title: str
+    """Its section's title; the replica count is added."""
+    describe: Callable[[int], list[str]]
+    """Its section's description lines, for a number of replicas."""
+    sim_settings: Mapping[str, Any]
+
+
 async def run_sim_variant(
-    fleet: FleetResult,
-    sim_settings: Mapping[str, Any],
+    variant: SimVariant,
     workloads: Sequence[PlannedWorkload],
+    targets: Sequence[Target],
     *,
-    replicas: int,
+    replicas: int = SIM_REPLICAS,
+    skipped_targets: dict[str, str] | None = None,
     bar: tqdm[Any] | None = None,
 ) -> FleetResult:
-    """``run_fleet`` on simulated replicas with settings of their own (the rest default)."""
+    """``run_fleet`` on the variant's simulated replicas."""
+    fleet = FleetResult(
+        variant.key,
+        f"{variant.title} ({replicas} replicas)",
+        variant.describe(replicas),
+        targets=list(targets),
+        skipped_targets=dict(skipped_targets or {}),
+    )
     return await run_fleet(
         fleet,
-        lambda: start_sim_replicas(replicas, model=SIM_MODEL, **sim_settings),
+        lambda: start_sim_replicas(replicas, model=SIM_MODEL, **variant.sim_settings),
         SIM_MODEL,
         workloads,
         timeout_s=SIM_TIMEOUT_S,
