@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
@@ -53,3 +55,37 @@ async def test_metrics_parse_and_carry_the_contract_names() -> None:
     assert value("gateway_replica_healthy", pool="small") == 2
     assert value("gateway_replica_inflight", pool="small") == 0
     assert value("gateway_pool_desired_replicas", pool="small") >= 1
+
+
+async def test_replica_capacity_is_estimated_from_learned_rates_before_any_saturation() -> None:
+    """No request ever waits here, so no saturation capacity is measured; once each replica
+    has learned its rates from streamed answers, the capacity the autoscaling signal runs on
+    (estimated from those rates) is exported, and absent before."""
+
+    def capacity(text: str) -> list[float]:
+        return [
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == names.POOL_REPLICA_CAPACITY
+        ]
+
+    async with running_sims(2) as replicas:
+        async with (
+            running_gateway([r.url for r in replicas]) as gw,
+            aiohttp.ClientSession() as session,
+        ):
+            _, before = await get_text(f"{gw.url}/metrics")
+            for i in range(40):
+                # Prompts of several lengths, so prefill and step costs can be told apart.
+                system = f"tenant {i} system prompt " * (5 + 20 * (i % 4))
+                body = orjson.dumps(chat(system, "q", stream=True))
+                async with session.post(f"{gw.url}/v1/chat/completions", data=body) as response:
+                    assert response.status == 200
+                    await response.read()
+            await asyncio.sleep(0.5)  # a scrape round (0.2 s here) runs the estimate
+            _, after = await get_text(f"{gw.url}/metrics")
+
+    assert capacity(before) == []
+    [estimated] = capacity(after)
+    assert 0 < estimated < float("inf")
