@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import itertools
 import logging
@@ -21,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, gene
 from gateway import headers, responses_lookup
 from gateway.adapter_discovery import ROUNDS_PER_SCRAPE, discover_forever
 from gateway.affinity import RoutingMemory
+from gateway.background import stop_tasks
 from gateway.errors import ApiError
 from gateway.explain import explain
 from gateway.logs import REQUEST_ID
@@ -379,10 +379,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            for task in (watcher, discovery):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await stop_tasks((watcher, discovery))
             await shared.stop()
             await app[LIMITER].close()
             await monitor.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from gateway.background import stop_tasks
 from gateway.scrape import parse_engine_stats
 from gateway.state import Fleet, PoolState, ReplicaState
 
@@ -49,11 +49,8 @@ class ReplicaMonitor:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if await stop_tasks(self._tasks):
+            log.warning("replica probes did not stop; left behind")
         self._tasks = []
 
     @staticmethod

@@ -4,7 +4,9 @@ Stopping, as a pod behind a load balancer needs it: on SIGTERM /ready turns 503 
 requests are still accepted for `shutdown_delay_s` (the load balancer needs that long to stop
 sending); then the socket closes and requests in flight get `drain_timeout_s` to finish; any
 left then end with an error the client can read (a 503, or an SSE error event on a started
-stream). A second SIGTERM or SIGINT skips what is left of the wait.
+stream). A second SIGTERM or SIGINT skips what is left of the wait. What follows (closing
+connections, stopping the probes and the Redis sharing, the event loop's teardown) is bounded
+too: a step still hanging ``_EXIT_BOUND_S`` later is logged once and the process exits anyway.
 
 With ``workers`` > 1 the process forks that many workers before any event loop starts; each
 listens on the same port with SO_REUSEPORT (the kernel spreads connections over them) and
@@ -21,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from types import FrameType
 from typing import Any
@@ -37,13 +40,39 @@ log = logging.getLogger(__name__)
 
 _CANCEL_GRACE_S = 2.0
 """How long requests cancelled at the drain deadline get to write their error answer."""
+_EXIT_BOUND_S = 3.0
+"""From the end of the drain (and cancel grace) to the exit. With the cancel grace this stays
+within the 5 s the Helm chart leaves after shutdown delay + drain timeout."""
+_STUCK_EXIT = 1
+
+
+class _ExitDeadline:
+    """Ends the process if it has not exited ``bound_s`` after ``start``: a thread's timer,
+    since a stuck event loop (or its teardown cancelling tasks) cannot time itself out."""
+
+    def __init__(self, bound_s: float) -> None:
+        self._bound_s = bound_s
+        self._timer = threading.Timer(bound_s, self._give_up)
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        self._timer.start()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def _give_up(self) -> None:
+        log.error("stopping: cleanup still not done after %g s; exiting anyway", self._bound_s)
+        os._exit(_STUCK_EXIT)  # the log handlers flush each record
 
 
 class StartupError(Exception):
     """The gateway cannot start; the message is the one line an operator needs."""
 
 
-async def serve(settings: Settings, policy: Policy, *, reuse_port: bool = False) -> None:
+async def serve(
+    settings: Settings, policy: Policy, exit_deadline: _ExitDeadline, *, reuse_port: bool = False
+) -> None:
     app = build_app(settings, policy)
     handler_args: dict[str, Any] = {
         # A connection that has not sent complete headers within the timeout (counted from
@@ -86,6 +115,7 @@ async def serve(settings: Settings, policy: Policy, *, reuse_port: bool = False)
         await _drain(app, runner, listener, settings, signalled)
     finally:
         listener.close()
+        exit_deadline.start()
         await runner.cleanup()
 
 
@@ -140,11 +170,14 @@ def run(settings: Settings, policy: Policy) -> int:
 
 
 def _run_one(settings: Settings, policy: Policy, *, reuse_port: bool = False) -> int:
+    exit_deadline = _ExitDeadline(_EXIT_BOUND_S)
     try:
-        uvloop.run(serve(settings, policy, reuse_port=reuse_port))
+        uvloop.run(serve(settings, policy, exit_deadline, reuse_port=reuse_port))
     except StartupError as exc:
         log.error("%s", exc)
         return 2
+    finally:
+        exit_deadline.cancel()
     return 0
 
 

@@ -1,24 +1,32 @@
 """Several real `llm-gateway serve` processes on one real redis-server act as one gateway: a
 prefix learned through one instance is a hit through another, in-flight requests on one are
 seen by the other, and Redis SIGKILLed mid-run costs no request and sharing resumes when it
-returns."""
+returns. Stopping the Redis backend ends in a bounded time, whatever its rounds or Redis do."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from bench.launcher import start_gateway
 from gateway import headers
+from gateway.shared_state import Outbox
+from gateway.shared_state.redis_state import RedisSettings, RedisState
+from gateway.state import Fleet as RoutingFleet
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, chat, pool_policy, running_sims
 from tests.redis_server import RedisServer, running_redis
+from tests.test_shared_state import fleet as routing_fleet
 
 NO_SHUTDOWN_DELAY = {"GATEWAY_SHUTDOWN_DELAY_S": "0"}
 ADMIN_TOKEN = "test-admin"
@@ -174,3 +182,90 @@ def backend_up_is(gateway: ManagedProcess, value: float) -> Callable[[], Awaitab
         return await metric(gateway, "gateway_state_backend_up", backend="redis") == value
 
     return check
+
+
+# -- stopping the backend ------------------------------------------------------------------------
+
+
+def redis_state(url: str, kind: type[RedisState] = RedisState) -> RedisState:
+    registry = CollectorRegistry()
+    up = Gauge("up", "Redis answers", registry=registry)
+    lag = Histogram("lag", "dispatch age on arrival", registry=registry)
+    return kind(RedisSettings(url), Outbox(), up, lag)
+
+
+async def started(state: RedisState, fleet: RoutingFleet) -> set[asyncio.Task[object]]:
+    """Start ``state``; the background tasks that started."""
+    before = asyncio.all_tasks()
+    await state.start(lambda: fleet)
+    return asyncio.all_tasks() - before
+
+
+async def returns(step: Awaitable[None]) -> bool:
+    """Whether ``step`` completes within ``_WAIT_S``: a bound on a hang, not a measurement. Run
+    as a task of its own, since a step that swallows cancellations would also swallow the one
+    ``asyncio.timeout`` sends and hide its hang."""
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=_WAIT_S)
+    if not done:
+        task.cancel()
+        return False
+    task.result()
+    return True
+
+
+class LosesOneCancellation(RedisState):
+    """Its counts round swallows the first cancellation and carries on, as a redis-py command
+    does now and then on Python 3.11: ``asyncio.wait_for`` returns rather than raises when the
+    cancellation lands in the same loop turn as the command's completion."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.in_round = asyncio.Event()
+        self.lost = 0
+
+    async def _sync(self, fleet: RoutingFleet) -> None:
+        await super()._sync(fleet)
+        if self.lost:
+            return
+        self.in_round.set()
+        try:
+            await asyncio.Event().wait()  # a command in flight
+        except asyncio.CancelledError:
+            self.lost += 1  # ... that completes as the cancellation lands
+
+
+async def test_stop_ends_every_round_even_one_that_lost_its_cancellation() -> None:
+    async with running_redis() as redis:
+        state = redis_state(redis.url, LosesOneCancellation)
+        assert isinstance(state, LosesOneCancellation)
+        rounds = await started(state, routing_fleet())
+        async with asyncio.timeout(_WAIT_S):  # a bound on a hang, not a measurement
+            await state.in_round.wait()
+        assert await returns(state.stop())
+        assert state.lost == 1
+        assert all(task.done() for task in rounds)
+        client = aioredis.from_url(redis.url)
+        try:
+            # Its counts were withdrawn (once the rounds that write them had ended).
+            instances = await client.zrange(f"{state.settings.key_prefix}:instances", 0, -1)
+            assert state.instance.encode() not in instances
+        finally:
+            await client.aclose()
+
+
+async def test_stop_returns_while_redis_is_frozen() -> None:
+    async with running_redis() as redis:
+        state = redis_state(redis.url)
+        rounds = await started(state, routing_fleet())
+        assert await eventually(lambda: _is_up(state))
+        os.kill(redis.pid, signal.SIGSTOP)  # no reply to anything from here on
+        try:
+            assert await returns(state.stop())
+        finally:
+            os.kill(redis.pid, signal.SIGCONT)
+        assert all(task.done() for task in rounds)
+
+
+async def _is_up(state: RedisState) -> bool:
+    return state.up

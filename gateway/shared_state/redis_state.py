@@ -30,6 +30,7 @@ import redis.asyncio as aioredis
 from prometheus_client import Gauge, Histogram
 from redis.exceptions import RedisError
 
+from gateway.background import finish_within, stop_tasks
 from gateway.shared_state import codec
 from gateway.shared_state.base import Outbox, SharedState
 from gateway.shared_state.figures import RemoteFigures, own_figures
@@ -51,6 +52,9 @@ _INSTANCES_FORGET_S = 600.0
 _REPLAY_S = 5.0
 """How far back an instance starts reading the stream when another instance appears."""
 _FAILURES = (RedisError, OSError, TimeoutError)
+_WITHDRAW_S = 1.0
+"""Most time stopping gives to withdrawing this instance's counts and closing the connections:
+a courtesy (the counts expire at their TTL anyway), not worth holding the exit for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,18 +173,22 @@ class RedisState(SharedState):
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Bounded: a round's command can lose its cancellation (see gateway.background), and a
+        # Redis that stopped answering must not hold the process past its grace period.
+        if await stop_tasks(self._tasks):
+            log.warning("shared state: a background round did not stop; left behind")
         self._tasks = []
+        if not await finish_within(self._withdraw(), _WITHDRAW_S):
+            log.warning("shared state: Redis did not answer while stopping; gave up on it")
+
+    async def _withdraw(self) -> None:
         with contextlib.suppress(*_FAILURES):
             # Withdraw this instance's counts at once rather than at the TTL.
             await self._client.delete(self._own_key)
             await self._client.zrem(self._instances, self.instance)
-        await self._client.aclose()
-        await self._reader.aclose()
+        for client in (self._client, self._reader):
+            with contextlib.suppress(*_FAILURES):
+                await client.aclose()
 
     async def _every(
         self, interval: float, step: Callable[[Fleet], Awaitable[None]], fleet: Callable[[], Fleet]
