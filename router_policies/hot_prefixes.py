@@ -1,8 +1,8 @@
 """Which prefixes are hot: each prefix group's recent share of a pool's traffic.
 
-A prefix whose share is more than a fair share of one replica (times the policy's spread
-factor) is spread over k replicas, k following the share up and down, so the hottest system
-prompt lives warm on k replicas instead of overloading one (or going cold everywhere).
+A prefix whose share is more than a fair share of one replica is spread over the first k
+replicas of its own rendezvous order, k following the share up and down, so the hottest
+system prompt lives warm on k replicas instead of overloading one (or going cold everywhere).
 """
 
 from __future__ import annotations

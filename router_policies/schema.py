@@ -101,13 +101,8 @@ class CostSettings(_Strict):
 
 class LoadSettings(_Strict):
     balance_eps: Annotated[float, Field(ge=0.0, le=10.0)] = 0.25
-    """A prefix gains the pool's least recently loaded replica as one more home (one cold
-    copy) when every replica holding it has had more than (1 + balance_eps) x the pool's mean
-    recent dispatches (+ 1): an overloaded replica sheds some of its prefixes' traffic."""
-    shed_min_share: Annotated[float, Field(ge=0)] = 0.5
-    """Only a prefix with at least this share of traffic, in fair shares of one replica
-    (1 / replicas), is given another home by the rule above: a copy costs a cold prefill
-    whatever the prefix's size, and relieves the busy replica of half its traffic."""
+    """A hot prefix also fills the pool's least recently loaded replica when every replica
+    holding it has had more than (1 + balance_eps) x as many recent dispatches (+ 1)."""
     recent_half_life_s: Annotated[float, Field(gt=0)] = 10.0
     """Half-life of the recent-dispatch counts the balance rule compares: long enough that a
     Poisson burst does not look like a hot spot."""
@@ -116,11 +111,9 @@ class LoadSettings(_Strict):
 class HotPrefixSettings(_Strict):
     """Hot prefixes are spread over k replicas: those holding them, then the least loaded."""
 
-    spread_factor: Annotated[float, Field(ge=0.5)] = 0.8
+    spread_factor: Annotated[float, Field(ge=1.0)] = 1.25
     """k = ceil(share x replicas x spread_factor): no replica takes more than 1/spread_factor
-    of a fair share of the pool's traffic from one prefix alone. 0.8 allows 1.25 fair shares,
-    the bound the balance rule keeps (load.balance_eps): each replica more is a cold copy,
-    and copies made on a noisy early share estimate stay for good."""
+    of a fair share of the pool's traffic from one prefix alone."""
     half_life_s: Annotated[float, Field(gt=0)] = 30.0
     """Half-life of the per-prefix request counts the share is taken from."""
     min_requests: Annotated[float, Field(ge=1)] = 64.0

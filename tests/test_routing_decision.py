@@ -231,45 +231,15 @@ def replay(policy: PrefixAware, requests: list[RequestFeatures]) -> dict[str, in
 
 
 def test_a_hot_prefix_is_spread_over_k_replicas_that_follow_its_share() -> None:
-    """One prefix with half the traffic on four replicas: k = ceil(0.5 x 4 x 0.8) = 2, each
-    taking a fair share from it, and no more copies than that."""
+    """One prefix with half the traffic on four replicas: k = ceil(0.5 x 4 x 1.25) = 3, and
+    more where the others are busier than the least loaded replica (the valley it fills)."""
     cold = [features(system_prompt(f"tenant {i} ".encode() * 40)) for i in range(40)]
     mixed = [r for pair in zip([FEATURES] * 40, cold, strict=True) for r in pair]
     policy = PrefixAware(POOL)
     counts = replay(policy, mixed)
     assert max(counts.values()) <= 1.25 * len(mixed) / len(NAMES), counts
     spread_to = {n for n in NAMES if policy.matched_blocks(n, FEATURES) > 0}
-    assert len(spread_to) == 2
-
-
-def test_two_popular_prefixes_that_landed_together_are_pulled_apart() -> None:
-    """Placement cannot know which prefixes will be popular. Two with a quarter of the traffic
-    each (k = 1) on one replica overload it, until one of them gains a second home, the least
-    loaded replica (one cold copy); then the load evens out."""
-    alpha, beta = (features(system_prompt(word * 200)) for word in (b"alpha ", b"beta "))
-    policy = PrefixAware(POOL)
-    for request in (alpha, beta):
-        decision = choose(policy, snapshot(), request)
-        policy.record(request, type(decision)(HOME, decision.route), now=0.0)
-    tenants = [features(system_prompt(f"tenant {i} ".encode() * 40)) for i in range(80)]
-    mixed = [r for i in range(40) for r in (alpha, tenants[2 * i], beta, tenants[2 * i + 1])]
-    counts = replay(policy, mixed)
-    assert max(counts.values()) <= 1.25 * len(mixed) / len(NAMES), counts
-    homes = [sum(policy.matched_blocks(n, r) > 0 for n in NAMES) for r in (alpha, beta)]
-    assert sorted(homes) in ([1, 2], [2, 2]), homes
-
-
-def test_small_prefixes_are_not_copied_to_even_the_load() -> None:
-    """Ten prefixes with a tenth of the traffic each, four of them on one replica: it is
-    overloaded (40% against 25%), but a copy of one would cost a cold prefill to move 5% of
-    the traffic, so every prefix keeps one home (generated-shared-prefix's shape)."""
-    prefixes = [features(system_prompt(f"group {i} ".encode() * 100)) for i in range(10)]
-    policy = PrefixAware(POOL)
-    for request in prefixes[:4]:
-        decision = choose(policy, snapshot(), request)
-        policy.record(request, type(decision)(HOME, decision.route), now=0.0)
-    replay(policy, prefixes * 12)
-    assert [sum(policy.matched_blocks(n, p) > 0 for n in NAMES) for p in prefixes] == [1] * 10
+    assert len(spread_to) >= 3
 
 
 def test_a_prefix_with_a_small_share_keeps_one_home() -> None:

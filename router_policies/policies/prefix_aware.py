@@ -12,11 +12,9 @@ replica. Then:
   ``cost.near_s`` are equally good; among them a warm one is kept if there is one, and the
   least recently loaded is chosen (a new prefix, or a prompt that is mostly its own unique
   text, Preble's rule, goes to the least recently loaded of all), ties by rendezvous order.
-- A hot prefix, whose recent share of the pool's traffic is more than 1.25 fair shares of
-  one replica, counts as warm on k replicas (k follows its share), so it spreads over k warm
-  replicas instead of overloading one. A sizeable prefix whose every holder is overloaded
-  against the pool's mean gains one more home, so two popular prefixes that landed together
-  do not overload one replica for good.
+- A hot prefix, whose recent share of the pool's traffic is more than a fair share of one
+  replica, counts as warm on k replicas (k follows its share), so it spreads over k warm
+  replicas instead of overloading one.
 - With a TTFT objective set, a request predicted to miss it everywhere joins the replica
   furthest behind (cost/objective.py).
 """
@@ -166,40 +164,28 @@ class PrefixAware(SelectionPolicy):
     def _spread_homes(
         self, request: RequestFeatures, snapshot: PoolSnapshot, matched: list[int]
     ) -> set[int]:
-        """The replicas (by index) a prefix counts as warm on, sent there yet or not: those that
-        hold its lead, plus the least recently loaded others while they are fewer than k (a hot
-        prefix), plus the least recently loaded other when every holder is overloaded.
-
-        That last rule is the only one that moves a settled prefix. Online placement cannot
-        know which prefixes will be popular, and two popular ones that landed together would
-        otherwise overload their replica for good (Zipf max/mean up to 1.8). A holder is
-        overloaded past (1 + balance_eps) x the pool's mean recent dispatches (+ 1), not past
-        the quietest replica's: each firing costs a cold copy. And a copy relieves the busy
-        replica of half the prefix's traffic, so only a prefix with at least
-        ``load.shed_min_share`` of a replica's fair share is moved: a many-small-prefix pool
-        (generated-shared-prefix) keeps every prefix on one replica."""
+        """The replicas (by index) a hot prefix counts as warm on, sent there yet or not: those
+        that hold its lead, plus, while they are fewer than k, the least recently loaded others,
+        and the pool's least loaded replica whenever every holder is busier than it by more
+        than the balance factor: the hot prefix's traffic is the fluid that fills the pool's
+        valleys, which the sticky single-home prefixes cannot do. A cold prefix (k = 1) needs
+        no such credit: its one home is where a cold start goes anyway."""
         candidates = snapshot.candidates
-        n = len(candidates)
-        load = self.policy.load
         share = self.hot.share(request.home_key, snapshot.now, self.policy.hot.min_requests)
-        k = spread(share, n, self.policy.hot.spread_factor)
+        k = spread(share, len(candidates), self.policy.hot.spread_factor)
+        if k <= 1:
+            return set()
         lead = self.layout.floor(request.lead_bytes)
         holders = {i for i, m in enumerate(matched) if m >= lead}
-        missing = k - len(holders)
-        if missing <= 0:
-            if not holders or share * n < load.shed_min_share:
-                return holders
-            # The mean over at least hot.min_requests, as shares are: in a young or quiet pool
-            # a burst of hits is not an overload worth a copy.
-            mean = max(sum(c.recent for c in candidates), self.policy.hot.min_requests) / n
-            if min(candidates[i].recent for i in holders) <= mean * (1 + load.balance_eps) + 1:
-                return holders
-            missing = 1
         key = request.home_key
         others = sorted(
-            (i for i in range(n) if i not in holders),
+            (i for i in range(len(candidates)) if i not in holders),
             key=lambda i: (candidates[i].recent, -hrw_score(key, candidates[i].name)),
         )
+        missing = k - len(holders)
+        if missing <= 0 and others:
+            valley = candidates[others[0]].recent * (1 + self.policy.load.balance_eps) + 1
+            missing = int(min(candidates[i].recent for i in holders) > valley)
         return holders | set(others[:missing])
 
     @staticmethod
