@@ -22,6 +22,7 @@ from bench.compare import (
     SimScale,
     code_line,
     planned,
+    real_workloads,
     run_sim_fleet,
     sim_workloads,
     source_digest,
@@ -37,6 +38,7 @@ from bench.compare.results import (
     Target,
     summarize,
 )
+from bench.compare.runner import rehearse
 from bench.driver import RequestResult, RunResult, run_conversations
 from bench.fleet_stats import CacheCounters
 from bench.replica_counters import (
@@ -210,6 +212,14 @@ def test_shared_prefix_and_zipf_run_on_every_seed_the_others_on_the_first() -> N
     assert gsp[0].arrivals != gsp[1].arrivals
 
 
+def test_the_real_fleet_workload_runs_on_every_seed() -> None:
+    workloads = real_workloads(False, seeds=(0, 1, 2))
+    assert [(w.info.key, w.seed, w.info.seeds) for w in workloads] == [
+        ("real-gsp", seed, (0, 1, 2)) for seed in (0, 1, 2)
+    ]
+    assert workloads[0].conversations[0].system != workloads[1].conversations[0].system
+
+
 def test_compare_is_a_bench_subcommand_with_a_reproducible_command_line() -> None:
     assert BENCHMARKS["compare"][0] == "bench.compare"
     assert CompareConfig().command() == "llm-gateway bench compare --fleet all --out docs"
@@ -286,6 +296,16 @@ async def test_reset_empties_the_cache_and_counters_stand_still() -> None:
         assert await _chat_once(urls[0], prompt) == 0  # emptied
         moved = delta(before, await snapshot(urls))[urls[0]]
         assert moved.requests == 1 and moved.cache.hits == 0
+
+
+async def test_the_rehearsal_sends_every_request_to_every_replica_once() -> None:
+    workload = _tiny_workload()
+    async with running_sims(2, prefill_s_per_token=0, decode_step_s=0, decode_s_per_seq=0) as sims:
+        urls = [sim.url for sim in sims]
+        before = await snapshot(urls)
+        await rehearse(urls, MODEL, [workload], timeout_s=30)
+        moved = delta(before, await snapshot(urls))
+    assert [moved[url].requests for url in urls] == [workload.info.requests] * 2
 
 
 async def test_arrivals_schedule_the_conversations() -> None:

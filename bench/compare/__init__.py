@@ -14,7 +14,8 @@ Fleets:
         then 0.6x; goodput within a TTFT objective), and a window of Mooncake's public
         conversation trace replayed on 8 sims with 6x the KV cache (figures only, no check).
   real  2 real vLLM CPU replicas (the "small" ~41M-parameter Llama, one core each) and a small
-        shared-prefix workload; gateway prefix-aware vs round-robin, and the cache-aware peers.
+        shared-prefix workload on 3 seeds, after an untimed rehearsal of it on every replica;
+        gateway prefix-aware vs round-robin, and the cache-aware peers.
 
 Before each target the replicas' prefix caches are emptied (POST /reset_prefix_cache) and their
 counters checked to stand still. Hit rates and requests per replica come from the replicas'
@@ -34,7 +35,7 @@ from bench.compare.code_state import CodeState, code_line, source_digest
 from bench.compare.comparison import CompareConfig, CompareResult, run_compare
 from bench.compare.fleets import run_real_fleet, run_sim_fleet
 from bench.compare.notes import sim_notes
-from bench.compare.plan import PlannedWorkload, SimScale, planned, sim_workloads
+from bench.compare.plan import PlannedWorkload, SimScale, planned, real_workloads, sim_workloads
 
 __all__ = [
     "CodeState",
@@ -45,6 +46,7 @@ __all__ = [
     "add_arguments",
     "code_line",
     "planned",
+    "real_workloads",
     "run",
     "run_compare",
     "run_real_fleet",

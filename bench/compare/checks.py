@@ -1,8 +1,9 @@
 """The acceptance checks of ``bench compare`` (issue 13's), read from the measurements.
 
-Generated-shared-prefix and Zipf ran on several seeds: their checks compare the means over
-seeds. A check whose other side did not run (peers not installed, left out) says so and is
-SKIP, not PASS; it is FAIL all the same when prefix-aware already loses to a target that ran.
+Generated-shared-prefix, Zipf and the real fleet's workload ran on several seeds: their checks
+compare the means over seeds. A check whose other side did not run (peers not installed, left
+out) says so and is SKIP, not PASS; it is FAIL all the same when prefix-aware already loses to
+a target that ran.
 """
 
 from __future__ import annotations

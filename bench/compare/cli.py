@@ -145,8 +145,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_seeds,
         default=DEFAULT_SEEDS,
         help="seeds of the workloads' text and arrivals, comma-separated: generated-shared-"
-        "prefix and Zipf run on each, the other workloads on the first; --quick uses the "
-        "first only (default: 0,1,2)",
+        "prefix, Zipf and the real fleet's shared prefix run on each, the other workloads on "
+        "the first; --quick uses the first only (default: 0,1,2)",
     )
     parser.add_argument(
         "--no-install",

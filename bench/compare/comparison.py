@@ -35,8 +35,8 @@ class CompareConfig:
     quick: bool = False
     out: Path | None = Path("docs")
     seeds: tuple[int, ...] = DEFAULT_SEEDS
-    """Generated-shared-prefix and Zipf run on each (--quick: the first only); the other
-    workloads on the first."""
+    """Generated-shared-prefix, Zipf and the real fleet's shared prefix run on each (--quick:
+    the first only); the other workloads on the first."""
     install: bool = True
     peers: bool = True
     progress: bool = True
@@ -102,7 +102,7 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
     agents_plan = [agents_workload(config.quick, seeds[0])]
     overload_plan = [overload_workload(config.quick, seeds[0])]
     mooncake_plan = [mooncake_workload(config.quick, seeds[0])] if run_mooncake else []
-    real_plan = real_workloads(config.quick, seeds[0])
+    real_plan = real_workloads(config.quick, seeds)
     model_dir, real_reason = (Path(), None)
     if run_real:
         model_dir, real_reason = prepare_real_fleet(config.install, out)

@@ -33,7 +33,8 @@ METHOD = [
     "earlier requests are doing. A multi-round user sends its rounds back to back, each with "
     "the real answers to the earlier ones in its history. Long-context agents run closed "
     "loop (a fixed number of requests in flight), as the workload's author ran them.",
-    "- Seeds: generated-shared-prefix and Zipf run once per seed (text and arrivals drawn "
+    "- Seeds: generated-shared-prefix, Zipf and the real fleet's shared prefix run once per "
+    "seed (text and arrivals drawn "
     "anew); their rows and checks use the mean over seeds, with the range in brackets. The "
     "other workloads run on the first seed.",
     "- Client-side figures (bench/driver.py): TTFT = time to the first content token; ITL = "
