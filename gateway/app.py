@@ -369,12 +369,15 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         shared = make_shared_state(settings, app[METRICS])
         await shared.start(lambda: holder.fleet)
         app[LIMITER] = make_limiter(settings, app[METRICS])
-        watcher = asyncio.create_task(holder.watch(settings.policy_watch_interval_s))
+        watcher = asyncio.create_task(
+            holder.watch(settings.policy_watch_interval_s), name="policy file watch"
+        )
         discovery = asyncio.create_task(
             discover_forever(
                 lambda: holder.fleet, session, app[MEMORY].learned_adapters,
                 settings.scrape_interval_s * ROUNDS_PER_SCRAPE,
-            )
+            ),
+            name="adapter discovery",
         )  # fmt: skip
         try:
             yield

@@ -24,10 +24,11 @@ _RECANCEL_S = 0.05
 """How long a cancelled task may run on before it is cancelled again."""
 
 
-async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], bound_s: float = STOP_BOUND_S) -> int:
-    """Cancel ``tasks`` and wait until they end, at most ``bound_s``; how many are still running.
+async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], bound_s: float = STOP_BOUND_S) -> None:
+    """Cancel ``tasks`` and wait until they end, at most ``bound_s``.
 
-    Never raises for the tasks: a task that ended with an error is logged (stopping must go on).
+    Never raises for the tasks: a task that ended with an error, or one still running at the
+    bound, is logged by name (stopping must go on).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound_s
@@ -43,7 +44,9 @@ async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], bound_s: float = STOP_B
     for task in tasks - pending:
         if not task.cancelled() and task.exception() is not None:
             log.error("background task %s failed", task.get_name(), exc_info=task.exception())
-    return len(pending)
+    if pending:
+        names = ", ".join(sorted(task.get_name() for task in pending))
+        log.warning("background tasks did not stop within %.1f s; left behind: %s", bound_s, names)
 
 
 async def finish_within(step: Awaitable[None], bound_s: float) -> bool:

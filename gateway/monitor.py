@@ -43,14 +43,17 @@ class ReplicaMonitor:
         await self.check_health_once()
         self._tasks = [
             asyncio.create_task(
-                self._every(self._probes.health_interval_s, self.check_health_once)
+                self._every(self._probes.health_interval_s, self.check_health_once),
+                name="replica health checks",
             ),
-            asyncio.create_task(self._every(self._probes.scrape_interval_s, self.scrape_once)),
+            asyncio.create_task(
+                self._every(self._probes.scrape_interval_s, self.scrape_once),
+                name="replica metrics scrapes",
+            ),
         ]
 
     async def stop(self) -> None:
-        if await stop_tasks(self._tasks):
-            log.warning("replica probes did not stop; left behind")
+        await stop_tasks(self._tasks)
         self._tasks = []
 
     @staticmethod

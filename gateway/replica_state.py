@@ -55,6 +55,10 @@ class ReplicaState:
     pending_prefill_tokens: float = 0.0
     """Uncached prompt tokens of this gateway's requests here that have no first byte yet."""
     engine: EngineStats = field(default_factory=EngineStats)
+    started_since_scrape: int = 0
+    """This gateway's requests here that left the engine's queue (first byte) since the last
+    scrape: the scraped waiting count still holds them, and counting them as someone else's
+    queued prefill would make a replica that just caught up look busy."""
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     probed: bool = False
@@ -100,12 +104,13 @@ class ReplicaState:
 
     def load(self) -> ReplicaLoad:
         inflight = float(self.inflight + self.remote_inflight)
-        requests = max(self.engine.running + self.engine.waiting, inflight)
+        waiting = max(self.engine.waiting - self.started_since_scrape, 0.0)
+        requests = max(self.engine.running + waiting, inflight)
         return ReplicaLoad(
             self.pending_prefill_tokens + self.remote_pending_prefill_tokens,
             self.pending_requests + self.remote_pending_requests,
             min(max(self.engine.running, inflight), self.slots.value),
-            self.engine.waiting,
+            waiting,
             requests,
             self.slots.value,
             self.service_s,

@@ -321,12 +321,14 @@ class PoolState:
         dispatch.pending = False
         replica = dispatch.replica
         replica.pending_requests -= 1
+        replica.started_since_scrape += 1
         replica.pending_prefill_tokens = max(
             replica.pending_prefill_tokens - dispatch.decision.uncached_tokens, 0.0
         )
 
     def apply_engine_stats(self, replica: ReplicaState, stats: EngineStats) -> None:
         replica.engine = stats
+        replica.started_since_scrape = 0
         replica.slots.observe(stats.running, stats.waiting)
         if stats.kv_capacity_tokens:
             tokens = stats.kv_capacity_tokens * replica.index_belief.value

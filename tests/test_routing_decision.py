@@ -242,6 +242,34 @@ def test_a_hot_prefix_is_spread_over_k_replicas_that_follow_its_share() -> None:
     assert len(spread_to) >= 3
 
 
+EIGHT = tuple(f"r{i}" for i in range(8))
+POOL8 = PoolPolicy(model="m", replicas=[f"http://{n}:1" for n in EIGHT])
+
+
+@pytest.mark.parametrize(
+    ("holders_recent", "others_recent", "chosen_among"),
+    [
+        # One other replica is quiet by chance; the typical one is as busy as the holders.
+        (10.0, (2.0, 10.0, 10.0, 10.0, 10.0, 10.0), {"r0", "r1"}),
+        # The holders are busier than the typical other by more than the balance factor: the
+        # quietest replica becomes a third home.
+        (20.0, (2.0, 10.0, 10.0, 10.0, 10.0, 10.0), {"r2"}),
+    ],
+)
+def test_a_hot_prefix_gains_a_home_only_when_its_holders_stand_above_the_typical_replica(
+    holders_recent: float, others_recent: tuple[float, ...], chosen_among: set[str]
+) -> None:
+    """12 of the pool's first 64 requests: k = ceil(0.19 x 8 x 1.25) = 2, already held on 2."""
+    policy = PrefixAware(POOL8)
+    first = policy.select(FEATURES, PoolSnapshot(tuple(candidate(n) for n in EIGHT)))
+    assert first is not None
+    for i in range(12):
+        policy.record(FEATURES, type(first)(EIGHT[i % 2], Route.PREFIX_HIT), now=0.0)
+    recents = (holders_recent, holders_recent, *others_recent)
+    snap = PoolSnapshot(tuple(candidate(n, recent=r) for n, r in zip(EIGHT, recents, strict=True)))
+    assert choose(policy, snap).replica in chosen_among
+
+
 def test_a_prefix_with_a_small_share_keeps_one_home() -> None:
     requests = [features(system_prompt(f"tenant {i % 16} ".encode() * 200)) for i in range(160)]
     policy = PrefixAware(POOL)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from gateway.replica_state import EngineStats
 from gateway.scrape import parse_engine_stats
 from gateway.state import PoolState, ReplicaState
+from router_policies.cost.ttft import queued_tokens
+from router_policies.fingerprint import CanonicalPrompt
 from router_policies.schema import PoolPolicy
 
 # Shaped like vLLM 0.x output: colons in names, a model_name label, histograms around.
@@ -47,6 +50,27 @@ def test_kv_capacity_sizes_the_prefix_index() -> None:
     # 32,000 tokens x 4 chars per token (until usage teaches better) / 128-byte blocks
     assert pool.router.index_blocks("a:1") == 1000
     assert replica.load().engine_waiting == 7.0  # nothing in flight from us, 7 on the engine
+
+
+def test_own_requests_that_left_the_engine_queue_since_the_scrape_are_not_counted_waiting() -> None:
+    pool = PoolState("p", PoolPolicy(model="m", replicas=["http://a:1"]))
+    replica = pool.replicas["a:1"]
+    text = b"a shared system prompt " * 200
+    request = pool.router.features("m", lambda: CanonicalPrompt(text, lead_bytes=len(text)))
+    dispatches = []
+    for _ in range(3):
+        decision = pool.decide(request)
+        assert decision is not None
+        dispatches.append(pool.begin(decision, request))
+    pool.apply_engine_stats(replica, EngineStats(running=0, waiting=3))  # all three queued
+    for dispatch in dispatches[:2]:
+        pool.first_byte(dispatch, 0.05)
+    load = replica.load()
+    # One of ours still waits and the scrape saw nobody else's: no unknown prefill ahead.
+    assert (load.engine_waiting, load.pending_requests) == (1.0, 1)
+    assert queued_tokens(load, prompt_tokens=1000) == load.pending_prefill_tokens
+    pool.apply_engine_stats(replica, EngineStats(running=2, waiting=3))  # a fresh scrape
+    assert replica.load().engine_waiting == 3.0  # two of them someone else's, counted again
 
 
 def test_the_index_shrinks_when_the_replica_reports_fewer_hits_than_it_promised() -> None:

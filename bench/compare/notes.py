@@ -34,9 +34,8 @@ METHOD = [
     "the real answers to the earlier ones in its history. Long-context agents run closed "
     "loop (a fixed number of requests in flight), as the workload's author ran them.",
     "- Seeds: generated-shared-prefix, Zipf and the real fleet's shared prefix run once per "
-    "seed (text and arrivals drawn "
-    "anew); their rows and checks use the mean over seeds, with the range in brackets. The "
-    "other workloads run on the first seed.",
+    "seed (text and arrivals drawn anew); their rows and checks use the mean over seeds, with "
+    "the range in brackets. The other workloads run on the first seed.",
     "- Client-side figures (bench/driver.py): TTFT = time to the first content token; ITL = "
     "(end-to-end - TTFT) / (output tokens - 1) per request; E2E = until the end of the "
     "stream; output tokens/s = tokens received / the run's wall time.",
@@ -215,9 +214,10 @@ def notes(result: CompareResult) -> list[str]:
         elif fleet.key in ("agents", "mooncake"):
             lines += _lopsided(fleet)
         elif fleet.key == "real":
-            pa, rr = fleet.get(REAL_GSP, PREFIX_AWARE), fleet.get(REAL_GSP, ROUND_ROBIN)
+            pa, rr = figures(fleet, REAL_GSP, PREFIX_AWARE), figures(fleet, REAL_GSP, ROUND_ROBIN)
             if pa is not None and rr is not None:
                 lines.append(
-                    f"- Real vLLM, prefix-aware vs round-robin: {ttft_ratio_text(pa, rr)}."
+                    "- Real vLLM, prefix-aware vs round-robin (means over seeds): "
+                    f"{ttft_ratio_text(pa, rr)}."
                 )
     return lines

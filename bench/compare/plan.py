@@ -113,8 +113,9 @@ def sim_workloads(scale: SimScale, seeds: Sequence[int] = (0,)) -> list[PlannedW
 def _over_seeds(
     make: Callable[[int], list[PlannedWorkload]], seeds: Sequence[int]
 ) -> list[PlannedWorkload]:
-    """``make``'s workloads for each seed in turn: those in SEEDED on every seed (each knowing
-    them all), the others on the first only."""
+    """``make``'s workloads for each seed in turn: those in SEEDED on every seed, the others on
+    the first only. Each seeded workload's info lists all the seeds, so that its report row
+    can say what its means are over."""
     if not seeds:
         raise ValueError("at least one seed")
     planned_: list[PlannedWorkload] = []

@@ -119,10 +119,9 @@ async def rehearse(
     urls: Sequence[str], model: str, workloads: Sequence[PlannedWorkload], timeout_s: float
 ) -> None:
     """Every replica serves each workload's prompts once, one at a time, untimed (the caches
-    are emptied before every target). A vLLM engine's first prefills of each prompt length are
-    slower than later ones, and a single short request does not cover them: without this the
-    first target measured pays them. On the real fleet the same gateway measured a mean TTFT
-    of 175 ms run first and 154 ms run again (sglang-router, second: 156 and 151 ms)."""
+    are emptied before every target): a vLLM engine's first prefills of each prompt length are
+    slower than later ones, and ``warm_up``'s one short request does not cover them, so the
+    first target measured would pay them."""
 
     async def serve_all(url: str) -> None:
         for workload in workloads:
@@ -171,16 +170,18 @@ async def run_fleet(
     rehearsal: bool = False,
 ) -> FleetResult:
     """Start the fleet's replicas, run every target on every workload, stop everything;
-    ``rehearsal``: each replica serves the workloads once before the first target (real vLLM)."""
+    ``rehearsal``: each replica serves the workloads once before the first target (real vLLM),
+    which also covers the one-request warm-up the other fleets get."""
     started = time.perf_counter()
     live: list[ManagedProcess] = []
     try:
         replicas = await start_replicas()
         live += replicas
         urls = [replica.url for replica in replicas]
-        await warm_up(urls, model)
         if rehearsal:
             await rehearse(urls, model, workloads, timeout_s)
+        else:
+            await warm_up(urls, model)
         await run_targets(fleet, urls, model, workloads, timeout_s=timeout_s, live=live, bar=bar)
     finally:
         await stop_all(live)

@@ -167,16 +167,19 @@ class RedisState(SharedState):
         fleet().attach(self.outbox)
         s = self.settings
         self._tasks = [
-            asyncio.create_task(self._every(s.publish_interval_s, self._publish, fleet)),
-            asyncio.create_task(self._every(0.0, self._read, fleet)),
-            asyncio.create_task(self._every(s.sync_interval_s, self._sync, fleet)),
+            asyncio.create_task(
+                self._every(s.publish_interval_s, self._publish, fleet), name="shared-state publish"
+            ),
+            asyncio.create_task(self._every(0.0, self._read, fleet), name="shared-state read"),
+            asyncio.create_task(
+                self._every(s.sync_interval_s, self._sync, fleet), name="shared-state sync"
+            ),
         ]
 
     async def stop(self) -> None:
         # Bounded: a round's command can lose its cancellation (see gateway.background), and a
         # Redis that stopped answering must not hold the process past its grace period.
-        if await stop_tasks(self._tasks):
-            log.warning("shared state: a background round did not stop; left behind")
+        await stop_tasks(self._tasks)
         self._tasks = []
         if not await finish_within(self._withdraw(), _WITHDRAW_S):
             log.warning("shared state: Redis did not answer while stopping; gave up on it")

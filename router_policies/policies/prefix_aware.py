@@ -166,10 +166,11 @@ class PrefixAware(SelectionPolicy):
     ) -> set[int]:
         """The replicas (by index) a hot prefix counts as warm on, sent there yet or not: those
         that hold its lead, plus, while they are fewer than k, the least recently loaded others,
-        and the pool's least loaded replica whenever every holder is busier than it by more
-        than the balance factor: the hot prefix's traffic is the fluid that fills the pool's
-        valleys, which the sticky single-home prefixes cannot do. A cold prefix (k = 1) needs
-        no such credit: its one home is where a cold start goes anyway."""
+        and the pool's least loaded replica whenever every holder is busier than the typical
+        (median) other replica by more than the balance factor: the hot prefix's traffic is
+        the fluid that fills the pool's valleys, which the sticky single-home prefixes cannot
+        do. A cold prefix (k = 1) needs no such credit: its one home is where a cold start
+        goes anyway."""
         candidates = snapshot.candidates
         share = self.hot.share(request.home_key, snapshot.now, self.policy.hot.min_requests)
         k = spread(share, len(candidates), self.policy.hot.spread_factor)
@@ -184,7 +185,10 @@ class PrefixAware(SelectionPolicy):
         )
         missing = k - len(holders)
         if missing <= 0 and others:
-            valley = candidates[others[0]].recent * (1 + self.policy.load.balance_eps) + 1
+            # Against the median other, not the quietest: Poisson noise always leaves some
+            # replica well below the rest, and measured against it the rule copied on noise.
+            typical = candidates[others[len(others) // 2]].recent
+            valley = typical * (1 + self.policy.load.balance_eps) + 1
             missing = int(min(candidates[i].recent for i in holders) > valley)
         return holders | set(others[:missing])
 
