@@ -21,13 +21,15 @@ class PrefixIndex:
     binary-search the chain instead of probing every block.
     """
 
-    __slots__ = ("_blocks", "_layout", "_size", "capacity")
+    __slots__ = ("_blocks", "_layout", "_lead_bytes", "_leads", "_size", "capacity")
 
     def __init__(self, capacity: int, layout: BlockLayout) -> None:
         self.capacity = max(1, capacity)
         self._layout = layout
         self._blocks: OrderedDict[int, int] = OrderedDict()
         self._size = 0
+        self._leads: dict[int, int] = {}
+        self._lead_bytes = 0
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -61,15 +63,33 @@ class PrefixIndex:
                 self._size += w
         self._evict()
 
+    def note_lead(self, home_block: int, lead_bytes: int) -> None:
+        """Records a shared lead (a system prompt) just inserted, named by its home block."""
+        if home_block in self._blocks:
+            self._lead_bytes += lead_bytes - self._leads.get(home_block, 0)
+            self._leads[home_block] = lead_bytes
+
+    @property
+    def lead_bytes(self) -> int:
+        """Bytes of the shared leads this replica still holds (their home block not evicted):
+        the cache room its prefixes take, as against one-off text."""
+        return self._lead_bytes
+
     def resize(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
         self._evict()
 
     def _evict(self) -> None:
         blocks = self._blocks
+        leads = self._leads
         while self._size > self.capacity and blocks:
-            self._size -= blocks.popitem(last=False)[1]
+            digest, weight = blocks.popitem(last=False)
+            self._size -= weight
+            if leads:
+                self._lead_bytes -= leads.pop(digest, 0)
 
     def clear(self) -> None:
         self._blocks.clear()
+        self._leads.clear()
+        self._lead_bytes = 0
         self._size = 0

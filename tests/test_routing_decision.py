@@ -204,6 +204,55 @@ def test_distinct_prefixes_spread_over_the_pool() -> None:
     assert homes == set(NAMES)
 
 
+def prefixes(count: int, tag: str) -> list[RequestFeatures]:
+    return [features(system_prompt(f"{tag} prompt {i} ".encode() * 200)) for i in range(count)]
+
+
+def holding_prefixes(policy: PrefixAware, replica: str, count: int, tag: str) -> None:
+    """Sends ``count`` distinct system prompts to ``replica``, once each."""
+    for request in prefixes(count, tag):
+        decision = type(choose(policy, snapshot(), request))(replica, Route.PREFIX_HOME)
+        policy.record(request, decision, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("held", "recent", "placed_on"),
+    [
+        # As busy as each other: the new prefix goes where the fewest prefixes take room.
+        ({"a": 6, "b": 3, "c": 2, "d": 1}, {"a": 2.0, "b": 2.0, "c": 2.0, "d": 2.0}, "d"),
+        # "a" is quiet because its six prefixes are rare: "d" is busier but has the room.
+        ({"a": 6, "b": 3, "c": 2, "d": 1}, {"a": 2.0, "b": 3.0, "c": 3.0, "d": 3.0}, "d"),
+        # Room alone does not win: "d" is far busier than the others.
+        ({"a": 2, "b": 2, "c": 2, "d": 1}, {"a": 1.0, "b": 3.0, "c": 3.0, "d": 20.0}, "a"),
+    ],
+)
+def test_a_new_prefix_goes_where_load_and_prefixes_held_sum_least(
+    held: dict[str, int], recent: dict[str, float], placed_on: str
+) -> None:
+    """By request counts alone, a replica quiet because its prefixes are rare would collect
+    every new one, and its cache would evict them before their next request."""
+    policy = PrefixAware(POOL)
+    for replica, count in held.items():
+        holding_prefixes(policy, replica, count, tag=replica)
+    snap = PoolSnapshot(tuple(candidate(n, recent=r) for n, r in recent.items()))
+    new = features(system_prompt(b"a new system prompt " * 200))
+    decision = choose(policy, snap, new)
+    assert (decision.replica, decision.route) == (placed_on, Route.PREFIX_HOME)
+
+
+def test_only_the_prefixes_a_replica_still_holds_take_room() -> None:
+    """The room counted is the shared leads whose blocks the index still holds: a prefix the
+    replica has evicted takes none."""
+    small_index = POOL.prefix.model_copy(update={"index_blocks": 64})
+    policy = PrefixAware(POOL.model_copy(update={"prefix": small_index}))
+    holding_prefixes(policy, "a", 6, tag="a")
+    sent = prefixes(6, tag="a")
+    lead = POOL.prefix.layout.floor(sent[0].lead_bytes)
+    held = [r for r in sent if policy.matched_blocks("a", r) > r.home_block]  # its whole lead
+    assert 0 < len(held) < len(sent)  # the earliest were evicted
+    assert policy.index_lead_bytes("a") == lead * len(held)
+
+
 def test_sticky_under_a_stream_of_sequential_requests() -> None:
     policy = PrefixAware(POOL)
     chosen = []

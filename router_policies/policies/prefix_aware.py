@@ -10,8 +10,10 @@ replica. Then:
 - A replica's score adds the copy charge (cost/copies.py): a cold copy costs the fleet more
   than this request's wait. Replicas scored within ``cost.near_ratio`` x the best +
   ``cost.near_s`` are equally good; among them a warm one is kept if there is one, and the
-  least recently loaded is chosen (a new prefix, or a prompt that is mostly its own unique
-  text, Preble's rule, goes to the least recently loaded of all), ties by rendezvous order.
+  least recently loaded is chosen (a prompt that is mostly its own unique text, Preble's rule,
+  goes to the least recently loaded of all), ties by rendezvous order. A new prefix, or a copy
+  of one, goes where recent requests and shared prefixes held, each against the pool's mean,
+  sum least.
 - A hot prefix, whose recent share of the pool's traffic is more than a fair share of one
   replica, counts as warm on k replicas (k follows its share), so it spreads over k warm
   replicas instead of overloading one.
@@ -75,8 +77,15 @@ class PrefixAware(SelectionPolicy):
         return index.match_length(request.block_hashes) if index is not None else 0
 
     def record(self, request: RequestFeatures, decision: Decision, now: float) -> None:
-        self._index(decision.replica).insert(request.block_hashes)
+        index = self._index(decision.replica)
+        index.insert(request.block_hashes)
+        lead = self.layout.floor(request.lead_bytes)
+        if _useful(lead, request, self.prefix):
+            index.note_lead(request.home_key, lead)
         self.hot.record(request.home_key, now)
+
+    def index_lead_bytes(self, replica: str) -> int:
+        return self._index(replica).lead_bytes
 
     def size_index(self, replica: str, blocks: int) -> None:
         self._index(replica).resize(blocks)
@@ -131,7 +140,11 @@ class PrefixAware(SelectionPolicy):
             # "not >" rather than "<=": were a prediction ever NaN, every replica stays a choice.
             near = [i for i, s in enumerate(score) if not s > limit]
             useful = {i for i in near if _useful(matched[i], request, prefix)}
-            chosen = self._balance(near, candidates, request.home_key, useful | spread_homes)
+            warm = [i for i in near if i in useful or i in spread_homes]
+            if warm or not has_home:
+                chosen = _least_loaded(warm or near, candidates, request.home_key)
+            else:
+                chosen = self._place(near, candidates, request.home_key)
             if chosen in useful:
                 route = Route.PREFIX_HIT
             elif has_home:
@@ -192,20 +205,31 @@ class PrefixAware(SelectionPolicy):
             missing = int(min(candidates[i].recent for i in holders) > valley)
         return holders | set(others[:missing])
 
-    @staticmethod
-    def _balance(
-        near: list[int], candidates: tuple[Candidate, ...], key: int, warm: set[int]
-    ) -> int:
-        """Among equally fast replicas, those warm for the prompt (holding it, or a spread home
-        of a hot prefix): a cold copy elsewhere costs a prefill and cache room, so the balance
-        rule only moves a prompt between warm replicas. Several warm replicas share its traffic
-        evenly, and a new prefix (or a mostly unique prompt) goes where the fewest requests
-        went lately: prefixes arrive hot first, so placing each on the least loaded replica
-        packs the pool evenly, where a fixed hash order would stack two popular prefixes on
-        one replica. Ties follow the prefix's rendezvous order, so gateway instances sharing
-        counts place it alike."""
-        warm_near = [i for i in near if i in warm]
+    def _place(self, near: list[int], candidates: tuple[Candidate, ...], key: int) -> int:
+        """Where a prefix no fast replica is warm for starts (or is copied to): the replica whose
+        recent requests and shared prefixes held, each against the pool's mean, sum least. A
+        replica fills on two counts, and by request counts alone the one that is quiet because
+        its prefixes are rare collects every new prefix: on Zipf one replica of 8 took 10-12
+        prefixes while another held 1-3, and its cache evicted 6 of them before their next
+        request."""
+        block = self.prefix.block_bytes
+        # One request and one block more on each: an idle pool's zero means divide nothing.
+        held = [self.index_lead_bytes(c.name) + block for c in candidates]
+        recent = [c.recent + 1 for c in candidates]
+        mean_held, mean_recent = sum(held) / len(held), sum(recent) / len(recent)
         return min(
-            warm_near or near,
-            key=lambda i: (candidates[i].recent, -hrw_score(key, candidates[i].name)),
+            near,
+            key=lambda i: (
+                recent[i] / mean_recent + held[i] / mean_held,
+                -hrw_score(key, candidates[i].name),
+            ),
         )
+
+
+def _least_loaded(among: list[int], candidates: tuple[Candidate, ...], key: int) -> int:
+    """Among equally fast replicas, those warm for the prompt (holding it, or a spread home of
+    a hot prefix) if any: a cold copy elsewhere costs a prefill and cache room, so balance only
+    moves a prompt between warm replicas. Several warm replicas share its traffic evenly;
+    ties follow the prefix's rendezvous order, so gateway instances sharing counts choose
+    alike."""
+    return min(among, key=lambda i: (candidates[i].recent, -hrw_score(key, candidates[i].name)))
