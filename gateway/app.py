@@ -36,6 +36,7 @@ from gateway.request_body import Endpoint, UnreadBody, parse_request, read_body
 from gateway.resolve import resolve
 from gateway.settings import Settings
 from gateway.shared_state import make_shared_state
+from gateway.state_backend import choose_backend
 from router_policies.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -247,7 +248,12 @@ def admin(handler: Handler) -> Handler:
 async def admin_reload(request: web.Request) -> web.Response:
     result = request.app[POLICY].reload()
     return _json(
-        {"reloaded": result.ok, "problems": list(result.problems)}, 200 if result.ok else 422
+        {
+            "reloaded": result.ok,
+            "problems": list(result.problems),
+            "warnings": list(result.warnings),
+        },
+        200 if result.ok else 422,
     )
 
 
@@ -366,9 +372,12 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
             ),
         )
         await monitor.start()
-        shared = make_shared_state(settings, app[METRICS])
+        # Chosen once: the backend cannot change under a running process (a reload keeps it).
+        backend = choose_backend(settings, holder.fleet.policy)
+        log.info("shared state: %s", backend.describe())
+        shared = make_shared_state(settings, backend, app[METRICS])
         await shared.start(lambda: holder.fleet)
-        app[LIMITER] = make_limiter(settings, app[METRICS])
+        app[LIMITER] = make_limiter(settings, backend, app[METRICS])
         watcher = asyncio.create_task(
             holder.watch(settings.policy_watch_interval_s), name="policy file watch"
         )

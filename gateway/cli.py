@@ -13,8 +13,12 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from router_policies.schema import InvalidPolicy, Policy, effective_policy_yaml
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 TOOLS_GROUP = "llm_gateway.tools"
 _TOOL_HELP = {
@@ -40,7 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
         print("error: no policy file: pass --policy PATH or set GATEWAY_POLICY", file=sys.stderr)
         return 2
     policy = _load_or_explain(settings.policy)
-    if policy is None:
+    if policy is None or not _state_usable(settings, policy):
         return 2
     from gateway.server import run
 
@@ -48,11 +52,29 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check_policy(args: argparse.Namespace) -> int:
+    from gateway.settings_errors import load_settings
+
     policy = _load_or_explain(args.path)
     if policy is None:
         return 2
+    # With the environment `serve` would see: GATEWAY_REDIS_URL can supply the URL a
+    # `state: {backend: redis}` section leaves out, and GATEWAY_WORKERS needs Redis.
+    settings = load_settings({})
+    if settings is None or not _state_usable(settings, policy):
+        return 2
     sys.stdout.write(effective_policy_yaml(policy))
+    if settings.redis_url is not None:
+        print("note: GATEWAY_REDIS_URL is set: it overrides the state section", file=sys.stderr)
     return 0
+
+
+def _state_usable(settings: Settings, policy: Policy) -> bool:
+    from gateway.state_backend import startup_problem
+
+    problem = startup_problem(settings, policy)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+    return problem is None
 
 
 def _load_or_explain(path: Path) -> Policy | None:
@@ -131,7 +153,8 @@ def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
         "--workers",
         type=int,
         help="processes serving the port (SO_REUSEPORT; default from GATEWAY_WORKERS: 1); "
-        "more than 1 needs GATEWAY_REDIS_URL, through which they share routing state",
+        "more than 1 needs Redis (GATEWAY_REDIS_URL or the policy's state section), through "
+        "which they share routing state",
     )
     serve.set_defaults(func=_serve)
 

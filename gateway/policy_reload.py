@@ -3,7 +3,8 @@
 A reload builds a new Fleet from the new policy and the old one (replica state, prefix indexes
 and calibration carry over), then swaps one reference. Requests already routed keep the pool
 objects they hold, so they finish under the policy they started with. An invalid file changes
-nothing.
+nothing. The `state:` section is the exception: the shared-state backend is built once at
+start-up, so a changed one is reported (a restart applies it) and the current one is kept.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ log = logging.getLogger(__name__)
 class ReloadResult:
     ok: bool
     problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    """What the reload could not apply live, though the file is valid."""
+
+
+STATE_NEEDS_RESTART = (
+    "state: the section changed, but the shared-state backend is set up at start-up only: "
+    "restart the gateway to apply it (until then the current one stays)"
+)
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:
@@ -48,8 +57,14 @@ class PolicyHolder:
         if self.path is None:
             return ReloadResult(False, ("the gateway was started without a policy file",))
         self._stamp = _stamp(self.path)
+        warnings: tuple[str, ...] = ()
         try:
             policy = load_checked_policy(self.path)
+            current = self.fleet.policy.state
+            if policy.state != current:
+                warnings = (STATE_NEEDS_RESTART,)
+                # /admin/policy then shows the section in effect, not the one waiting.
+                policy = policy.model_copy(update={"state": current})
             fleet = Fleet(policy, previous=self.fleet)
         except OSError as exc:
             return self._failed((f"cannot read {self.path}: {exc.strerror}",))
@@ -65,7 +80,9 @@ class PolicyHolder:
         self.fleet = fleet
         self._reloads.labels("ok").inc()
         log.info("policy reloaded from %s", self.path)
-        return ReloadResult(True)
+        for warning in warnings:
+            log.warning("policy reload: %s", warning)
+        return ReloadResult(True, warnings=warnings)
 
     def _failed(self, problems: tuple[str, ...]) -> ReloadResult:
         self._reloads.labels("error").inc()

@@ -1,7 +1,8 @@
 """Process settings, from GATEWAY_* environment variables; the one place their defaults live.
 
 Routing behaviour lives in the policy file (router_policies/schema.py); these are the knobs
-of the process itself.
+of the process itself. Where both set something (the Redis URL and key prefix), the
+variable takes precedence: gateway/state_backend.py.
 """
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from router_policies.redis_url import problem as redis_url_problem
+
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore", frozen=True)
+    # hide_input_in_errors: a bad GATEWAY_REDIS_URL must not print its password in an error.
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_", extra="ignore", frozen=True, hide_input_in_errors=True
+    )
 
     host: str = "127.0.0.1"
     """Loopback unless an operator opens it up (0.0.0.0 in a container)."""
@@ -70,13 +76,14 @@ class Settings(BaseSettings):
     disabled."""
     log_level: str = "INFO"
     workers: Annotated[int, Field(ge=1, le=256)] = 1
-    """Processes serving one port (SO_REUSEPORT); more than 1 needs GATEWAY_REDIS_URL, through
-    which they share routing state."""
+    """Processes serving one port (SO_REUSEPORT); more than 1 needs the Redis state backend
+    (this URL or the policy's `state:` section), through which they share routing state."""
     redis_url: SecretStr | None = None
     """redis://[:password@]host:port/db: the shared-state backend of several instances
-    (gateway/shared_state/); unset, each instance routes on its own observations."""
-    state_key_prefix: str = "llm-gateway"
-    """Prefix of the Redis keys: gateways with different prefixes share nothing."""
+    (gateway/shared_state/). Set, it takes precedence over the policy's `state:` section (the
+    backend is then Redis, at this URL); unset, the policy's `state:` decides (default local)."""
+    state_key_prefix: str | None = None
+    """Prefix of the Redis keys, over the policy's state.key_prefix (where its default lives)."""
     state_publish_interval_s: Annotated[float, Field(gt=0, le=1)] = 0.015
     """How often this instance's dispatches are published (one stream entry per batch)."""
     state_sync_interval_s: Annotated[float, Field(gt=0, le=5)] = 0.075
@@ -101,7 +108,15 @@ class Settings(BaseSettings):
         # Compose files and charts pass GATEWAY_REDIS_URL="" to mean "no Redis".
         if url is None or not url.get_secret_value().strip():
             return None
-        return url
+        problem = redis_url_problem(url.get_secret_value().strip())
+        if problem is not None:
+            raise ValueError(problem)
+        return SecretStr(url.get_secret_value().strip())
+
+    @field_validator("state_key_prefix", mode="after")
+    @classmethod
+    def _empty_prefix_is_none(cls, prefix: str | None) -> str | None:
+        return prefix if prefix else None
 
     @field_validator("log_level", mode="after")
     @classmethod
@@ -114,9 +129,4 @@ class Settings(BaseSettings):
     def _timeouts_agree(self) -> Settings:
         if self.outlier_max_ejection_s < self.outlier_base_ejection_s:
             raise ValueError("outlier_max_ejection_s must be >= outlier_base_ejection_s")
-        if self.workers > 1 and self.redis_url is None:
-            raise ValueError(
-                "workers > 1 needs GATEWAY_REDIS_URL: worker processes share routing state "
-                "through Redis (a redis-server on localhost will do)"
-            )
         return self

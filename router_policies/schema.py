@@ -16,12 +16,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
 
 from router_policies.block_layout import BlockLayout
+from router_policies.redis_url import mask as mask_redis_url
+from router_policies.redis_url import problem as redis_url_problem
 from router_policies.yaml_locations import line_of
 
 
@@ -322,12 +326,71 @@ class LimitsSettings(_Strict):
         return self
 
 
+_HIDE_INPUT = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+"""For the models a Redis URL passes through: its password must not reach an error message as
+pydantic's "input_value=..." (only the outermost model's setting counts, hence Policy's too)."""
+
+
+class StateBackend(StrEnum):
+    LOCAL = "local"
+    REDIS = "redis"
+
+
+class StateSettings(_Strict):
+    """Where the routing state several gateway instances share lives (gateway/shared_state/).
+    GATEWAY_REDIS_URL and GATEWAY_STATE_KEY_PREFIX, when set, take precedence. Read at start-up
+    only: a reload that changes this section keeps the current one until a restart."""
+
+    model_config = _HIDE_INPUT
+
+    backend: StateBackend = StateBackend.LOCAL
+    """`local`: each instance routes on what it has seen itself; `redis`: the instances share
+    routing state and rate-limit buckets through Redis. Unset with a redis_url: `redis`."""
+    redis_url: SecretStr | None = None
+    """redis://[[user]:password@]host:port/db, rediss:// (TLS) or unix:///path/redis.sock;
+    shown with its password masked (`***`) wherever the gateway prints the policy."""
+    key_prefix: Annotated[str, Field(min_length=1)] = "llm-gateway"
+    """Prefix of the Redis keys: gateways with different prefixes share nothing."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _url_means_redis(cls, data: Any) -> Any:
+        # Writing a URL and nothing else asks for Redis, as GATEWAY_REDIS_URL alone does.
+        if isinstance(data, dict) and "backend" not in data and _given(data.get("redis_url")):
+            return {**data, "backend": StateBackend.REDIS}
+        return data
+
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _redis_url(cls, url: Any) -> Any:
+        if not isinstance(url, str):
+            return url
+        if not url.strip():
+            return None  # as an empty GATEWAY_REDIS_URL: no URL (a chart may render "")
+        problem = redis_url_problem(url.strip())
+        if problem is not None:
+            raise ValueError(problem)
+        return url.strip()
+
+    @field_serializer("redis_url", when_used="json")
+    def _masked(self, url: SecretStr | None) -> str | None:
+        return None if url is None else mask_redis_url(url.get_secret_value())
+
+
+def _given(url: Any) -> bool:
+    return url is not None and (not isinstance(url, str) or bool(url.strip()))
+
+
 class Policy(_Strict):
+    model_config = _HIDE_INPUT
+
     pools: Annotated[dict[str, PoolPolicy], Field(min_length=1)]
     tiers: dict[str, TierSettings] = {}
     """Virtual model names (e.g. `auto`) whose requests are classified into a pool."""
     limits: LimitsSettings = LimitsSettings()
     """Per-API-key rate limits (gateway/rate_limit/)."""
+    state: StateSettings = StateSettings()
+    """Shared state between gateway instances: `local` (default) or `redis`."""
 
     @model_validator(mode="after")
     def _one_pool_per_model(self) -> Policy:

@@ -8,7 +8,7 @@ import dataclasses
 import time
 
 import pytest
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr
 
 from gateway.cli import main
 from gateway.settings import Settings
@@ -212,19 +212,6 @@ def test_local_is_the_default_backend() -> None:
 
 def test_an_empty_redis_url_means_no_redis() -> None:
     assert Settings(redis_url=SecretStr("  ")).redis_url is None
-
-
-def test_several_workers_need_the_redis_backend() -> None:
-    with pytest.raises(ValidationError, match="GATEWAY_REDIS_URL"):
-        Settings(workers=2)
-    assert Settings(workers=2, redis_url=SecretStr("redis://127.0.0.1:6379")).workers == 2
-
-
-def test_serve_refuses_workers_without_redis_in_one_line(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert main(["serve", "--workers", "2", "--port", "8999"]) == 2
-    assert "GATEWAY_REDIS_URL" in capsys.readouterr().err
 
 
 def test_serve_refuses_zero_workers(capsys: pytest.CaptureFixture[str]) -> None:

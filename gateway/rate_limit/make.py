@@ -1,5 +1,6 @@
-"""Choosing the bucket store: Redis when GATEWAY_REDIS_URL is set (every instance shares the
-buckets), else this process's memory (each instance enforces the limits on its own)."""
+"""Choosing the bucket store: Redis with the Redis state backend (every instance shares the
+buckets; gateway/state_backend.py), else this process's memory (each instance enforces the
+limits on its own)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,21 @@ from gateway.metrics import GatewayMetrics
 from gateway.rate_limit.limiter import RateLimiter
 from gateway.rate_limit.store import BucketStore, LocalStore
 from gateway.settings import Settings
+from gateway.state_backend import BackendChoice
 
 
-def make_limiter(settings: Settings, metrics: GatewayMetrics) -> RateLimiter:
+def make_limiter(settings: Settings, choice: BackendChoice, metrics: GatewayMetrics) -> RateLimiter:
     store: BucketStore
-    if settings.redis_url is None:
+    if choice.redis_url is None:
         store = LocalStore()
     else:
         # Imported here: a gateway without Redis configured never loads the client.
         from gateway.rate_limit.redis_store import RedisStore
 
         store = RedisStore(
-            settings.redis_url.get_secret_value(),
+            choice.redis_url.get_secret_value(),
             metrics.rate_limit_backend_errors,
-            key_prefix=settings.state_key_prefix,
+            key_prefix=choice.key_prefix,
             timeout_s=settings.state_timeout_s,
         )
     return RateLimiter(

@@ -24,6 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from router_policies.rate_limit import Bucket, Limit, Verdict, view
+from router_policies.schema import StateSettings
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class RedisStore:
         url: str,
         errors: Counter,
         *,
-        key_prefix: str = "llm-gateway",
+        key_prefix: str = StateSettings().key_prefix,
         timeout_s: float = 0.5,
         retry_s: float = 1.0,
     ) -> None:

@@ -1,10 +1,11 @@
 """State that several gateway instances share, behind one small interface.
 
 ``local`` (the default) shares nothing: each instance routes on what it has seen itself, as a
-single instance always did. ``redis`` (set GATEWAY_REDIS_URL) shares, in background tasks only:
-the prefix-index updates every dispatch makes (a Redis stream, in batches), each instance's
-in-flight counts, arrivals and completions (a hash per instance with a heartbeat TTL). The
-request path only appends to an in-memory outbox; it never awaits Redis.
+single instance always did. ``redis`` (GATEWAY_REDIS_URL, or the policy's ``state:`` section:
+gateway/state_backend.py) shares, in background tasks only: the prefix-index updates every
+dispatch makes (a Redis stream, in batches), each instance's in-flight counts, arrivals and
+completions (a hash per instance with a heartbeat TTL). The request path only appends to an
+in-memory outbox; it never awaits Redis.
 """
 
 from __future__ import annotations

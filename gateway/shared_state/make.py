@@ -1,4 +1,4 @@
-"""Choosing the backend from the settings: Redis when GATEWAY_REDIS_URL is set, else local."""
+"""Building the backend gateway/state_backend.py chose: Redis, or local."""
 
 from __future__ import annotations
 
@@ -6,18 +6,21 @@ from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
 from gateway.shared_state.base import Outbox, SharedState
 from gateway.shared_state.local import LocalState
+from gateway.state_backend import BackendChoice
 
 
-def make_shared_state(settings: Settings, metrics: GatewayMetrics) -> SharedState:
-    if settings.redis_url is None:
+def make_shared_state(
+    settings: Settings, choice: BackendChoice, metrics: GatewayMetrics
+) -> SharedState:
+    if choice.redis_url is None:
         metrics.state_backend_up.labels(LocalState.backend).set(1)
         return LocalState()
     # Imported here: a gateway without Redis configured never loads the client.
     from gateway.shared_state.redis_state import RedisSettings, RedisState
 
     redis = RedisSettings(
-        settings.redis_url.get_secret_value(),
-        key_prefix=settings.state_key_prefix,
+        choice.redis_url.get_secret_value(),
+        key_prefix=choice.key_prefix,
         publish_interval_s=settings.state_publish_interval_s,
         sync_interval_s=settings.state_sync_interval_s,
         ttl_s=settings.state_ttl_s,

@@ -34,6 +34,7 @@ from gateway.background import finish_within, stop_tasks
 from gateway.shared_state import codec
 from gateway.shared_state.base import Outbox, SharedState
 from gateway.shared_state.figures import RemoteFigures, own_figures
+from router_policies.schema import StateSettings
 
 if TYPE_CHECKING:
     from gateway.state import Fleet
@@ -60,7 +61,7 @@ a courtesy (the counts expire at their TTL anyway), not worth holding the exit f
 @dataclass(frozen=True, slots=True)
 class RedisSettings:
     url: str
-    key_prefix: str = "llm-gateway"
+    key_prefix: str = StateSettings().key_prefix
     publish_interval_s: float = 0.015
     sync_interval_s: float = 0.075
     ttl_s: float = 2.0

@@ -1,0 +1,51 @@
+"""Redis URLs as operators write them: which ones redis-py can use, and how to show one safely.
+
+A URL carries its password in the userinfo (``redis://user:password@host``) or in the query
+(``?password=...``); redis-py reads both, so both are masked wherever a URL is shown: logs,
+``check-policy``, ``/admin/policy``, error messages.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+SCHEMES = ("redis", "rediss", "unix")
+MASK = "***"
+
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_DB_PATH = re.compile(r"/?|/\d+")
+
+
+def mask(url: str) -> str:
+    """``url`` with its password replaced by ``***``: redis://:***@host:6379/0. Works on any
+    text, valid URL or not, since error messages about a bad URL show it too."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        # Up to the last '@': an unescaped '@' or '/' in a password stays on the masked side.
+        userinfo, _, host = rest.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        # No colon: redis-py reads a user name, but operators put passwords there too.
+        shown = f"{user}:{MASK}" if colon else MASK
+        url = f"{scheme}://{shown}@{host}"
+    return _QUERY_PASSWORD.sub(rf"\g<1>{MASK}", url)
+
+
+def problem(url: str) -> str | None:
+    """Why ``url`` is not a Redis URL redis-py can connect to, or None. The URL is shown
+    masked."""
+    shown = mask(url)
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # parsing it is the check: a bad port raises ValueError
+    except ValueError as exc:
+        return f"{shown!r} is not a valid URL: {exc}"
+    if parts.scheme not in SCHEMES:
+        return f"{shown!r} must start with redis://, rediss:// (TLS) or unix:// (a socket)"
+    if parts.scheme == "unix":
+        return None if parts.path else f"{shown!r} names no socket: unix:///path/to/redis.sock"
+    if not parts.hostname:
+        return f"{shown!r} has no host: redis://[:password@]host:port/db"
+    if not _DB_PATH.fullmatch(parts.path):
+        return f"{shown!r}: the path must be a database number, like /0"
+    return None
