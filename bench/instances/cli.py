@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="workload seeds, comma-separated; gsp and zipf run on each, the others on the "
         "first (as bench compare); figures are summed over seeds (0)",
     )  # fmt: skip
+    parser.add_argument(
+        "--workers", default="2",
+        help="worker counts of one instance (`serve --workers N`, sharing through Redis), "
+        "comma-separated ('' for none)",
+    )  # fmt: skip
     parser.add_argument("--replicas", type=int, default=4, help="simulated replicas (4)")
     parser.add_argument("--quick", action="store_true", help="small workloads (a smoke run)")
     parser.add_argument(
@@ -74,10 +79,12 @@ def run(args: argparse.Namespace) -> int:
     layouts = [Layout(1, False)]
     layouts += [Layout(n, True) for n in _counts(args.instances) if n > 1]
     layouts += [Layout(n, False) for n in _counts(args.unshared) if n > 1]
+    layouts += [Layout(1, True, workers=n) for n in _counts(args.workers) if n > 1]
     command = (
         f"llm-gateway bench instances --instances {args.instances} --unshared '{args.unshared}' "
-        f"--workloads {','.join(wanted)} --seeds {','.join(map(str, seeds))} "
-        f"--replicas {args.replicas}" + (" --quick" if args.quick else "")
+        f"--workers '{args.workers}' --workloads {','.join(wanted)} "
+        f"--seeds {','.join(map(str, seeds))} --replicas {args.replicas}"
+        + (" --quick" if args.quick else "")
     )
     started = time.perf_counter()
     rows = asyncio.run(run_all(layouts, workloads, args.replicas))

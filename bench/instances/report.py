@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.instances.runner import Lag, Layout, Row
-from bench.replica_counters import max_over_mean
 
 
 def _ratio(value: float | None, base: float | None) -> str:
@@ -23,8 +22,10 @@ def _diff(value: float | None, base: float | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Figures:
-    """One layout on one workload, over every seed it ran: hits over queries, and max/mean of
-    the requests each replica served, summed over the seeds."""
+    """One layout on one workload, over every seed it ran: hits over queries, and the mean of
+    each seed's max/mean of the requests per replica (as ``bench compare`` reads its seeds).
+    Not max/mean of requests summed over seeds: each seed places its groups anew, so one
+    seed's busiest replica can be another's quietest and their sum look even."""
 
     hit_rate: float | None
     balance: float | None
@@ -37,12 +38,11 @@ class Figures:
 def combine(rows: Sequence[Row]) -> Figures:
     measurements = [r.measurement for r in rows]
     queries = sum(m.cache_queries for m in measurements)
-    counts = [m.requests_per_replica for m in measurements]
-    per_replica = [sum(col) for col in zip(*counts, strict=True)]
+    balances = [m.balance for m in measurements if m.balance is not None]
     ttfts = [t for m in measurements for t in m.ttfts]
     return Figures(
         sum(m.cache_hits for m in measurements) / queries if queries else None,
-        max_over_mean(per_replica),
+        sum(balances) / len(balances) if balances else None,
         sum(m.errors for m in measurements),
         sum(m.sent for m in measurements),
         1000 * sum(ttfts) / len(ttfts) if ttfts else float("nan"),

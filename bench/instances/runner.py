@@ -28,9 +28,14 @@ class Layout:
     instances: int
     shared: bool
     """Through Redis (the redis backend), or each instance on its own (local)."""
+    workers: int = 1
+    """Processes of each instance on one port (``serve --workers``: the kernel spreads the
+    connections over them, as a load balancer spreads requests over instances)."""
 
     @property
     def label(self) -> str:
+        if self.workers > 1:
+            return f"1 instance, {self.workers} workers, Redis"
         if self.instances == 1:
             return "1 instance"
         return f"{self.instances} instances, {'Redis' if self.shared else 'local (unshared)'}"
@@ -104,8 +109,12 @@ async def run_layout(
     env = {"GATEWAY_SHUTDOWN_DELAY_S": "0"}
     if layout.shared and redis_url is not None:
         # A key prefix per run: nothing learned in an earlier run is shared into this one.
-        prefix = f"bench-{layout.instances}-{workload.info.key}-{workload.seed}"
-        env |= {"GATEWAY_REDIS_URL": redis_url, "GATEWAY_STATE_KEY_PREFIX": prefix}
+        prefix = f"bench-{layout.instances}x{layout.workers}-{workload.info.key}-{workload.seed}"
+        env |= {
+            "GATEWAY_REDIS_URL": redis_url,
+            "GATEWAY_STATE_KEY_PREFIX": prefix,
+            "GATEWAY_WORKERS": str(layout.workers),
+        }
     gateways = list(
         await asyncio.gather(*(start_gateway(policy, env=env) for _ in range(layout.instances)))
     )
