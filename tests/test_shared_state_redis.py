@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
@@ -224,15 +227,16 @@ class LosesOneCancellation(RedisState):
         self.in_round = asyncio.Event()
         self.lost = 0
 
-    async def _sync(self, fleet: RoutingFleet) -> None:
+    async def _sync(self, fleet: RoutingFleet) -> bool:
         await super()._sync(fleet)
         if self.lost:
-            return
+            return True
         self.in_round.set()
         try:
             await asyncio.Event().wait()  # a command in flight
         except asyncio.CancelledError:
             self.lost += 1  # ... that completes as the cancellation lands
+        return True
 
 
 async def test_stop_ends_every_round_even_one_that_lost_its_cancellation() -> None:
@@ -269,3 +273,26 @@ async def test_stop_returns_while_redis_is_frozen() -> None:
 
 async def _is_up(state: RedisState) -> bool:
     return state.up
+
+
+async def test_redis_away_from_the_start_is_reported_once_and_never_as_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Nothing listens on the port. With no dispatch to publish and no other instance to
+    # read, some rounds have nothing to send Redis: they must not count as its answer.
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    state = redis_state(f"redis://127.0.0.1:{port}/0")
+    ups: list[bool] = []
+    with caplog.at_level(logging.WARNING, logger="gateway.shared_state.redis_state"):
+        await started(state, routing_fleet())
+        deadline = time.monotonic() + 2.5  # several retries at 0.1, 0.2, 0.4, 0.8 s
+        while time.monotonic() < deadline:
+            ups.append(state.up)
+            await asyncio.sleep(0.01)
+        assert await returns(state.stop())
+    lines = [r.getMessage() for r in caplog.records]
+    assert not any(ups)
+    assert sum("unreachable" in line for line in lines) == 1
+    assert not any("is back" in line for line in lines)

@@ -195,12 +195,15 @@ class RedisState(SharedState):
                 await client.aclose()
 
     async def _every(
-        self, interval: float, step: Callable[[Fleet], Awaitable[None]], fleet: Callable[[], Fleet]
+        self, interval: float, step: Callable[[Fleet], Awaitable[bool]], fleet: Callable[[], Fleet]
     ) -> None:
+        """Runs ``step`` forever; a step returns whether it reached Redis, since one that had
+        nothing to send proves nothing: counted as an answer, it flipped the link up and down
+        (a log line each way, every retry) while Redis was away."""
         while True:
             await self._link.wait_turn()
             try:
-                await step(fleet())
+                reached = await step(fleet())
             except _FAILURES as exc:
                 self._link.failed(exc)
                 RemoteFigures.forget(fleet())
@@ -208,13 +211,15 @@ class RedisState(SharedState):
                 log.exception("shared state: round failed")
                 await asyncio.sleep(1.0)
             else:
-                self._link.ok()
+                if reached:
+                    self._link.ok()
             if interval > 0:
                 await asyncio.sleep(interval)
 
     # -- dispatches ---------------------------------------------------------------------------
 
-    async def _publish(self, fleet: Fleet) -> None:
+    async def _publish(self, fleet: Fleet) -> bool:
+        sent = False
         while len(self.outbox):
             batch = self.outbox.peek(_BATCH_LIMIT)
             payload = orjson.dumps(
@@ -230,15 +235,17 @@ class RedisState(SharedState):
                 approximate=True,
             )
             self.outbox.drop(len(batch))
+            sent = True
+        return sent
 
-    async def _read(self, fleet: Fleet) -> None:
+    async def _read(self, fleet: Fleet) -> bool:
         if self._alone:
             # Only our own entries there: skip reading them back. Once another instance
             # appears, start a few seconds back, so what it published before we noticed it
             # (its first dispatches; or, for a newcomer, the fleet's recent ones) is replayed.
             self._last_id = b""
             await asyncio.sleep(self._block_ms / 1000)
-            return
+            return False
         if not self._last_id:
             seconds, micros = await self._reader.time()
             since_ms = max(seconds * 1000 + micros // 1000 - int(_REPLAY_S * 1000), 0)
@@ -250,7 +257,7 @@ class RedisState(SharedState):
             {self._stream: self._last_id}, count=_READ_COUNT, block=self._block_ms
         )
         if not reply:
-            return
+            return True
         own = self.instance.encode()
         for _stream, entries in reply:
             for entry_id, fields in entries:
@@ -258,6 +265,7 @@ class RedisState(SharedState):
                 if fields.get(b"i") == own:
                     continue
                 self._apply(fleet, fields.get(b"d", b"{}"))
+        return True
 
     async def _resync_position(self) -> None:
         """Where to read from: on from the last entry read, unless the stream is younger than
@@ -294,7 +302,7 @@ class RedisState(SharedState):
 
     # -- counts -------------------------------------------------------------------------------
 
-    async def _sync(self, fleet: Fleet) -> None:
+    async def _sync(self, fleet: Fleet) -> bool:
         ttl_ms = int(self.settings.ttl_s * 1000)
         wall = time.time()
         mine = own_figures(fleet)
@@ -319,6 +327,7 @@ class RedisState(SharedState):
         }
         self._alone = not figures  # the others' hashes expire with them
         self._remote.apply(fleet, figures)
+        return True
 
 
 def _stream_id(raw: bytes) -> tuple[int, int]:
