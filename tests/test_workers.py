@@ -1,26 +1,31 @@
 """`llm-gateway serve --workers N`: N processes on one port (SO_REUSEPORT), sharing routing state
-through Redis, stopped together by one SIGTERM to the parent."""
+through Redis (named by GATEWAY_REDIS_URL or by the policy's `state:` section), stopped
+together by one SIGTERM to the parent."""
 
 from __future__ import annotations
 
 import asyncio
 
 import aiohttp
+import pytest
 
 from bench.launcher import start_gateway
 from gateway import headers
 from tests.conftest import FAST_PROBES, chat, pool_policy, running_sims
 from tests.redis_server import running_redis
-from tests.test_shared_state_redis import NO_SHUTDOWN_DELAY, system
+from tests.test_shared_state_redis import NO_SHUTDOWN_DELAY, backend_up_is, eventually, system
 
 
-async def test_two_workers_share_one_port_and_stop_together() -> None:
+@pytest.mark.parametrize("redis_named_by", ["GATEWAY_REDIS_URL", "the policy's state section"])
+async def test_two_workers_share_one_port_and_stop_together(redis_named_by: str) -> None:
     async with running_redis() as redis, running_sims(2) as replicas:
-        env = {
-            **FAST_PROBES, **NO_SHUTDOWN_DELAY,
-            "GATEWAY_WORKERS": "2", "GATEWAY_REDIS_URL": redis.url,
-        }  # fmt: skip
-        gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
+        env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
+        policy = pool_policy([r.url for r in replicas])
+        if redis_named_by == "GATEWAY_REDIS_URL":
+            env["GATEWAY_REDIS_URL"] = redis.url
+        else:
+            policy = {**policy, "state": {"backend": "redis", "redis_url": redis.url}}
+        gateway = await start_gateway(policy, env=env)
         try:
             prefixes = set()
             statuses = []
@@ -39,6 +44,7 @@ async def test_two_workers_share_one_port_and_stop_together() -> None:
                     prefixes.add(response.headers[headers.REQUEST_ID][:12])
             assert statuses == [200] * 40
             assert len(prefixes) == 2
+            assert await eventually(backend_up_is(gateway, 1.0))  # sharing through that Redis
         finally:
             code = await gateway.stop()
         assert code == 0
