@@ -44,7 +44,8 @@ class RequestResult:
     latency_s: float
     """From sending the request to the end of the response body."""
     ttft_s: float | None = None
-    """Time to the first non-empty content delta (streaming only)."""
+    """Time to the first non-empty content delta, or to the end of an answer with no content
+    (streaming only)."""
     output_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -144,9 +145,11 @@ async def _read_stream(response: aiohttp.ClientResponse, started: float) -> _Rep
             continue
         for choice in event.get("choices") or ():
             content = (choice.get("delta") or {}).get("content")
+            # The first token is the first content, or the end of an answer that has none
+            # (end of sequence drawn first): such a request is not left out of the TTFTs.
+            if reply.ttft_s is None and (content or choice.get("finish_reason")):
+                reply.ttft_s = time.perf_counter() - started
             if content:
-                if reply.ttft_s is None:
-                    reply.ttft_s = time.perf_counter() - started
                 reply.text.append(content)
                 reply.chunks += 1
         reply.usage = event.get("usage") or reply.usage

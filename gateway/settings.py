@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from router_policies.redis_url import problem as redis_url_problem
+from router_policies.redis_url import checked as checked_redis_url
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -105,18 +105,8 @@ class Settings(BaseSettings):
     @field_validator("redis_url", mode="after")
     @classmethod
     def _empty_url_is_none(cls, url: SecretStr | None) -> SecretStr | None:
-        # Compose files and charts pass GATEWAY_REDIS_URL="" to mean "no Redis".
-        if url is None or not url.get_secret_value().strip():
-            return None
-        problem = redis_url_problem(url.get_secret_value().strip())
-        if problem is not None:
-            raise ValueError(problem)
-        return SecretStr(url.get_secret_value().strip())
-
-    @field_validator("state_key_prefix", mode="after")
-    @classmethod
-    def _empty_prefix_is_none(cls, prefix: str | None) -> str | None:
-        return prefix if prefix else None
+        checked = None if url is None else checked_redis_url(url.get_secret_value())
+        return None if checked is None else SecretStr(checked)
 
     @field_validator("log_level", mode="after")
     @classmethod

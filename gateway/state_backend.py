@@ -23,11 +23,15 @@ class NoRedisUrl(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class BackendChoice:
-    backend: StateBackend
     redis_url: SecretStr | None
+    """None: the local backend."""
     key_prefix: str
     source: str
     """Where the URL came from, for the log line: the variable, or the policy file."""
+
+    @property
+    def backend(self) -> StateBackend:
+        return StateBackend.LOCAL if self.redis_url is None else StateBackend.REDIS
 
     def describe(self) -> str:
         """One line for logs, the password masked."""
@@ -42,17 +46,15 @@ def choose_backend(settings: Settings, policy: Policy) -> BackendChoice:
     state = policy.state
     prefix = settings.state_key_prefix or state.key_prefix
     if settings.redis_url is not None:
-        return BackendChoice(StateBackend.REDIS, settings.redis_url, prefix, "GATEWAY_REDIS_URL")
+        return BackendChoice(settings.redis_url, prefix, "GATEWAY_REDIS_URL")
     if state.backend is StateBackend.LOCAL:
-        return BackendChoice(StateBackend.LOCAL, None, prefix, "the policy")
+        return BackendChoice(None, prefix, "the policy")
     if state.redis_url is None:
         raise NoRedisUrl(
             "state.backend is redis but no Redis URL is set: set state.redis_url in the policy "
             "or GATEWAY_REDIS_URL"
         )
-    return BackendChoice(
-        StateBackend.REDIS, state.redis_url, prefix, "the policy's state.redis_url"
-    )
+    return BackendChoice(state.redis_url, prefix, "the policy's state.redis_url")
 
 
 def startup_problem(settings: Settings, policy: Policy) -> str | None:

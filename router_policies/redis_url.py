@@ -49,3 +49,15 @@ def problem(url: str) -> str | None:
     if not _DB_PATH.fullmatch(parts.path):
         return f"{shown!r}: the path must be a database number, like /0"
     return None
+
+
+def checked(url: str) -> str | None:
+    """``url`` without surrounding blanks, or None when that leaves nothing (compose files and
+    charts render "" to mean "no Redis"); raises ValueError with ``problem``'s reason."""
+    url = url.strip()
+    if not url:
+        return None
+    reason = problem(url)
+    if reason is not None:
+        raise ValueError(reason)
+    return url

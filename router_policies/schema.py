@@ -24,8 +24,8 @@ from pydantic import (
 )
 
 from router_policies.block_layout import BlockLayout
+from router_policies.redis_url import checked as checked_redis_url
 from router_policies.redis_url import mask as mask_redis_url
-from router_policies.redis_url import problem as redis_url_problem
 from router_policies.yaml_locations import line_of
 
 
@@ -363,14 +363,8 @@ class StateSettings(_Strict):
     @field_validator("redis_url", mode="before")
     @classmethod
     def _redis_url(cls, url: Any) -> Any:
-        if not isinstance(url, str):
-            return url
-        if not url.strip():
-            return None  # as an empty GATEWAY_REDIS_URL: no URL (a chart may render "")
-        problem = redis_url_problem(url.strip())
-        if problem is not None:
-            raise ValueError(problem)
-        return url.strip()
+        # Empty means no URL, as an empty GATEWAY_REDIS_URL does (a chart may render "").
+        return checked_redis_url(url) if isinstance(url, str) else url
 
     @field_serializer("redis_url", when_used="json")
     def _masked(self, url: SecretStr | None) -> str | None:

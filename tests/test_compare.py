@@ -32,13 +32,15 @@ from bench.compare.markdown import RunInfo, render_markdown
 from bench.compare.results import (
     CACHE_AWARE_PEERS,
     GATEWAY_TARGETS,
+    LEAST_LOADED,
     PREFIX_AWARE,
     ROUND_ROBIN,
+    SGLANG_CA,
     FleetResult,
     Target,
     summarize,
 )
-from bench.compare.runner import rehearse
+from bench.compare.runner import measuring_order, rehearse
 from bench.driver import RequestResult, RunResult, run_conversations
 from bench.fleet_stats import CacheCounters
 from bench.replica_counters import (
@@ -298,14 +300,26 @@ async def test_reset_empties_the_cache_and_counters_stand_still() -> None:
         assert moved.requests == 1 and moved.cache.hits == 0
 
 
-async def test_the_rehearsal_sends_every_request_to_every_replica_once() -> None:
+async def test_the_rehearsal_sends_every_request_to_every_replica_then_once_more_to_any() -> None:
     workload = _tiny_workload()
     async with running_sims(2, prefill_s_per_token=0, decode_step_s=0, decode_s_per_seq=0) as sims:
         urls = [sim.url for sim in sims]
         before = await snapshot(urls)
         await rehearse(urls, MODEL, [workload], timeout_s=30)
         moved = delta(before, await snapshot(urls))
-    assert [moved[url].requests for url in urls] == [workload.info.requests] * 2
+    served = [moved[url].requests for url in urls]
+    requests = workload.info.requests
+    assert min(served) >= requests  # each replica saw every request one at a time
+    assert sum(served) == 3 * requests  # and the open-loop pass sent each once more
+
+
+def test_each_seed_measures_the_targets_starting_from_another() -> None:
+    targets = [PREFIX_AWARE, LEAST_LOADED, ROUND_ROBIN, SGLANG_CA]
+    orders = [measuring_order(targets, turn) for turn in range(len(targets))]
+    assert orders[0] == targets
+    assert [order[0] for order in orders] == targets
+    assert all(sorted(order, key=targets.index) == targets for order in orders)
+    assert measuring_order(targets, len(targets)) == targets
 
 
 async def test_arrivals_schedule_the_conversations() -> None:

@@ -156,9 +156,11 @@ def real_description(model_dir: Path) -> list[str]:
         "token and 32-token blocks, so the bound is indicative, the hit rates are exact.",
         "- The client and the routers share the 2 cores with the two engines.",
         "- Rehearsal: before the first target, each replica serves every seed's requests once, "
-        "one at a time, untimed (caches emptied after). An engine's first prefills of each "
-        "prompt length are slower, and without it the first target measured (prefix-aware) "
-        "paid them: the same gateway measured 175 ms mean TTFT run first, 154 ms run again.",
+        "one at a time, then every seed runs once at its arrival times with each request sent "
+        "to a replica at random, untimed (caches emptied after). An engine's first prefills "
+        "of each prompt length, and its first batches of each mix, are slower, and without "
+        "the rehearsal the first target measured paid them: the same gateway measured 175 ms "
+        "mean TTFT run first, 154 ms run again.",
     ]
 
 

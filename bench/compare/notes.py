@@ -35,7 +35,9 @@ METHOD = [
     "loop (a fixed number of requests in flight), as the workload's author ran them.",
     "- Seeds: generated-shared-prefix, Zipf and the real fleet's shared prefix run once per "
     "seed (text and arrivals drawn anew); their rows and checks use the mean over seeds, with "
-    "the range in brackets. The other workloads run on the first seed.",
+    "the range in brackets. The other workloads run on the first seed. The targets take "
+    "turns going first: seed k measures them in the listed order rotated by k, so no target "
+    "always runs first on a fleet.",
     "- Client-side figures (bench/driver.py): TTFT = time to the first content token; ITL = "
     "(end-to-end - TTFT) / (output tokens - 1) per request; E2E = until the end of the "
     "stream; output tokens/s = tokens received / the run's wall time.",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from bench.compare.results import (
     Target,
     summarize,
 )
-from bench.driver import CHAT_PATH, run_conversations
+from bench.driver import CHAT_PATH, RunResult, run_conversations
 from bench.launcher import start_gateway
 from bench.replica_counters import (
     delta,
@@ -129,10 +130,31 @@ async def rehearse(
                 url, workload.conversations, model=model, concurrency=1,
                 timeout_s=timeout_s, progress=False,
             )  # fmt: skip
-            if run.failed:
-                raise RuntimeError(f"rehearsal on {url}: {run.failed} requests failed")
+            _raise_on_failures(run, f"rehearsal on {url}")
 
     await asyncio.gather(*(serve_all(url) for url in urls))
+    # Requests that overlap are batched into shapes no single request makes, and an engine's
+    # first batch of a shape is slower too: once, the workloads as they will arrive, each
+    # request to a replica at random, so the first target measured does not pay for them.
+    for workload in workloads:
+        run = await run_conversations(
+            urls[0], workload.conversations, model=model, concurrency=CONCURRENCY_CAP,
+            timeout_s=timeout_s, arrivals=workload.arrivals, progress=False, spread=urls[1:],
+        )  # fmt: skip
+        _raise_on_failures(run, "rehearsal at the workloads' arrival times")
+
+
+def _raise_on_failures(run: RunResult, what: str) -> None:
+    if run.failed:
+        raise RuntimeError(f"{what}: {run.failed} requests failed")
+
+
+def measuring_order(targets: Sequence[Target], turn: int) -> list[Target]:
+    """The targets in the order they are measured on a workload's ``turn``-th seed: the listed
+    order rotated by ``turn``, so the first measured (the one after the fleet's start or after
+    another workload) is not always the same target."""
+    start = turn % len(targets) if targets else 0
+    return [*targets[start:], *targets[:start]]
 
 
 async def run_targets(
@@ -145,10 +167,13 @@ async def run_targets(
     live: list[ManagedProcess],
     bar: tqdm[Any] | None,
 ) -> None:
+    turns: Counter[str] = Counter()
     for workload in workloads:
         if fleet.workload(workload.info.key) is None:
             fleet.workloads.append(workload.info)
-        for target in fleet.targets:
+        turn = turns[workload.info.key]
+        turns[workload.info.key] += 1
+        for target in measuring_order(fleet.targets, turn):
             if bar is not None:
                 name = f"{workload.info.key} seed {workload.seed}"
                 bar.set_postfix_str(f"{fleet.key} {name}: {target.label}")
