@@ -104,7 +104,7 @@ class Settings(BaseSettings):
 
     @field_validator("redis_url", mode="after")
     @classmethod
-    def _empty_url_is_none(cls, url: SecretStr | None) -> SecretStr | None:
+    def _checked_url(cls, url: SecretStr | None) -> SecretStr | None:
         checked = None if url is None else checked_redis_url(url.get_secret_value())
         return None if checked is None else SecretStr(checked)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bench.affinity import AffinityBound
+from bench.compare.plan import SimScale, sim_workloads
 from bench.compare.results import PREFIX_AWARE, Measurement
+from bench.instances.cli import SEEDED
 from bench.instances.report import combine, markdown
 from bench.instances.runner import Layout, Row
 
@@ -21,6 +23,16 @@ def _row(layout: Layout, per_replica: tuple[float, ...], seed: int, hits: float 
 
 
 ONE = Layout(1, False)
+
+
+def test_multi_round_qa_runs_on_every_seed_here_the_low_sharing_control_on_the_first() -> None:
+    workloads = sim_workloads(SimScale.quick(), seeds=(0, 1), seeded=SEEDED)
+    assert [(w.info.key, w.seed) for w in workloads] == [
+        ("gsp", 0), ("mrqa", 0), ("low", 0), ("zipf", 0), ("gsp", 1), ("mrqa", 1), ("zipf", 1),
+    ]  # fmt: skip
+    mrqa = [w for w in workloads if w.info.key == "mrqa"]
+    assert mrqa[0].info.seeds == (0, 1)
+    assert mrqa[0].conversations[0].questions != mrqa[1].conversations[0].questions
 
 
 def test_balance_is_each_seeds_max_over_mean_averaged_not_the_sum_over_seeds() -> None:

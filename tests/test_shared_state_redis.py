@@ -29,6 +29,7 @@ from gateway.state import Fleet as RoutingFleet
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, chat, pool_policy, running_sims
 from tests.redis_server import RedisServer, running_redis
+from tests.test_shared_state import NAMES, SYSTEM, dispatch_to, features, pool_of
 from tests.test_shared_state import fleet as routing_fleet
 
 NO_SHUTDOWN_DELAY = {"GATEWAY_SHUTDOWN_DELAY_S": "0"}
@@ -185,6 +186,45 @@ def backend_up_is(gateway: ManagedProcess, value: float) -> Callable[[], Awaitab
         return await metric(gateway, "gateway_state_backend_up", backend="redis") == value
 
     return check
+
+
+# -- publishing ------------------------------------------------------------------------------------
+
+
+async def test_a_quiet_instance_publishes_a_dispatch_at_once_not_at_its_next_interval() -> None:
+    # Batching is for busy instances: the first dispatch after a quiet spell goes out at once,
+    # so the others' staleness is a round trip, not up to an interval.
+    interval_s = 5.0
+    async with running_redis() as redis:
+        here, there = routing_fleet(), routing_fleet()
+        states = [
+            RedisState(
+                RedisSettings(redis.url, publish_interval_s=interval_s, sync_interval_s=0.05),
+                Outbox(),
+                Gauge("up", "Redis answers", registry=CollectorRegistry()),
+                Histogram("lag", "dispatch age on arrival", registry=CollectorRegistry()),
+            )
+            for _ in (here, there)
+        ]
+        for state, f in zip(states, (here, there), strict=True):
+            await started(state, f)
+        try:
+            await asyncio.sleep(0.3)  # both know each other; any first publishing round is over
+            pool, elsewhere = pool_of(here), pool_of(there)
+            request = features(pool, SYSTEM)
+            home = pool.decide(request)
+            assert home is not None
+            chosen = next(n for n in NAMES if n != home.replica)
+            dispatch_to(pool, chosen, request)
+
+            async def learned() -> bool:
+                decision = elsewhere.decide(request)
+                return decision is not None and decision.replica == chosen
+
+            assert await eventually(learned, within_s=interval_s / 2)
+        finally:
+            for state in states:
+                assert await returns(state.stop())
 
 
 # -- stopping the backend ------------------------------------------------------------------------

@@ -3,7 +3,7 @@ for this machine."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -103,28 +103,32 @@ class SimScale:
         return self.groups * 2048
 
 
-def sim_workloads(scale: SimScale, seeds: Sequence[int] = (0,)) -> list[PlannedWorkload]:
+def sim_workloads(
+    scale: SimScale, seeds: Sequence[int] = (0,), seeded: Collection[str] = SEEDED
+) -> list[PlannedWorkload]:
     """The four simulated-fleet workloads, from their definitions scaled as ``scale`` says:
-    generated-shared-prefix and Zipf once per seed (seed after seed), the others on the first
-    seed only."""
-    return _over_seeds(lambda seed: _sim_workloads(scale, seed), seeds)
+    those in ``seeded`` (generated-shared-prefix and Zipf) once per seed (seed after seed), the
+    others on the first seed only."""
+    return _over_seeds(lambda seed: _sim_workloads(scale, seed), seeds, seeded)
 
 
 def _over_seeds(
-    make: Callable[[int], list[PlannedWorkload]], seeds: Sequence[int]
+    make: Callable[[int], list[PlannedWorkload]],
+    seeds: Sequence[int],
+    seeded: Collection[str] = SEEDED,
 ) -> list[PlannedWorkload]:
-    """``make``'s workloads for each seed in turn: those in SEEDED on every seed, the others on
-    the first only. Each seeded workload's info lists all the seeds, so that its report row
-    can say what its means are over."""
+    """``make``'s workloads for each seed in turn: those in ``seeded`` on every seed, the
+    others on the first only. Each seeded workload's info lists all the seeds, so that its
+    report row can say what its means are over."""
     if not seeds:
         raise ValueError("at least one seed")
     planned_: list[PlannedWorkload] = []
     for index, seed in enumerate(seeds):
         for workload in make(seed):
-            if index == 0 or workload.info.key in SEEDED:
+            if index == 0 or workload.info.key in seeded:
                 planned_.append(workload)
     return [
-        replace(w, info=replace(w.info, seeds=tuple(seeds))) if w.info.key in SEEDED else w
+        replace(w, info=replace(w.info, seeds=tuple(seeds))) if w.info.key in seeded else w
         for w in planned_
     ]
 

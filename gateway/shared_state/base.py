@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
@@ -22,16 +23,23 @@ Sent = tuple[float, str, str, RequestFeatures]
 class Outbox:
     """Dispatches waiting to be published: one append on the request path, nothing more."""
 
-    __slots__ = ("_sent",)
+    __slots__ = ("_filled", "_sent")
 
     def __init__(self, limit: int = OUTBOX_LIMIT) -> None:
         self._sent: deque[Sent] = deque(maxlen=limit)
+        self._filled = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._sent)
 
     def dispatched(self, pool: str, replica: str, features: RequestFeatures) -> None:
         self._sent.append((time.time(), pool, replica, features))
+        self._filled.set()
+
+    async def filled(self) -> None:
+        """Returns once there is something to publish: an idle publisher sleeps rather than
+        wake every interval to find nothing (each wake-up costs CPU on a busy host)."""
+        await self._filled.wait()
 
     def peek(self, limit: int) -> list[Sent]:
         sent = self._sent
@@ -40,6 +48,8 @@ class Outbox:
     def drop(self, count: int) -> None:
         for _ in range(min(count, len(self._sent))):
             self._sent.popleft()
+        if not self._sent:
+            self._filled.clear()
 
 
 class SharedState:

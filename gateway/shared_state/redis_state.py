@@ -1,12 +1,19 @@
 """The Redis backend: what each instance dispatched, and its counts, shared in the background.
 
-- Dispatches: every ``publish_interval_s`` the outbox is sent as one entry of a stream
-  (XADD, MAXLEN ~ bounded); every instance reads the stream (XREAD BLOCK) and replays the
-  other instances' dispatches into its own pools: the selection policy's ``record`` (the
-  prefix index, the hot-prefix counts) and the replica's recent-dispatch count.
+- Dispatches: this instance's own stream gets the outbox as one entry (XADD, MAXLEN ~
+  bounded; the stream expires ``_MAX_AGE_S`` after its last entry) as soon as it holds a
+  dispatch, then at most every ``publish_interval_s``: a quiet instance publishes a dispatch
+  at once, a busy one in batches. Every instance reads the other live instances' streams (one
+  XREAD BLOCK over them all) and replays their dispatches into its own pools: the selection
+  policy's ``record`` (the prefix index, the hot-prefix counts) and the replica's
+  recent-dispatch count. Why a stream per instance, and why no publishing round while the
+  outbox is empty: each wake-up of a sharing task costs CPU (a few hundred microseconds on a
+  busy 2-core host), and this way nobody wakes to read back its own entries or to find
+  nothing to send.
 - Counts: every ``sync_interval_s`` this instance writes its hash (in-flight per replica,
-  waiting, arrivals, completions) with a TTL of ``ttl_s`` and reads the others' hashes: a dead
-  instance's counts expire with its hash.
+  waiting, arrivals, completions) with a TTL of ``ttl_s`` and reads the others' hashes, in one
+  round trip: a dead instance's counts expire with its hash, and the instances whose hashes
+  are live are the ones whose streams are read.
 - Redis away or slow (a timeout of ``timeout_s``): one warning, gateway_state_backend_up 0,
   routing on local state only, retries with backoff up to ``_MAX_BACKOFF_S``; on return one
   info line, and what the outbox kept meanwhile is published (resync).
@@ -53,6 +60,8 @@ _INSTANCES_FORGET_S = 600.0
 _REPLAY_S = 5.0
 """How far back an instance starts reading the stream when another instance appears."""
 _FAILURES = (RedisError, OSError, TimeoutError)
+_BLOCK_MS = 100
+"""Longest wait of one XREAD: how soon the reader notices a new instance."""
 _WITHDRAW_S = 1.0
 """Most time stopping gives to withdrawing this instance's counts and closing the connections:
 a courtesy (the counts expire at their TTL anyway), not worth holding the exit for."""
@@ -125,44 +134,44 @@ class RedisState(SharedState):
         self._lag = lag
         self._link = _Link(up)
         prefix = settings.key_prefix
-        self._stream = f"{prefix}:dispatches"
         self._instances = f"{prefix}:instances"
         self._own_key = self._figures_key(self.instance)
+        self._own_stream = self._stream_key(self.instance)
         self._remote = RemoteFigures()
-        self._client: aioredis.Redis = aioredis.from_url(
-            settings.url,
-            socket_timeout=settings.timeout_s,
-            socket_connect_timeout=settings.timeout_s,
-            retry=None,
-            retry_on_timeout=False,
-            decode_responses=False,
-        )
+        self._client = self._connect(settings.timeout_s)
         # XREAD BLOCK holds its connection: a client of its own, whose timeout covers the block.
-        self._reader: aioredis.Redis = aioredis.from_url(
-            settings.url,
-            socket_timeout=settings.timeout_s + self._block_ms / 1000,
-            socket_connect_timeout=settings.timeout_s,
+        self._reader = self._connect(settings.timeout_s + _BLOCK_MS / 1000)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._members: list[str] = []
+        """The other instances in the registry at the last counts round."""
+        self._live: list[str] = []
+        """The other instances whose counts were live at the last counts round: the streams
+        to read."""
+        self._positions: dict[str, bytes] = {}
+        """Last entry read from each other instance's stream; a newcomer starts _REPLAY_S
+        back. Kept while the instance stays in the registry, so one that drops out of the live
+        set for a moment is not replayed twice."""
+        self._read_epoch = 0
+
+    def _connect(self, timeout_s: float) -> aioredis.Redis:
+        return aioredis.from_url(
+            self.settings.url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=self.settings.timeout_s,
             retry=None,
             retry_on_timeout=False,
             decode_responses=False,
         )
-        self._tasks: list[asyncio.Task[None]] = []
-        self._last_id: bytes = b""
-        """Last stream entry read; empty: not reading (alone), start _REPLAY_S back."""
-        self._read_epoch = 0
-        self._alone = True
-        """No other instance wrote its counts lately: nothing to read from the stream."""
 
     @property
     def up(self) -> bool:
         return self._link.up
 
-    @property
-    def _block_ms(self) -> int:
-        return 100
-
     def _figures_key(self, instance: str) -> str:
         return f"{self.settings.key_prefix}:instance:{instance}"
+
+    def _stream_key(self, instance: str) -> str:
+        return f"{self.settings.key_prefix}:dispatches:{instance}"
 
     async def start(self, fleet: Callable[[], Fleet]) -> None:
         fleet().attach(self.outbox)
@@ -219,6 +228,7 @@ class RedisState(SharedState):
     # -- dispatches ---------------------------------------------------------------------------
 
     async def _publish(self, fleet: Fleet) -> bool:
+        await self.outbox.filled()
         sent = False
         while len(self.outbox):
             batch = self.outbox.peek(_BATCH_LIMIT)
@@ -228,52 +238,64 @@ class RedisState(SharedState):
                     "d": [[t, pool, rep, codec.encode(feat)] for t, pool, rep, feat in batch],
                 }
             )
-            await self._client.xadd(
-                self._stream,
-                {"i": self.instance, "d": payload},
+            pipe = self._client.pipeline(transaction=True)
+            pipe.xadd(
+                self._own_stream,
+                {"d": payload},
                 maxlen=self.settings.stream_maxlen,
                 approximate=True,
             )
+            pipe.pexpire(self._own_stream, int(_MAX_AGE_S * 1000))
+            await pipe.execute()
             self.outbox.drop(len(batch))
             sent = True
         return sent
 
     async def _read(self, fleet: Fleet) -> bool:
-        if self._alone:
-            # Only our own entries there: skip reading them back. Once another instance
-            # appears, start a few seconds back, so what it published before we noticed it
-            # (its first dispatches; or, for a newcomer, the fleet's recent ones) is replayed.
-            self._last_id = b""
-            await asyncio.sleep(self._block_ms / 1000)
+        live = self._live
+        if not live:
+            # Alone: nothing to read. Once another instance appears, its stream is read from a
+            # few seconds back, so what it published before we noticed it (its first
+            # dispatches; or, for a newcomer, the fleet's recent ones) is replayed.
+            await asyncio.sleep(_BLOCK_MS / 1000)
             return False
-        if not self._last_id:
+        if self._read_epoch != self._link.epoch:
+            await self._resync_positions()
+        new = [other for other in live if other not in self._positions]
+        if new:
             seconds, micros = await self._reader.time()
             since_ms = max(seconds * 1000 + micros // 1000 - int(_REPLAY_S * 1000), 0)
-            self._last_id = f"{since_ms}-0".encode()
-            self._read_epoch = self._link.epoch
-        elif self._read_epoch != self._link.epoch:
-            await self._resync_position()
+            for other in new:
+                self._positions[other] = f"{since_ms}-0".encode()
         reply: Any = await self._reader.xread(
-            {self._stream: self._last_id}, count=_READ_COUNT, block=self._block_ms
+            {self._stream_key(other): self._positions[other] for other in live},
+            count=_READ_COUNT,
+            block=_BLOCK_MS,
         )
         if not reply:
             return True
-        own = self.instance.encode()
-        for _stream, entries in reply:
+        by_stream = {self._stream_key(other).encode(): other for other in live}
+        for stream, entries in reply:
+            sender = by_stream.get(stream)
+            if sender is None:
+                continue
             for entry_id, fields in entries:
-                self._last_id = entry_id
-                if fields.get(b"i") == own:
-                    continue
+                self._positions[sender] = entry_id
                 self._apply(fleet, fields.get(b"d", b"{}"))
         return True
 
-    async def _resync_position(self) -> None:
-        """Where to read from: on from the last entry read, unless the stream is younger than
-        that (Redis restarted and lost it), then from its start."""
-        newest: Any = await self._reader.xrevrange(self._stream, count=1)
-        newest_id: bytes = newest[0][0] if newest else b"0-0"
-        if _stream_id(newest_id) < _stream_id(self._last_id):
-            self._last_id = b"0-0"
+    async def _resync_positions(self) -> None:
+        """Where to read from once Redis is back: on from the last entry read, unless that
+        instance's stream is now younger (Redis restarted and lost it), then from its start."""
+        others = list(self._positions)
+        pipe = self._reader.pipeline(transaction=False)
+        for other in others:
+            pipe.xrevrange(self._stream_key(other), count=1)
+        newest: list[Any] = await pipe.execute() if others else []
+        for other, entries in zip(others, newest, strict=True):
+            newest_id: bytes = entries[0][0] if entries else b"0-0"
+            if _stream_id(newest_id) < _stream_id(self._positions[other]):
+                self._positions[other] = b"0-0"
         self._read_epoch = self._link.epoch
 
     def _apply(self, fleet: Fleet, raw: bytes) -> None:
@@ -306,6 +328,9 @@ class RedisState(SharedState):
         ttl_ms = int(self.settings.ttl_s * 1000)
         wall = time.time()
         mine = own_figures(fleet)
+        # The others' hashes are those of the registry's members at the previous round: an
+        # instance that just joined is read from the next round on, one interval later.
+        members = self._members
         pipe = self._client.pipeline(transaction=True)
         pipe.delete(self._own_key)
         if mine:
@@ -314,18 +339,20 @@ class RedisState(SharedState):
         pipe.zadd(self._instances, {self.instance: wall})
         pipe.zremrangebyscore(self._instances, 0, wall - _INSTANCES_FORGET_S)
         pipe.zrange(self._instances, 0, -1)
+        for other in members:
+            pipe.hgetall(self._figures_key(other))
         replies = await pipe.execute()
-        others = [m.decode() for m in replies[-1] if m.decode() != self.instance]
-        read = self._client.pipeline(transaction=False)
-        for other in others:
-            read.hgetall(self._figures_key(other))
-        hashes = await read.execute() if others else []
+        hashes = replies[len(replies) - len(members) :]
+        registry = replies[len(replies) - len(members) - 1]
+        self._members = [m.decode() for m in registry if m.decode() != self.instance]
         figures = {
             other: {k.decode(): v.decode() for k, v in fields.items()}
-            for other, fields in zip(others, hashes, strict=True)
+            for other, fields in zip(members, hashes, strict=True)
             if fields
         }
-        self._alone = not figures  # the others' hashes expire with them
+        self._live = list(figures)  # the others' hashes expire with them
+        for gone in self._positions.keys() - set(self._members):
+            del self._positions[gone]
         self._remote.apply(fleet, figures)
         return True
 
