@@ -181,10 +181,13 @@ async def test_responses_follow_up_goes_to_the_replica_that_stored_the_first(
     gateway: ManagedProcess,
 ) -> None:
     openai = client(gateway.url)
-    # Several conversations, so that both replicas store some: a follow-up sent to the other
-    # replica would get its 404.
-    replicas = set()
-    for i in range(6):
+    # Conversations until both replicas store some (at least 6): a follow-up sent to the other
+    # replica would get its 404. New ones go by recent load, and this module's earlier requests
+    # may have left one replica the busier for the first few.
+    replicas: set[str] = set()
+    for i in range(20):
+        if i >= 6 and len(replicas) == 2:
+            break
         raw = await openai.responses.with_raw_response.create(
             model=MODEL, instructions=f"Conversation {i}. " * 30, input="Hello?",
             max_output_tokens=4,
