@@ -13,7 +13,7 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -198,12 +198,7 @@ async def test_a_quiet_instance_publishes_a_dispatch_at_once_not_at_its_next_int
     async with running_redis() as redis:
         here, there = routing_fleet(), routing_fleet()
         states = [
-            RedisState(
-                RedisSettings(redis.url, publish_interval_s=interval_s, sync_interval_s=0.05),
-                Outbox(),
-                Gauge("up", "Redis answers", registry=CollectorRegistry()),
-                Histogram("lag", "dispatch age on arrival", registry=CollectorRegistry()),
-            )
+            redis_state(redis.url, publish_interval_s=interval_s, sync_interval_s=0.05)
             for _ in (here, there)
         ]
         for state, f in zip(states, (here, there), strict=True):
@@ -230,11 +225,11 @@ async def test_a_quiet_instance_publishes_a_dispatch_at_once_not_at_its_next_int
 # -- stopping the backend ------------------------------------------------------------------------
 
 
-def redis_state(url: str, kind: type[RedisState] = RedisState) -> RedisState:
+def redis_state(url: str, kind: type[RedisState] = RedisState, **settings: Any) -> RedisState:
     registry = CollectorRegistry()
     up = Gauge("up", "Redis answers", registry=registry)
     lag = Histogram("lag", "dispatch age on arrival", registry=registry)
-    return kind(RedisSettings(url), Outbox(), up, lag)
+    return kind(replace(RedisSettings(url), **settings), Outbox(), up, lag)
 
 
 async def started(state: RedisState, fleet: RoutingFleet) -> set[asyncio.Task[object]]:
