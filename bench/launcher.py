@@ -76,7 +76,7 @@ async def start_gateway(
     env: dict[str, str] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
     wait_path: str = "/ready",
-) -> ManagedProcess:
+) -> GatewayProcess:
     """Start ``llm-gateway serve`` on loopback with ``policy``; wait until ``wait_path`` is 200.
 
     ``policy`` is the policy file's content as plain data. With no ``port`` a free one is

@@ -36,7 +36,8 @@ from gateway.request_body import Endpoint, UnreadBody, parse_request, read_body
 from gateway.resolve import resolve
 from gateway.settings import Settings
 from gateway.shared_state import make_shared_state
-from gateway.state_backend import choose_backend
+from gateway.shared_state.worker_mesh import MeshPlace
+from gateway.state_backend import choose_backend, limits_problem
 from router_policies.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -305,7 +306,9 @@ async def admin_route(request: web.Request) -> web.Response:
     )
 
 
-def build_app(settings: Settings, policy: Policy) -> web.Application:
+def build_app(settings: Settings, policy: Policy, mesh: MeshPlace | None = None) -> web.Application:
+    """The gateway; ``mesh``: this process is one of `serve --workers N`, sharing with the
+    others without Redis (given only when no Redis is configured)."""
     # *_created series double the exposition for no use an HPA or a dashboard has.
     disable_created_metrics()  # type: ignore[no-untyped-call]
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[openai_errors])
@@ -313,8 +316,13 @@ def build_app(settings: Settings, policy: Policy) -> web.Application:
     app[LIFECYCLE] = Lifecycle()
     app[MEMORY] = RoutingMemory()
     app[METRICS] = GatewayMetrics(lambda: app[POLICY].fleet)
-    app[POLICY] = PolicyHolder(policy, settings.policy, app[METRICS].policy_reloads)
-    app.cleanup_ctx.append(_background)
+    app[POLICY] = PolicyHolder(
+        policy,
+        settings.policy,
+        app[METRICS].policy_reloads,
+        refuse=lambda new: limits_problem(choose_backend(settings, new), new),
+    )
+    app.cleanup_ctx.append(lambda app: _background(app, mesh))
     for endpoint in Endpoint:
         app.router.add_post(
             endpoint.value, completion_handler(endpoint), expect_handler=_expect_continue
@@ -344,7 +352,7 @@ async def _expect_continue(request: web.Request) -> web.StreamResponse | None:
     return None
 
 
-async def _background(app: web.Application) -> AsyncIterator[None]:
+async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     holder = app[POLICY]
     # No connection cap: the replicas' own batching limits are the back-pressure that counts.
@@ -375,7 +383,7 @@ async def _background(app: web.Application) -> AsyncIterator[None]:
         # Chosen once: the backend cannot change under a running process (a reload keeps it).
         backend = choose_backend(settings, holder.fleet.policy)
         log.info("shared state: %s", backend.describe())
-        shared = make_shared_state(settings, backend, app[METRICS])
+        shared = make_shared_state(settings, backend, app[METRICS], mesh)
         await shared.start(lambda: holder.fleet)
         app[LIMITER] = make_limiter(settings, backend, app[METRICS])
         watcher = asyncio.create_task(

@@ -58,7 +58,8 @@ def _check_policy(args: argparse.Namespace) -> int:
     if policy is None:
         return 2
     # With the environment `serve` would see: GATEWAY_REDIS_URL can supply the URL a
-    # `state: {backend: redis}` section leaves out, and GATEWAY_WORKERS needs Redis.
+    # `state: {backend: redis}` section leaves out, and per-key limits under GATEWAY_WORKERS
+    # need Redis.
     settings = load_settings({})
     if settings is None or not _state_usable(settings, policy):
         return 2
@@ -153,8 +154,8 @@ def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
         "--workers",
         type=int,
         help="processes serving the port (SO_REUSEPORT; default from GATEWAY_WORKERS: 1); "
-        "more than 1 needs Redis (GATEWAY_REDIS_URL or the policy's state section), through "
-        "which they share routing state",
+        "they share routing state through Redis when one is configured, else with each "
+        "other over Unix sockets",
     )
     serve.set_defaults(func=_serve)
 

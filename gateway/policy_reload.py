@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,10 +48,19 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
 
 
 class PolicyHolder:
-    def __init__(self, policy: Policy, path: Path | None, reloads: Counter) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        path: Path | None,
+        reloads: Counter,
+        refuse: Callable[[Policy], str | None] = lambda _: None,
+    ) -> None:
+        """``refuse``: why this process cannot run a policy that is valid on its own (one
+        line), or None; such a reload fails like an invalid file."""
         self.fleet = Fleet(policy)
         self.path = path
         self._reloads = reloads
+        self._refuse = refuse
         self._stamp = _stamp(path) if path is not None else None
 
     def reload(self) -> ReloadResult:
@@ -65,6 +75,9 @@ class PolicyHolder:
                 warnings = (STATE_NEEDS_RESTART,)
                 # /admin/policy then shows the section in effect, not the one waiting.
                 policy = policy.model_copy(update={"state": current})
+            refused = self._refuse(policy)
+            if refused is not None:
+                return self._failed((refused,))
             fleet = Fleet(policy, previous=self.fleet)
         except OSError as exc:
             return self._failed((f"cannot read {self.path}: {exc.strerror}",))

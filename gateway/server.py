@@ -10,8 +10,10 @@ too: a step still hanging ``_EXIT_BOUND_S`` later is logged once and the process
 
 With ``workers`` > 1 the process forks that many workers before any event loop starts; each
 listens on the same port with SO_REUSEPORT (the kernel spreads connections over them) and
-shares routing state through the Redis backend like separate instances do. The parent only
-forwards signals and replaces a worker that crashes.
+shares routing state: through the Redis backend like separate instances do when one is
+configured, else with the other workers over Unix sockets in a private directory the parent
+makes (gateway/shared_state/worker_mesh.py). The parent only forwards signals and replaces a
+worker that crashes, in the same place of the mesh.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -34,6 +39,8 @@ from aiohttp import web
 from gateway.app import FORWARDER, LIFECYCLE, METRICS, POLICY, build_app
 from gateway.connections import ConnectionGate, connection_limit
 from gateway.settings import Settings
+from gateway.shared_state.worker_mesh import MeshPlace
+from gateway.state_backend import choose_backend
 from router_policies.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -71,9 +78,14 @@ class StartupError(Exception):
 
 
 async def serve(
-    settings: Settings, policy: Policy, exit_deadline: _ExitDeadline, *, reuse_port: bool = False
+    settings: Settings,
+    policy: Policy,
+    exit_deadline: _ExitDeadline,
+    *,
+    reuse_port: bool = False,
+    mesh: MeshPlace | None = None,
 ) -> None:
-    app = build_app(settings, policy)
+    app = build_app(settings, policy, mesh)
     handler_args: dict[str, Any] = {
         # A connection that has not sent complete headers within the timeout (counted from
         # its opening or its previous response) is closed: aiohttp's keep-alive timer, which
@@ -169,10 +181,12 @@ def run(settings: Settings, policy: Policy) -> int:
     return _run_one(settings, policy)
 
 
-def _run_one(settings: Settings, policy: Policy, *, reuse_port: bool = False) -> int:
+def _run_one(
+    settings: Settings, policy: Policy, *, reuse_port: bool = False, mesh: MeshPlace | None = None
+) -> int:
     exit_deadline = _ExitDeadline(_EXIT_BOUND_S)
     try:
-        uvloop.run(serve(settings, policy, exit_deadline, reuse_port=reuse_port))
+        uvloop.run(serve(settings, policy, exit_deadline, reuse_port=reuse_port, mesh=mesh))
     except StartupError as exc:
         log.error("%s", exc)
         return 2
@@ -186,7 +200,7 @@ _RESPAWN_PAUSE_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
-def _fork_worker(settings: Settings, policy: Policy) -> int:
+def _fork_worker(settings: Settings, policy: Policy, mesh: MeshPlace | None) -> int:
     pid = os.fork()
     if pid:
         return pid
@@ -197,7 +211,7 @@ def _fork_worker(settings: Settings, policy: Policy) -> int:
         if sys.platform == "linux":
             # A worker whose parent is killed outright stops too, rather than serve alone.
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        code = _run_one(settings, policy, reuse_port=True)
+        code = _run_one(settings, policy, reuse_port=True, mesh=mesh)
     finally:
         logging.shutdown()
         os._exit(code)
@@ -208,26 +222,45 @@ def _run_workers(settings: Settings, policy: Policy) -> int:
     if settings.port == 0:
         log.error("--workers > 1 needs a fixed --port: each worker binds it with SO_REUSEPORT")
         return 2
-    workers: set[int] = set()
+    # Without Redis the workers share through sockets in a directory only this user can enter.
+    mesh_dir = (
+        Path(tempfile.mkdtemp(prefix="llm-gateway-workers-"))
+        if choose_backend(settings, policy).redis_url is None
+        else None
+    )
+    try:
+        return _supervise(settings, policy, mesh_dir)
+    finally:
+        if mesh_dir is not None:
+            shutil.rmtree(mesh_dir, ignore_errors=True)
+
+
+def _supervise(settings: Settings, policy: Policy, mesh_dir: Path | None) -> int:
+    workers: dict[int, int] = {}
+    """Each worker's index (its place in the mesh, kept by its replacement), by pid."""
     stopping = False
+
+    def start(index: int) -> None:
+        place = None if mesh_dir is None else MeshPlace(mesh_dir, settings.workers, index)
+        workers[_fork_worker(settings, policy, place)] = index
 
     def forward(sig: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         if sig != signal.SIGHUP:
             stopping = True
-        for pid in workers:
+        for pid in list(workers):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
-    for _ in range(settings.workers):
-        workers.add(_fork_worker(settings, policy))
+    for index in range(settings.workers):
+        start(index)
     log.info("llm-gateway: %d workers on port %d", settings.workers, settings.port)
     worst = 0
     while workers:
         pid, status = os.wait()
-        workers.discard(pid)
+        index = workers.pop(pid, 0)
         code = os.waitstatus_to_exitcode(status)
         if code == _STARTUP_FAILED:
             # Every worker would fail alike (the port is taken): stop them all.
@@ -237,5 +270,5 @@ def _run_workers(settings: Settings, policy: Policy) -> int:
             continue
         log.error("worker %d ended with %d; starting another", pid, code)
         time.sleep(_RESPAWN_PAUSE_S)
-        workers.add(_fork_worker(settings, policy))
+        start(index)
     return worst

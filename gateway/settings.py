@@ -76,8 +76,8 @@ class Settings(BaseSettings):
     disabled."""
     log_level: str = "INFO"
     workers: Annotated[int, Field(ge=1, le=256)] = 1
-    """Processes serving one port (SO_REUSEPORT); more than 1 needs the Redis state backend
-    (this URL or the policy's `state:` section), through which they share routing state."""
+    """Processes serving one port (SO_REUSEPORT). They share routing state through the Redis
+    backend when one is configured, else with each other over Unix sockets."""
     redis_url: SecretStr | None = None
     """redis://[:password@]host:port/db: the shared-state backend of several instances
     (gateway/shared_state/). Set, it takes precedence over the policy's `state:` section (the
@@ -85,7 +85,8 @@ class Settings(BaseSettings):
     state_key_prefix: str | None = None
     """Prefix of the Redis keys, over the policy's state.key_prefix (where its default lives)."""
     state_publish_interval_s: Annotated[float, Field(gt=0, le=1)] = 0.015
-    """How often this instance's dispatches are published (one stream entry per batch)."""
+    """At most how often this instance's dispatches are published: the first after a quiet
+    spell goes at once, then one batch per interval while they keep coming."""
     state_sync_interval_s: Annotated[float, Field(gt=0, le=5)] = 0.075
     """How often the in-flight, waiting and arrival counts are written and read."""
     state_ttl_s: Annotated[float, Field(gt=0)] = 2.0

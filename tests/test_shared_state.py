@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 from pydantic import SecretStr
@@ -44,6 +45,27 @@ def dispatch_to(pool: PoolState, replica: str, request: RequestFeatures) -> None
     decision = pool.decide(request)
     assert decision is not None
     pool.begin(dataclasses.replace(decision, replica=replica), request)
+
+
+def dispatch_away_from_home(pool: PoolState) -> tuple[RequestFeatures, str]:
+    """SYSTEM's request dispatched to a replica that is not its cold-start home (which any
+    instance would find by itself): (the request, that replica)."""
+    request = features(pool, SYSTEM)
+    home = pool.decide(request)
+    assert home is not None
+    chosen = next(n for n in NAMES if n != home.replica)
+    dispatch_to(pool, chosen, request)
+    return request, chosen
+
+
+def routes_to(
+    pool: PoolState, request: RequestFeatures, replica: str
+) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        decision = pool.decide(request)
+        return decision is not None and decision.replica == replica
+
+    return check
 
 
 # -- what travels --------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from gateway.state import Fleet as RoutingFleet
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, chat, pool_policy, running_sims
 from tests.redis_server import RedisServer, running_redis
-from tests.test_shared_state import NAMES, SYSTEM, dispatch_to, features, pool_of
+from tests.test_shared_state import dispatch_away_from_home, pool_of, routes_to
 from tests.test_shared_state import fleet as routing_fleet
 
 NO_SHUTDOWN_DELAY = {"GATEWAY_SHUTDOWN_DELAY_S": "0"}
@@ -181,9 +181,11 @@ async def test_redis_killed_mid_run_fails_no_request_and_sharing_resumes_on_its_
         assert await eventually(b_learned_it)
 
 
-def backend_up_is(gateway: ManagedProcess, value: float) -> Callable[[], Awaitable[bool]]:
+def backend_up_is(
+    gateway: ManagedProcess, value: float, backend: str = "redis"
+) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
-        return await metric(gateway, "gateway_state_backend_up", backend="redis") == value
+        return await metric(gateway, "gateway_state_backend_up", backend=backend) == value
 
     return check
 
@@ -205,18 +207,8 @@ async def test_a_quiet_instance_publishes_a_dispatch_at_once_not_at_its_next_int
             await started(state, f)
         try:
             await asyncio.sleep(0.3)  # both know each other; any first publishing round is over
-            pool, elsewhere = pool_of(here), pool_of(there)
-            request = features(pool, SYSTEM)
-            home = pool.decide(request)
-            assert home is not None
-            chosen = next(n for n in NAMES if n != home.replica)
-            dispatch_to(pool, chosen, request)
-
-            async def learned() -> bool:
-                decision = elsewhere.decide(request)
-                return decision is not None and decision.replica == chosen
-
-            assert await eventually(learned, within_s=interval_s / 2)
+            request, chosen = dispatch_away_from_home(pool_of(here))
+            assert await eventually(routes_to(pool_of(there), request, chosen), interval_s / 2)
         finally:
             for state in states:
                 assert await returns(state.stop())

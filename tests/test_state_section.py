@@ -23,7 +23,7 @@ from pydantic import SecretStr, ValidationError
 from bench.launcher import GatewayProcess, start_gateway
 from gateway.policy_reload import STATE_NEEDS_RESTART, PolicyHolder
 from gateway.settings import Settings
-from gateway.state_backend import NoRedisUrl, choose_backend, startup_problem
+from gateway.state_backend import NoRedisUrl, choose_backend, limits_problem, startup_problem
 from replica.processes import ManagedProcess
 from router_policies.redis_url import mask
 from router_policies.schema import (
@@ -186,11 +186,25 @@ def test_the_redis_backend_without_any_url_is_refused() -> None:
     assert url_of(supplied.redis_url) == ENV_URL
 
 
-def test_several_workers_need_redis_from_either_source() -> None:
-    local = parse_policy(POOLS)
-    assert "GATEWAY_REDIS_URL" in (startup_problem(Settings(workers=2), local) or "")
-    assert startup_problem(Settings(workers=2, redis_url=SecretStr(ENV_URL)), local) is None
-    assert startup_problem(Settings(workers=2), policy(redis_url=FILE_URL)) is None
+LIMITED = {"tenants": {"acme": {"api_key_sha256": ["ab" * 32], "requests_per_minute": 60}}}
+
+
+def limited(**state: Any) -> Policy:
+    return parse_policy({**POOLS, "limits": LIMITED, "state": state})
+
+
+def test_several_workers_run_without_redis_but_per_key_limits_need_it() -> None:
+    # Each worker would hold its own buckets: two of them would let twice the limit through.
+    assert startup_problem(Settings(workers=2), parse_policy(POOLS)) is None
+    assert "GATEWAY_REDIS_URL" in (startup_problem(Settings(workers=2), limited()) or "")
+    assert startup_problem(Settings(workers=2, redis_url=SecretStr(ENV_URL)), limited()) is None
+    assert startup_problem(Settings(workers=2), limited(redis_url=FILE_URL)) is None
+    assert startup_problem(Settings(workers=1), limited()) is None
+    # Tenants without limits only authenticate: nothing to share.
+    keys_only = {"tenants": {"acme": {"api_key_sha256": ["ab" * 32]}}}
+    assert (
+        startup_problem(Settings(workers=2), parse_policy({**POOLS, "limits": keys_only})) is None
+    )
 
 
 # -- the command line ----------------------------------------------------------------------------
@@ -235,27 +249,35 @@ def test_check_policy_prints_the_url_masked(tmp_path: Path) -> None:
     assert SECRET not in result.stdout + result.stderr
 
 
-def test_check_policy_accepts_two_workers_with_redis_in_the_file(tmp_path: Path) -> None:
+def test_check_policy_accepts_per_key_limits_under_two_workers_only_with_redis(
+    tmp_path: Path,
+) -> None:
     workers = {"GATEWAY_WORKERS": "2"}
-    shared = llm_gateway("check-policy", policy_file(tmp_path, redis_url=FILE_URL), env=workers)
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump({**POOLS, "limits": LIMITED, "state": {"redis_url": FILE_URL}}))
+    shared = llm_gateway("check-policy", str(path), env=workers)
     assert shared.returncode == 0, shared.stderr
-    alone = llm_gateway("check-policy", policy_file(tmp_path, backend="local"), env=workers)
-    assert alone.returncode == 2 and "2 workers need the Redis state backend" in alone.stderr
+    path.write_text(yaml.safe_dump({**POOLS, "limits": LIMITED}))
+    alone = llm_gateway("check-policy", str(path), env=workers)
+    assert alone.returncode == 2
+    assert "per-key limits with 2 workers need the Redis state backend" in alone.stderr
+    unlimited = llm_gateway("check-policy", policy_file(tmp_path, backend="local"), env=workers)
+    assert unlimited.returncode == 0, unlimited.stderr
 
 
 @pytest.mark.parametrize(
-    ("state", "flags", "why"),
+    ("sections", "flags", "why"),
     [
-        ({"backend": "redis"}, [], "no Redis URL is set"),
-        ({}, ["--workers", "2"], "2 workers need the Redis state backend"),
+        ({"state": {"backend": "redis"}}, [], "no Redis URL is set"),
+        ({"limits": LIMITED}, ["--workers", "2"], "per-key limits with 2 workers need"),
     ],
 )
 def test_serve_refuses_a_state_it_cannot_run_in_one_line(
-    tmp_path: Path, state: dict[str, str], flags: list[str], why: str
+    tmp_path: Path, sections: dict[str, Any], flags: list[str], why: str
 ) -> None:
-    result = llm_gateway(
-        "serve", "--policy", policy_file(tmp_path, **state), "--port", "8999", *flags
-    )
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump({**POOLS, **sections}))
+    result = llm_gateway("serve", "--policy", str(path), "--port", "8999", *flags)
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
     assert line.startswith("error: ") and why in line
@@ -277,6 +299,23 @@ def test_a_reload_keeps_the_state_section_and_applies_the_rest(tmp_path: Path) -
     assert holder.fleet.policy.pools["small"].load.balance_eps == 0.75
     # The same file again: still not applied, still said.
     assert holder.reload().warnings == (STATE_NEEDS_RESTART,)
+
+
+def test_a_reload_that_adds_per_key_limits_under_workers_without_redis_fails(
+    tmp_path: Path,
+) -> None:
+    path = Path(policy_file(tmp_path, backend="local"))
+    settings = Settings(workers=2)
+    holder = PolicyHolder(
+        load_policy(path),
+        path,
+        Counter("reloads", "", ["result"], registry=CollectorRegistry()),
+        refuse=lambda new: limits_problem(choose_backend(settings, new), new),
+    )
+    path.write_text(yaml.safe_dump({**POOLS, "limits": LIMITED}))
+    result = holder.reload()
+    assert not result.ok and "per-key limits with 2 workers" in result.problems[0]
+    assert not holder.fleet.policy.limits.tenants  # the current policy stays
 
 
 def test_a_reload_with_the_same_state_section_warns_of_nothing(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """`llm-gateway serve --workers N`: N processes on one port (SO_REUSEPORT), sharing routing state
-through Redis (named by GATEWAY_REDIS_URL or by the policy's `state:` section), stopped
-together by one SIGTERM to the parent."""
+with each other (no Redis) or through Redis (named by GATEWAY_REDIS_URL or by the policy's
+`state:` section), stopped together by one SIGTERM to the parent."""
 
 from __future__ import annotations
 
@@ -8,23 +8,36 @@ import asyncio
 
 import aiohttp
 import pytest
+import yaml
 
 from bench.launcher import start_gateway
 from gateway import headers
+from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, chat, pool_policy, running_sims
 from tests.redis_server import running_redis
-from tests.test_shared_state_redis import NO_SHUTDOWN_DELAY, backend_up_is, eventually, system
+from tests.test_shared_state_redis import (
+    ADMIN_TOKEN,
+    NO_SHUTDOWN_DELAY,
+    backend_up_is,
+    eventually,
+    system,
+)
 
 
-@pytest.mark.parametrize("redis_named_by", ["GATEWAY_REDIS_URL", "the policy's state section"])
+@pytest.mark.parametrize(
+    "redis_named_by", ["nothing (no Redis)", "GATEWAY_REDIS_URL", "the policy's state section"]
+)
 async def test_two_workers_share_one_port_and_stop_together(redis_named_by: str) -> None:
     async with running_redis() as redis, running_sims(2) as replicas:
         env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
         policy = pool_policy([r.url for r in replicas])
+        backend = "redis"
         if redis_named_by == "GATEWAY_REDIS_URL":
             env["GATEWAY_REDIS_URL"] = redis.url
-        else:
+        elif redis_named_by == "the policy's state section":
             policy = {**policy, "state": {"backend": "redis", "redis_url": redis.url}}
+        else:
+            backend = "workers"
         gateway = await start_gateway(policy, env=env)
         try:
             prefixes = set()
@@ -44,8 +57,73 @@ async def test_two_workers_share_one_port_and_stop_together(redis_named_by: str)
                     prefixes.add(response.headers[headers.REQUEST_ID][:12])
             assert statuses == [200] * 40
             assert len(prefixes) == 2
-            assert await eventually(backend_up_is(gateway, 1.0))  # sharing through that Redis
+            assert await eventually(backend_up_is(gateway, 1.0, backend))  # sharing
         finally:
             code = await gateway.stop()
         assert code == 0
         await asyncio.sleep(0)
+
+
+async def fresh_connection_send(
+    gateway: ManagedProcess, body: dict[str, object]
+) -> tuple[str, str, str]:
+    """(serving worker, replica, route): a new connection, so the kernel picks the worker;
+    request ids start with a random prefix of the process that made them."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.post(f"{gateway.url}/v1/chat/completions", json=body) as response,
+    ):
+        await response.read()
+        assert response.status == 200
+        h = response.headers
+        return h[headers.REQUEST_ID][:12], h[headers.REPLICA], h[headers.ROUTE]
+
+
+async def test_without_redis_a_prefix_learned_through_one_worker_is_a_hit_through_the_other() -> (
+    None
+):
+    async with running_sims(4) as replicas:
+        env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
+        gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
+        try:
+            first, home, route = await fresh_connection_send(gateway, chat(system(1), "q0"))
+            assert route == "prefix-home"
+            await asyncio.sleep(0.3)  # well past the other worker's replay (a few ms)
+            # Unshared, the other worker would find the same home by its hash but call it
+            # "prefix-home" again: only a replayed dispatch makes it a hit.
+            for i in range(1, 40):
+                worker, replica, route = await fresh_connection_send(
+                    gateway, chat(system(1), f"q{i}")
+                )
+                if worker != first:
+                    assert (replica, route) == (home, "prefix-hit")
+                    break
+            else:
+                pytest.fail("the kernel sent 40 new connections to the same worker")
+        finally:
+            assert await gateway.stop() == 0
+
+
+async def test_without_redis_a_reload_adding_per_key_limits_is_refused() -> None:
+    # Each worker would hold its own buckets: two of them would let twice the limit through.
+    async with running_sims(1) as replicas:
+        env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
+        env["GATEWAY_ADMIN_TOKEN"] = ADMIN_TOKEN
+        policy = pool_policy([r.url for r in replicas])
+        gateway = await start_gateway(policy, env=env)
+        try:
+            tenant = {"api_key_sha256": ["ab" * 32], "requests_per_minute": 60}
+            gateway.policy_path.write_text(
+                yaml.safe_dump({**policy, "limits": {"tenants": {"acme": tenant}}})
+            )
+            auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"{gateway.url}/admin/reload", headers=auth) as response,
+            ):
+                answer = await response.json()
+            assert response.status == 422
+            assert "per-key limits with 2 workers need" in answer["problems"][0]
+        finally:
+            assert await gateway.stop() == 0

@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--workers", default="2",
-        help="worker counts of one instance (`serve --workers N`, sharing through Redis), "
-        "comma-separated ('' for none)",
+        help="worker counts of one instance (`serve --workers N`), each run twice: the "
+        "workers sharing with each other, and through Redis; comma-separated ('' for none)",
     )  # fmt: skip
     parser.add_argument("--replicas", type=int, default=4, help="simulated replicas (4)")
     parser.add_argument("--quick", action="store_true", help="small workloads (a smoke run)")
@@ -83,7 +83,12 @@ def run(args: argparse.Namespace) -> int:
     layouts = [Layout(1, False)]
     layouts += [Layout(n, True) for n in _counts(args.instances) if n > 1]
     layouts += [Layout(n, False) for n in _counts(args.unshared) if n > 1]
-    layouts += [Layout(1, True, workers=n) for n in _counts(args.workers) if n > 1]
+    layouts += [
+        Layout(1, redis, workers=n)
+        for n in _counts(args.workers)
+        if n > 1
+        for redis in (False, True)
+    ]
     command = (
         f"llm-gateway bench instances --instances {args.instances} --unshared '{args.unshared}' "
         f"--workers '{args.workers}' --workloads {','.join(wanted)} "

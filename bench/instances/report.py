@@ -72,19 +72,22 @@ def markdown(rows: Sequence[Row], command: str) -> str:
             f"| {_diff(f.balance, one.balance if one else None)} "
             f"| {f.failed}/{f.sent} | {f.mean_ttft_ms:.0f} |"
         )
-    lags = [r.lag for r in rows if r.lag is not None]
-    if lags:
-        lines += ["", _lag_line(lags)]
+    lags: dict[str, list[Lag]] = {}
+    for row in rows:
+        if row.lag is not None and row.layout.sharing is not None:
+            lags.setdefault(row.layout.sharing, []).append(row.lag)
+    for sharing, measured in lags.items():
+        lines += ["", _lag_line(sharing, measured)]
     return "\n".join(lines) + "\n"
 
 
-def _lag_line(lags: Sequence[Lag]) -> str:
+def _lag_line(sharing: str, lags: Sequence[Lag]) -> str:
     count = sum(lag.count for lag in lags)
-    mean = sum(lag.mean_s * lag.count for lag in lags) / count
+    mean = sum(lag.mean_s * lag.count for lag in lags) / count if count else float("nan")
     p50 = max(lag.p50_s for lag in lags)
     p99 = max(lag.p99_s for lag in lags)
     return (
-        f"Staleness (dispatch on one instance to its replay on another, "
+        f"Staleness {sharing} (dispatch on one gateway process to its replay on another, "
         f"gateway_state_apply_lag_seconds over {count:,} replays): mean {mean * 1000:.1f} ms, "
         f"p50 <= {p50 * 1000:g} ms, p99 <= {p99 * 1000:g} ms (histogram bucket bounds)."
     )

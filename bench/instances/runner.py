@@ -27,15 +27,23 @@ from replica.processes import ManagedProcess, start_sim_replicas
 class Layout:
     instances: int
     shared: bool
-    """Through Redis (the redis backend), or each instance on its own (local)."""
+    """Through Redis (the redis backend); else local: each instance on its own, and the
+    workers of one instance with each other (without Redis)."""
     workers: int = 1
     """Processes of each instance on one port (``serve --workers``: the kernel spreads the
     connections over them, as a load balancer spreads requests over instances)."""
 
     @property
+    def sharing(self) -> str | None:
+        """How the gateways share routing state; None: they do not."""
+        if self.shared:
+            return "through Redis"
+        return "between workers without Redis" if self.workers > 1 else None
+
+    @property
     def label(self) -> str:
         if self.workers > 1:
-            return f"1 instance, {self.workers} workers, Redis"
+            return f"1 instance, {self.workers} workers, {'Redis' if self.shared else 'no Redis'}"
         if self.instances == 1:
             return "1 instance"
         return f"{self.instances} instances, {'Redis' if self.shared else 'local (unshared)'}"
@@ -106,15 +114,11 @@ async def run_layout(
             }
         }
     }  # fmt: skip
-    env = {"GATEWAY_SHUTDOWN_DELAY_S": "0"}
+    env = {"GATEWAY_SHUTDOWN_DELAY_S": "0", "GATEWAY_WORKERS": str(layout.workers)}
     if layout.shared and redis_url is not None:
         # A key prefix per run: nothing learned in an earlier run is shared into this one.
         prefix = f"bench-{layout.instances}x{layout.workers}-{workload.info.key}-{workload.seed}"
-        env |= {
-            "GATEWAY_REDIS_URL": redis_url,
-            "GATEWAY_STATE_KEY_PREFIX": prefix,
-            "GATEWAY_WORKERS": str(layout.workers),
-        }
+        env |= {"GATEWAY_REDIS_URL": redis_url, "GATEWAY_STATE_KEY_PREFIX": prefix}
     gateways = list(
         await asyncio.gather(*(start_gateway(policy, env=env) for _ in range(layout.instances)))
     )
@@ -131,7 +135,7 @@ async def run_layout(
             progress=False,
             spread=[g.url for g in gateways[1:]],
         )
-        lag = _lag_from(await _metrics(gateways)) if layout.shared else None
+        lag = _lag_from(await _metrics(gateways)) if layout.sharing else None
     finally:
         await stop_all(gateways)
         for g in gateways:

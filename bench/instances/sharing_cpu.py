@@ -5,6 +5,7 @@ per request summed over the pair's processes (/proc schedstat)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from bench.compare.runner import stop_all
 from bench.driver import run_plain
@@ -22,7 +23,7 @@ BODY = {
 LAYOUTS = ("local", "redis")
 
 
-def _cpu(processes: list[ManagedProcess]) -> float:
+def _cpu(processes: Sequence[ManagedProcess]) -> float:
     return sum(process_cpu_s(p.pid) or 0.0 for p in processes)
 
 

@@ -65,8 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=defaults.workers,
-        help="also measure the gateway with `serve --workers N` (N > 1; needs a redis-server "
-        "binary) beside the one-process gateway (default: %(default)s: not)",
+        help="also measure the gateway with `serve --workers N` (N > 1) beside the "
+        "one-process gateway, its workers sharing with each other and, as a second target, "
+        "through Redis (needs a redis-server binary) (default: %(default)s: not)",
     )
     out = parser.add_mutually_exclusive_group()
     out.add_argument(

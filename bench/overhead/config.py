@@ -42,12 +42,15 @@ class OverheadConfig:
     .cache/peers-venv)."""
     out: Path | None = Path("docs/overhead.md")
     workers: int = 1
-    """Above 1, also this gateway with ``serve --workers N`` (sharing state through a Redis
-    started for the run), as one more target beside the one-process gateway."""
+    """Above 1, also this gateway with ``serve --workers N`` as two more targets beside the
+    one-process gateway: its workers sharing state with each other (no Redis, the default),
+    and through a Redis started for the run."""
 
     @property
-    def workers_target(self) -> str:
-        return f"{GATEWAY} --workers {self.workers}"
+    def workers_targets(self) -> tuple[str, str]:
+        """The workers sharing without Redis, and through Redis."""
+        workers = f"{GATEWAY} --workers {self.workers}"
+        return workers, f"{workers}, Redis"
 
     def command(self) -> str:
         """The command line that reproduces this run, every option spelled out."""

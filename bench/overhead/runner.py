@@ -150,11 +150,14 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
         if config.workers > 1:
             redis = await start_redis()
             processes.append(redis)
-            env = {"GATEWAY_WORKERS": str(config.workers), "GATEWAY_REDIS_URL": redis.url}
-            workers = await start_gateway(policy, env=env)
-            processes.append(workers)
-            # The parent's CPU figure sums its descendants: every worker.
-            targets.append(Target(config.workers_target, workers.url, workers.pid))
+            env = {"GATEWAY_WORKERS": str(config.workers)}
+            for name, extra in zip(
+                config.workers_targets, ({}, {"GATEWAY_REDIS_URL": redis.url}), strict=True
+            ):
+                workers = await start_gateway(policy, env={**env, **extra})
+                processes.append(workers)
+                # The parent's CPU figure sums its descendants: every worker.
+                targets.append(Target(name, workers.url, workers.pid))
         for target, process in await start_peers(config, replica.url):
             targets.append(target)
             if process is not None:

@@ -21,7 +21,8 @@ Sent = tuple[float, str, str, RequestFeatures]
 
 
 class Outbox:
-    """Dispatches waiting to be published: one append on the request path, nothing more."""
+    """Dispatches waiting to be published. The request path only appends and sets a flag
+    (which wakes an idle publisher); it never waits."""
 
     __slots__ = ("_filled", "_sent")
 

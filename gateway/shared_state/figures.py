@@ -43,7 +43,7 @@ class RemoteFigures:
     def __init__(self) -> None:
         self._last: dict[tuple[str, str], int] = {}
 
-    def apply(self, fleet: Fleet, others: Mapping[str, Mapping[str, str]]) -> None:
+    def apply(self, fleet: Fleet, others: Mapping[str, Mapping[str, str | int]]) -> None:
         per_replica: dict[tuple[str, str, str], int] = {}
         waiting: dict[str, int] = {}
         grown: dict[tuple[str, str], int] = {}

@@ -1,4 +1,5 @@
-"""Building the backend gateway/state_backend.py chose: Redis, or local."""
+"""Building the backend gateway/state_backend.py chose: Redis; or, without it, the worker mesh
+for a worker of `serve --workers N`, else local."""
 
 from __future__ import annotations
 
@@ -6,12 +7,20 @@ from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
 from gateway.shared_state.base import Outbox, SharedState
 from gateway.shared_state.local import LocalState
+from gateway.shared_state.worker_mesh import MeshPlace, MeshSettings, WorkerMesh
 from gateway.state_backend import BackendChoice
 
 
 def make_shared_state(
-    settings: Settings, choice: BackendChoice, metrics: GatewayMetrics
+    settings: Settings, choice: BackendChoice, metrics: GatewayMetrics, mesh: MeshPlace | None
 ) -> SharedState:
+    if choice.redis_url is None and mesh is not None:
+        shares = MeshSettings(
+            settings.state_publish_interval_s, settings.state_sync_interval_s, settings.state_ttl_s
+        )
+        up = metrics.state_backend_up.labels(WorkerMesh.backend)
+        up.set(0)
+        return WorkerMesh(mesh, shares, Outbox(), up, metrics.state_apply_lag)
     if choice.redis_url is None:
         metrics.state_backend_up.labels(LocalState.backend).set(1)
         return LocalState()

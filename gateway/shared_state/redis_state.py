@@ -1,7 +1,7 @@
 """The Redis backend: what each instance dispatched, and its counts, shared in the background.
 
 - Dispatches: this instance's own stream gets the outbox as one entry (XADD, MAXLEN ~
-  bounded; the stream expires ``_MAX_AGE_S`` after its last entry) as soon as it holds a
+  bounded; the stream expires ``MAX_AGE_S`` after its last entry) as soon as it holds a
   dispatch, then at most every ``publish_interval_s``: a quiet instance publishes a dispatch
   at once, a busy one in batches. Every instance reads the other live instances' streams (one
   XREAD BLOCK over them all) and replays their dispatches into its own pools: the selection
@@ -32,15 +32,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import redis.asyncio as aioredis
 from prometheus_client import Gauge, Histogram
 from redis.exceptions import RedisError
 
 from gateway.background import finish_within, stop_tasks
-from gateway.shared_state import codec
 from gateway.shared_state.base import Outbox, SharedState
 from gateway.shared_state.figures import RemoteFigures, own_figures
+from gateway.shared_state.replay import MAX_AGE_S, apply_batch, encode_batch
 from router_policies.schema import StateSettings
 
 if TYPE_CHECKING:
@@ -54,8 +53,6 @@ _BATCH_LIMIT = 2000
 """Most dispatches in one stream entry."""
 _READ_COUNT = 100
 """Most stream entries read at once."""
-_MAX_AGE_S = 60.0
-"""A dispatch older than this when it arrives (kept through an outage) is not replayed."""
 _INSTANCES_FORGET_S = 600.0
 _REPLAY_S = 5.0
 """How far back an instance starts reading the stream when another instance appears."""
@@ -232,12 +229,7 @@ class RedisState(SharedState):
         sent = False
         while len(self.outbox):
             batch = self.outbox.peek(_BATCH_LIMIT)
-            payload = orjson.dumps(
-                {
-                    "f": codec.FIELDS,
-                    "d": [[t, pool, rep, codec.encode(feat)] for t, pool, rep, feat in batch],
-                }
-            )
+            payload = encode_batch(batch)
             pipe = self._client.pipeline(transaction=True)
             pipe.xadd(
                 self._own_stream,
@@ -245,7 +237,7 @@ class RedisState(SharedState):
                 maxlen=self.settings.stream_maxlen,
                 approximate=True,
             )
-            pipe.pexpire(self._own_stream, int(_MAX_AGE_S * 1000))
+            pipe.pexpire(self._own_stream, int(MAX_AGE_S * 1000))
             await pipe.execute()
             self.outbox.drop(len(batch))
             sent = True
@@ -267,21 +259,18 @@ class RedisState(SharedState):
             since_ms = max(seconds * 1000 + micros // 1000 - int(_REPLAY_S * 1000), 0)
             for other in new:
                 self._positions[other] = f"{since_ms}-0".encode()
+        by_stream = {self._stream_key(other).encode(): other for other in live}
         reply: Any = await self._reader.xread(
-            {self._stream_key(other): self._positions[other] for other in live},
+            {stream: self._positions[other] for stream, other in by_stream.items()},
             count=_READ_COUNT,
             block=_BLOCK_MS,
         )
-        if not reply:
-            return True
-        by_stream = {self._stream_key(other).encode(): other for other in live}
-        for stream, entries in reply:
-            sender = by_stream.get(stream)
-            if sender is None:
-                continue
+        # XREAD answers only the streams it was asked for.
+        for stream, entries in reply or ():
+            sender = by_stream[stream]
             for entry_id, fields in entries:
                 self._positions[sender] = entry_id
-                self._apply(fleet, fields.get(b"d", b"{}"))
+                apply_batch(fleet, fields.get(b"d", b"{}"), self._lag)
         return True
 
     async def _resync_positions(self) -> None:
@@ -297,30 +286,6 @@ class RedisState(SharedState):
             if _stream_id(newest_id) < _stream_id(self._positions[other]):
                 self._positions[other] = b"0-0"
         self._read_epoch = self._link.epoch
-
-    def _apply(self, fleet: Fleet, raw: bytes) -> None:
-        try:
-            batch: dict[str, Any] = orjson.loads(raw)
-            names = list(batch["f"])
-            records = batch["d"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            return
-        wall = time.time()
-        now = time.monotonic()
-        for record in records:
-            try:
-                sent_at, pool_name, replica, values = record
-            except (TypeError, ValueError):
-                continue
-            age = max(wall - float(sent_at), 0.0)
-            self._lag.observe(age)
-            if age > _MAX_AGE_S:
-                continue
-            pool = fleet.pools.get(pool_name)
-            features = codec.decode(names, values)
-            if pool is None or features is None:
-                continue
-            pool.apply_remote_dispatch(replica, features, now - age)
 
     # -- counts -------------------------------------------------------------------------------
 

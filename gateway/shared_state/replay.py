@@ -1,0 +1,57 @@
+"""Dispatches as one message for the other instances, and that message replayed into the
+fleet: the same bytes whichever transport carries them (a Redis stream entry, a datagram
+between workers)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from prometheus_client import Histogram
+
+from gateway.shared_state import codec
+from gateway.shared_state.base import Sent
+
+if TYPE_CHECKING:
+    from gateway.state import Fleet
+
+MAX_AGE_S = 60.0
+"""A dispatch older than this when it arrives (kept through an outage) is not replayed."""
+
+
+def encode_batch(batch: Sequence[Sent]) -> bytes:
+    return orjson.dumps(
+        {
+            "f": codec.FIELDS,
+            "d": [[t, pool, rep, codec.encode(feat)] for t, pool, rep, feat in batch],
+        }
+    )
+
+
+def apply_batch(fleet: Fleet, raw: bytes | memoryview, lag: Histogram) -> None:
+    """Replays another instance's dispatches into this fleet's pools (the selection policy's
+    record and the replica's recent-dispatch count); what cannot be read is skipped."""
+    try:
+        batch: dict[str, Any] = orjson.loads(raw)
+        names = list(batch["f"])
+        records = batch["d"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return
+    wall = time.time()
+    now = time.monotonic()
+    for record in records:
+        try:
+            sent_at, pool_name, replica, values = record
+        except (TypeError, ValueError):
+            continue
+        age = max(wall - float(sent_at), 0.0)
+        lag.observe(age)
+        if age > MAX_AGE_S:
+            continue
+        pool = fleet.pools.get(pool_name)
+        features = codec.decode(names, values)
+        if pool is None or features is None:
+            continue
+        pool.apply_remote_dispatch(replica, features, now - age)
