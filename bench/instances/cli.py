@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small workloads (a smoke run)")
     parser.add_argument(
         "--sharing-cpu", action="store_true",
-        help="instead: gateway CPU per request of 2 instances, local vs sharing through Redis",
+        help="instead: gateway CPU per request of 2 instances, local vs sharing through Redis, "
+        "and of 2 workers sharing without Redis",
     )  # fmt: skip
     parser.add_argument(
         "--outage", action="store_true",
@@ -68,10 +69,14 @@ def run(args: argparse.Namespace) -> int:
         return _run_outage(args)
     if args.sharing_cpu:
         figures = asyncio.run(sharing_cpu())
-        local, shared = figures["local"], figures["redis"]
+        local, shared, workers = figures["local"], figures["redis"], figures["workers"]
         print("Command: `llm-gateway bench instances --sharing-cpu`\n")
         print(f"2 instances, local backend: {local:.0f} us of gateway CPU per request")
         print(f"2 instances, sharing through Redis: {shared:.0f} us ({shared / local - 1:+.1%})")
+        print(
+            f"1 instance of 2 workers sharing without Redis: {workers:.0f} us "
+            f"({workers / local - 1:+.1%})"
+        )
         return 0
     scale = QUICK if args.quick else SCALE
     wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]

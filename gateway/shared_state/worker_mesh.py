@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import orjson
 from prometheus_client import Gauge, Histogram
 
-from gateway.background import stop_tasks
+from gateway.background import STOP_BOUND_S, stop_tasks
 from gateway.shared_state.base import Outbox, SharedState
 from gateway.shared_state.figures import RemoteFigures, own_figures
 from gateway.shared_state.replay import apply_batch, encode_batch
@@ -136,6 +136,8 @@ class WorkerMesh(SharedState):
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._readers: set[asyncio.Task[None]] = set()
+        self._incoming: set[asyncio.StreamWriter] = set()
+        """The other workers' connections to this one, closed on stop."""
 
     @property
     def up(self) -> bool:
@@ -166,7 +168,12 @@ class WorkerMesh(SharedState):
             self._server.close()
         for peer in self._peers.values():
             peer.close()
-        await stop_tasks(self._readers)
+        # Closed, not cancelled: each reader then ends at its end of stream (a reader the
+        # server started and that ends cancelled is logged as an error by asyncio on 3.11).
+        for writer in self._incoming:
+            writer.close()
+        if self._readers:
+            await asyncio.wait(self._readers, timeout=STOP_BOUND_S)
         self._up.set(0)
 
     async def _every(self, interval: float, step: Callable[[], Awaitable[None]]) -> None:
@@ -207,6 +214,7 @@ class WorkerMesh(SharedState):
         task = asyncio.current_task()
         assert task is not None
         self._readers.add(task)
+        self._incoming.add(writer)
         sender: str | None = None
         try:
             while True:
@@ -225,6 +233,7 @@ class WorkerMesh(SharedState):
             pass
         finally:
             self._readers.discard(task)
+            self._incoming.discard(writer)
             if sender is not None:
                 self._figures.pop(sender, None)
             writer.close()
