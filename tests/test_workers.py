@@ -5,6 +5,7 @@ with each other (no Redis) or through Redis (named by GATEWAY_REDIS_URL or by th
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Iterable
 
 import aiohttp
 import pytest
@@ -87,6 +88,10 @@ async def test_without_redis_a_prefix_learned_through_one_worker_is_a_hit_throug
         env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
         gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
         try:
+            # Ready is one worker's answer: wait until both are connected to the other (a
+            # dispatch before that is not shared), seen on 12 new connections in a row.
+            up = backend_up_is(gateway, 1.0, "workers")
+            assert await eventually(lambda: _all_of(up() for _ in range(12)))
             first, home, route = await fresh_connection_send(gateway, chat(system(1), "q0"))
             assert route == "prefix-home"
             await asyncio.sleep(0.3)  # well past the other worker's replay (a few ms)
@@ -103,6 +108,13 @@ async def test_without_redis_a_prefix_learned_through_one_worker_is_a_hit_throug
                 pytest.fail("the kernel sent 40 new connections to the same worker")
         finally:
             assert await gateway.stop() == 0
+
+
+async def _all_of(checks: Iterable[Awaitable[bool]]) -> bool:
+    for check in checks:
+        if not await check:
+            return False
+    return True
 
 
 async def test_without_redis_a_reload_adding_per_key_limits_is_refused() -> None:
