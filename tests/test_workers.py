@@ -5,7 +5,10 @@ with each other (no Redis) or through Redis (named by GATEWAY_REDIS_URL or by th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+import os
+import signal
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -89,9 +92,8 @@ async def test_without_redis_a_prefix_learned_through_one_worker_is_a_hit_throug
         gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
         try:
             # Ready is one worker's answer: wait until both are connected to the other (a
-            # dispatch before that is not shared), seen on 12 new connections in a row.
-            up = backend_up_is(gateway, 1.0, "workers")
-            assert await eventually(lambda: _all_of(up() for _ in range(12)))
+            # dispatch before that is not shared).
+            assert await eventually(_every_worker_up(gateway))
             first, home, route = await fresh_connection_send(gateway, chat(system(1), "q0"))
             assert route == "prefix-home"
             await asyncio.sleep(0.3)  # well past the other worker's replay (a few ms)
@@ -106,6 +108,33 @@ async def test_without_redis_a_prefix_learned_through_one_worker_is_a_hit_throug
                     break
             else:
                 pytest.fail("the kernel sent 40 new connections to the same worker")
+        finally:
+            assert await gateway.stop() == 0
+
+
+def _every_worker_up(gateway: ManagedProcess) -> Callable[[], Awaitable[bool]]:
+    """Whether every worker is connected to every other: /metrics is one worker's answer, so
+    12 new connections in a row must all say so."""
+    up = backend_up_is(gateway, 1.0, "workers")
+    return lambda: _all_of(up() for _ in range(12))
+
+
+def _workers_of(parent: int) -> list[int]:
+    return [int(pid) for pid in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
+
+
+async def test_without_redis_a_crashed_worker_is_replaced_in_its_place_and_rejoins() -> None:
+    async with running_sims(2) as replicas:
+        env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
+        gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
+        try:
+            assert await eventually(_every_worker_up(gateway))
+            assert gateway.pid is not None
+            os.kill(_workers_of(gateway.pid)[0], signal.SIGKILL)
+            # The replacement listens where its predecessor did; the survivor reconnects to it
+            # and it to the survivor (a replacement in another place would never be reached).
+            await asyncio.sleep(1.5)  # the parent waits 1 s before replacing a worker
+            assert await eventually(_every_worker_up(gateway), within_s=15)
         finally:
             assert await gateway.stop() == 0
 
