@@ -125,16 +125,12 @@ async def test_a_worker_that_starts_later_is_joined_and_learns_what_follows(
     short_dir: Path,
 ) -> None:
     early, late = fleet(), fleet()
-    first = worker(short_dir, 0)
-    await first.start(lambda: early)
-    try:
+    async with mesh_of_one(short_dir, early) as first:
         await asyncio.sleep(0.2)  # its first attempts to connect find nobody
-        async with mesh_of_one(short_dir, late, index=1, workers=2) as second:
+        async with mesh_of_one(short_dir, late, index=1) as second:
             assert await eventually(lambda: _all_up([first, second]))
             request, chosen = dispatch_away_from_home(pool_of(early))
             assert await eventually(routes_to(pool_of(late), request, chosen))
-    finally:
-        assert await returns(first.stop())
 
 
 @contextlib.asynccontextmanager

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -44,23 +44,11 @@ async def test_two_workers_share_one_port_and_stop_together(redis_named_by: str)
             backend = "workers"
         gateway = await start_gateway(policy, env=env)
         try:
-            prefixes = set()
-            statuses = []
+            workers = set()
             for i in range(40):
-                # A new connection each time: the kernel spreads connections over the workers.
-                connector = aiohttp.TCPConnector(force_close=True)
-                async with (
-                    aiohttp.ClientSession(connector=connector) as session,
-                    session.post(
-                        f"{gateway.url}/v1/chat/completions", json=chat(system(i % 3), f"q{i}")
-                    ) as response,
-                ):
-                    await response.read()
-                    statuses.append(response.status)
-                    # Request ids start with a random prefix of the process that made them.
-                    prefixes.add(response.headers[headers.REQUEST_ID][:12])
-            assert statuses == [200] * 40
-            assert len(prefixes) == 2
+                worker, _, _ = await fresh_connection_send(gateway, chat(system(i % 3), f"q{i}"))
+                workers.add(worker)
+            assert len(workers) == 2
             assert await eventually(backend_up_is(gateway, 1.0, backend))  # sharing
         finally:
             code = await gateway.stop()
@@ -116,7 +104,14 @@ def _every_worker_up(gateway: ManagedProcess) -> Callable[[], Awaitable[bool]]:
     """Whether every worker is connected to every other: /metrics is one worker's answer, so
     12 new connections in a row must all say so."""
     up = backend_up_is(gateway, 1.0, "workers")
-    return lambda: _all_of(up() for _ in range(12))
+
+    async def check() -> bool:
+        for _ in range(12):
+            if not await up():
+                return False
+        return True
+
+    return check
 
 
 def _workers_of(parent: int) -> list[int]:
@@ -137,13 +132,6 @@ async def test_without_redis_a_crashed_worker_is_replaced_in_its_place_and_rejoi
             assert await eventually(_every_worker_up(gateway), within_s=15)
         finally:
             assert await gateway.stop() == 0
-
-
-async def _all_of(checks: Iterable[Awaitable[bool]]) -> bool:
-    for check in checks:
-        if not await check:
-            return False
-    return True
 
 
 async def test_without_redis_a_reload_adding_per_key_limits_is_refused() -> None:
