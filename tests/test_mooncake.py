@@ -3,6 +3,7 @@ bound, and how the report shows it. Nothing runs: ``bench compare`` runs the wor
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -10,21 +11,26 @@ from typing import Any
 import pytest
 
 from bench.affinity import AffinityBound, affinity_bound
+from bench.compare import mooncake
 from bench.compare.markdown import fleet_section
 from bench.compare.mooncake import (
     LENGTH_SCALE,
     OUTPUT_SCALE,
     RATE_SCALE,
+    REPORT_WINDOWS,
+    SHIPPED,
+    SHIPPED_WINDOW,
+    TRACE_FILES,
     TTFT_OBJECTIVE_S,
-    WINDOW,
-    WINDOW_END_S,
-    WINDOW_START_S,
+    TUNING_WINDOWS,
+    TraceWindow,
     mooncake_config,
     mooncake_workload,
+    parse_window,
+    trace_path,
     window_records,
 )
 from bench.compare.phases import PhaseFigures
-from bench.compare.plan import MOONCAKE
 from bench.compare.results import PREFIX_AWARE, SGLANG_CA, FleetResult, Measurement, WorkloadInfo
 from bench.workloads import CHARS_PER_TOKEN
 from bench.workloads_mooncake import (
@@ -171,23 +177,24 @@ def test_an_lru_cache_of_the_fleets_size_reaches_the_bound_only_when_it_holds_th
 
 
 def test_the_committed_window_is_the_five_minutes_its_readme_describes() -> None:
-    records = list(read_trace(WINDOW))
+    records = list(read_trace(SHIPPED))
     assert len(records) == 1023
-    assert all(WINDOW_START_S <= r.timestamp_ms / 1000 < WINDOW_END_S for r in records)
+    assert all(29 * 60 <= r.timestamp_ms / 1000 < 34 * 60 for r in records)
     summary = summarise(records)
     assert round(100 * summary.token_reuse, 1) == 19.8
     assert round(summary.mean_input_tokens) == 11232
-    readme = (WINDOW.parent / "README.md").read_text()
+    readme = (SHIPPED.parent / "README.md").read_text()
     assert "Apache License 2.0" in readme and "3b5a59413" in readme
-    assert "Apache License" in (WINDOW.parent / "LICENSE-APACHE").read_text()
+    assert "Apache License" in (SHIPPED.parent / "LICENSE-APACHE").read_text()
 
 
 def test_the_workload_replays_the_window_at_its_timestamps_and_fits_the_fleet() -> None:
     workload = mooncake_workload(quick=True)
-    records = window_records(quick=True)
-    assert workload.info.key == MOONCAKE and workload.info.requests == len(records) == 209
+    records = window_records(SHIPPED_WINDOW, SHIPPED, quick=True)
+    assert workload.info.key == "mooncake-conversation-29-34"
+    assert workload.info.requests == len(records) == 209
     assert workload.arrivals == pytest.approx(
-        [(r.timestamp_ms / 1000 - WINDOW_START_S) / RATE_SCALE for r in records]
+        [(r.timestamp_ms / 1000 - 29 * 60) / RATE_SCALE for r in records]
     )
     for record, conversation in zip(records, workload.conversations, strict=True):
         tokens = len(conversation.questions[0]) / CHARS_PER_TOKEN
@@ -195,11 +202,49 @@ def test_the_workload_replays_the_window_at_its_timestamps_and_fits_the_fleet() 
         assert conversation.max_tokens == max(1, round(record.output_length * OUTPUT_SCALE))
     # Every request fits one replica's context and KV cache, with room for its answer.
     config = mooncake_config()
-    longest = max(r.input_length for r in window_records()) * LENGTH_SCALE + 64 + 2000 * OUTPUT_SCALE  # fmt: skip
+    # The synthetic trace's longest prompt is 191,378 tokens, the conversation trace's 126,195.
+    longest = 191_378 * LENGTH_SCALE + 64 + 2000 * OUTPUT_SCALE
     assert longest < min(config.max_model_len, config.num_blocks * config.block_size)
-    # Goodput against the stated objective, which the gateway is told as an operator would.
+    # Goodput is counted against the objective, which no target is told (like for like).
     assert workload.phases is not None and workload.phases.ttft_objective_s == TTFT_OBJECTIVE_S
-    assert workload.gateway_pool == {"cost": {"ttft_objective_s": TTFT_OBJECTIVE_S}}
+    assert workload.gateway_pool == {}
+
+
+def test_a_window_is_named_by_its_trace_and_minutes() -> None:
+    assert parse_window("conversation:29-34") == SHIPPED_WINDOW
+    assert parse_window("14-19") == TraceWindow("conversation", 14, 19)
+    assert parse_window("synthetic:10-15").key == "mooncake-synthetic-10-15"
+    for bad in ("toolagent:0-5", "conversation:34-29", "conversation:5", "x-y"):
+        with pytest.raises(argparse.ArgumentTypeError, match="TRACE:START-END"):
+            parse_window(bad)
+
+
+def test_the_tuning_and_report_sets_share_no_minute() -> None:
+    def minutes(w: TraceWindow) -> set[tuple[str, int]]:
+        return {(w.trace, m) for m in range(int(w.start_min), int(w.end_min))}
+
+    tuned = set().union(*map(minutes, TUNING_WINDOWS))
+    assert SHIPPED_WINDOW in REPORT_WINDOWS
+    assert all(not minutes(w) & tuned for w in REPORT_WINDOWS)
+    assert {w.trace for w in REPORT_WINDOWS} == set(TRACE_FILES)
+
+
+def test_a_window_outside_the_shipped_one_reads_the_whole_trace_it_is_given(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(FileNotFoundError, match="--traces"):
+        trace_path(TraceWindow("conversation", 14, 19), None)
+    assert trace_path(TraceWindow("conversation", 30, 31), None) == SHIPPED
+    records = [rec(60_000 * m + 5, 1024, m, m + 100) for m in range(20)]
+    (tmp_path / "conversation_trace.jsonl").write_bytes(write(tmp_path, records).read_bytes())
+    window = TraceWindow("conversation", 14, 19)
+    workload = mooncake_workload(window, traces=str(tmp_path))
+    assert workload.info.requests == 5 and workload.info.key == window.key
+    assert workload.arrivals == pytest.approx([m * 6.0 + 0.0005 for m in range(5)])
+    quick = mooncake_workload(window, traces=str(tmp_path), quick=True)
+    assert quick.info.requests == 1
+    with pytest.raises(FileNotFoundError, match=r"synthetic_trace\.jsonl"):
+        trace_path(TraceWindow("synthetic", 0, 5), str(tmp_path))
 
 
 def test_the_affinity_bound_over_the_prompts_sent_is_the_traces_own() -> None:
@@ -210,13 +255,15 @@ def test_the_affinity_bound_over_the_prompts_sent_is_the_traces_own() -> None:
 
 
 def test_the_report_shows_the_trace_bound_and_one_goodput_row_per_target() -> None:
-    info = WorkloadInfo(MOONCAKE, "Mooncake", "def", "params", 100, "trace", trace_bound=0.2)
+    info = WorkloadInfo(
+        SHIPPED_WINDOW.key, "Mooncake", "def", "params", 100, "trace", trace_bound=0.2
+    )
     fleet = FleetResult("mooncake", "Mooncake trace replay", ["- sims"], [info], [PREFIX_AWARE, SGLANG_CA])  # fmt: skip
     for target, hits, good in ((PREFIX_AWARE, 150.0, 90), (SGLANG_CA, 100.0, 80)):
         replay = PhaseFigures("replay (30 s)", 30.0, 100, good, 0.4)
         fleet.measurements.append(
             Measurement(
-                target, MOONCAKE, 100, 100, 0, 30.0, (0.1,), (0.2,), (0.01,), 100, 1000.0,
+                target, SHIPPED_WINDOW.key, 100, 100, 0, 30.0, (0.1,), (0.2,), (0.01,), 100, 1000.0,
                 hits, (50.0, 50.0), AffinityBound(1000, 200),
                 phases=(replay, replace_name(replay, "all")),
             )
@@ -232,3 +279,19 @@ def test_the_report_shows_the_trace_bound_and_one_goodput_row_per_target() -> No
 
 def replace_name(phase: PhaseFigures, name: str) -> PhaseFigures:
     return PhaseFigures(name, phase.duration_s, phase.arrived, phase.good, phase.ttft_p99_s)
+
+
+def test_download_fetches_a_trace_once_into_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    write(upstream, [rec(600_000, 1024, 0, 1)]).rename(upstream / "synthetic_trace.jsonl")
+    monkeypatch.setattr(mooncake, "TRACES_URL", upstream.as_uri() + "/")
+    monkeypatch.setattr(mooncake, "CACHE_DIR", tmp_path / "cache")
+    window = TraceWindow("synthetic", 10, 15)
+    path = trace_path(window, "download")
+    assert path == tmp_path / "cache" / "synthetic_trace.jsonl"
+    (upstream / "synthetic_trace.jsonl").unlink()  # a second run reads the cached copy
+    assert trace_path(window, "download") == path
+    assert mooncake_workload(window, traces="download").info.requests == 1

@@ -9,7 +9,7 @@ a target that ran.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -256,6 +256,41 @@ def overload_checks(fleet: FleetResult) -> list[Check]:
             higher_is_better=True,
         )
     ]
+
+
+def mooncake_checks(fleet: FleetResult, report_keys: Collection[str]) -> list[Check]:
+    """Each report-set window of the trace replay on its own (``report_keys``: their workload
+    keys; tuning-set windows are reported, never checked): prefix-aware keeps at least the best
+    cache-aware peer's share of the bound, with a TTFT p90 and p99 no worse than any peer's.
+    No target is told an objective."""
+    if fleet.skipped is not None:
+        return [Check("Mooncake replay", "SKIP", fleet.skipped)]
+    checks = []
+    for workload in fleet.workloads:
+        if workload.key not in report_keys:
+            continue
+        pa = figures(fleet, workload.key, PREFIX_AWARE)
+        name = workload.title
+        checks += [
+            compare(
+                f"{name}: prefix-aware hit / bound >= every cache_aware peer's",
+                fleet, pa, CACHE_AWARE_PEERS, lambda f: f.hit_fraction, _two,
+                higher_is_better=True,
+            ),
+            compare(
+                f"{name}: prefix-aware TTFT p90 <= every peer's",
+                fleet, pa, PEER_TARGETS, _p90, ms, higher_is_better=False,
+            ),
+            compare(
+                f"{name}: prefix-aware TTFT p99 <= every peer's",
+                fleet, pa, PEER_TARGETS, lambda f: f.ttft(99), ms, higher_is_better=False,
+            ),
+        ]  # fmt: skip
+    return checks
+
+
+def _two(value: float) -> str:
+    return f"{value:.2f}"
 
 
 def real_checks(fleet: FleetResult) -> list[Check]:

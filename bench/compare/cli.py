@@ -15,6 +15,14 @@ import uvloop
 from bench.compare.code_state import CodeState, code_line
 from bench.compare.comparison import CompareConfig, CompareResult, run_compare
 from bench.compare.markdown import RunInfo, pct, ratio, render_markdown, shown_phases
+from bench.compare.mooncake import (
+    CACHE_DIR,
+    REPORT_WINDOWS,
+    SHIPPED_WINDOW,
+    TUNING_WINDOWS,
+    WINDOW_SETS,
+    parse_window,
+)
 from bench.compare.notes import METHOD, notes
 from bench.compare.plan import DEFAULT_SEEDS
 from bench.compare.plots import plots_available, write_plots
@@ -155,12 +163,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "skip what is missing",
     )
     parser.add_argument("--no-peers", action="store_true", help="gateway targets only")
+    parser.add_argument(
+        "--window",
+        action="append",
+        type=parse_window,
+        metavar="TRACE:START-END",
+        help="a window of a Mooncake trace to replay, in trace minutes (conversation:29-34, "
+        "synthetic:10-15); repeat for several. Default: the shipped conversation:29-34. "
+        "Outside it the whole traces are needed (--traces)",
+    )
+    parser.add_argument(
+        "--window-set",
+        choices=sorted(WINDOW_SETS),
+        help="every window of a named set: report (the acceptance figures: "
+        f"{', '.join(str(w) for w in REPORT_WINDOWS)}) or tuning "
+        f"({', '.join(str(w) for w in TUNING_WINDOWS)})",
+    )
+    parser.add_argument(
+        "--traces",
+        metavar="FOLDER|download",
+        help="where Mooncake's whole traces are: a folder holding conversation_trace.jsonl "
+        f"and synthetic_trace.jsonl, or 'download' to fetch them once into {CACHE_DIR}/",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Entry point of ``llm-gateway bench compare``; 0 when every run completed."""
+    windows = tuple(args.window or ()) + WINDOW_SETS.get(args.window_set or "", ())
     config = CompareConfig(
+        windows=tuple(dict.fromkeys(windows)) or (SHIPPED_WINDOW,),
+        traces=args.traces,
         fleet=args.fleet,
         quick=args.quick,
         out=None if args.no_out else args.out,

@@ -12,10 +12,17 @@ from tqdm import tqdm
 
 from bench import peers
 from bench.compare.agents import AGENTS_VARIANT, agents_workload
-from bench.compare.checks import Check, overload_checks, real_checks, sim_checks
+from bench.compare.checks import Check, mooncake_checks, overload_checks, real_checks, sim_checks
 from bench.compare.code_state import CodeState
 from bench.compare.fleets import prepare_real_fleet, run_real_fleet, run_sim_fleet
-from bench.compare.mooncake import MOONCAKE_VARIANT, mooncake_workload
+from bench.compare.mooncake import (
+    MOONCAKE_VARIANT,
+    OBJECTIVE_TARGET,
+    REPORT_WINDOWS,
+    SHIPPED_WINDOW,
+    TraceWindow,
+    mooncake_workload,
+)
 from bench.compare.overload import OVERLOAD_VARIANT, overload_workload
 from bench.compare.plan import DEFAULT_SEEDS, SimScale, real_workloads, sim_workloads
 from bench.compare.results import (
@@ -40,6 +47,10 @@ class CompareConfig:
     install: bool = True
     peers: bool = True
     progress: bool = True
+    windows: tuple[TraceWindow, ...] = (SHIPPED_WINDOW,)
+    """The Mooncake trace windows replayed (the mooncake fleet)."""
+    traces: str | None = None
+    """Where the whole traces are (a folder, or "download"); None: the shipped window only."""
 
     def command(self) -> str:
         parts = ["llm-gateway bench compare", f"--fleet {self.fleet}"]
@@ -47,6 +58,10 @@ class CompareConfig:
             parts.append("--quick")
         if self.seeds != DEFAULT_SEEDS:
             parts.append(f"--seeds {','.join(str(s) for s in self.seeds)}")
+        if self.windows != (SHIPPED_WINDOW,):
+            parts += [f"--window {w}" for w in self.windows]
+        if self.traces is not None:
+            parts.append(f"--traces {self.traces}")
         if not self.peers:
             parts.append("--no-peers")
         parts.append(f"--out {self.out}" if self.out is not None else "--no-out")
@@ -101,7 +116,15 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
     sim_plan = sim_workloads(scale, seeds)
     agents_plan = [agents_workload(config.quick, seeds[0])]
     overload_plan = [overload_workload(config.quick, seeds[0])]
-    mooncake_plan = [mooncake_workload(config.quick, seeds[0])] if run_mooncake else []
+    mooncake_plan = (
+        [
+            mooncake_workload(w, traces=config.traces, quick=config.quick, seed=seeds[0])
+            for w in config.windows
+        ]
+        if run_mooncake
+        else []
+    )
+    mooncake_targets = [*sim_targets, OBJECTIVE_TARGET]
     real_plan = real_workloads(config.quick, seeds)
     model_dir, real_reason = (Path(), None)
     if run_real:
@@ -111,7 +134,7 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
     sim_runs = len(sim_plan) + len(agents_plan) + len(overload_plan)
     total = (
         (sim_runs * len(sim_targets) if run_sim else 0)
-        + len(mooncake_plan) * len(sim_targets)
+        + len(mooncake_plan) * len(mooncake_targets)
         + (len(real_plan) * len(real_targets) if run_real and real_reason is None else 0)
     )
     with tqdm(total=total, unit="run", desc="compare", disable=not config.progress) as bar:
@@ -131,12 +154,11 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
             fleets.append(heavy)
             checks += overload_checks(heavy)
         if run_mooncake:
-            # Reported, not checked: the issue asks for the figures on real traffic.
-            fleets.append(
-                await run_sim_variant(
-                    MOONCAKE_VARIANT, mooncake_plan, sim_targets, skipped_targets=skipped, bar=bar
-                )
+            mooncake = await run_sim_variant(
+                MOONCAKE_VARIANT, mooncake_plan, mooncake_targets, skipped_targets=skipped, bar=bar
             )
+            fleets.append(mooncake)
+            checks += mooncake_checks(mooncake, {w.key for w in REPORT_WINDOWS})
         if run_real:
             if real_reason is None:
                 real_skipped = (

@@ -7,7 +7,6 @@ the plots need matplotlib (the ``bench`` extra) and are skipped, with a note, wi
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,9 @@ from bench.compare.phases import PhaseFigures
 from bench.compare.results import (
     FleetResult,
     Measurement,
+    RouteFigures,
     WorkloadInfo,
+    merge_routes,
 )
 from bench.compare.seeds import Figures, Spread, all_figures, seeds_text
 
@@ -208,8 +209,9 @@ def fleet_section(fleet: FleetResult, images: Sequence[str]) -> list[str]:
         errors = [m for m in measurements if m.first_error]
         lines += [""]
         lines += [
-            f"- {f.target.label} routes (x-gateway-route{', all seeds' if several else ''}): "
-            + ", ".join(f"{route} {count}" for route, count in _routes(f.runs))
+            f"- {f.target.label} routes (x-gateway-route{', all seeds' if several else ''}; "
+            "per route: requests, the share of their prompt tokens served from cache, TTFT "
+            "p50 / p99): " + "; ".join(route_text(r) for r in _routes(f.runs))
             for f in table
             if _routes(f.runs)
         ]
@@ -225,11 +227,20 @@ def fleet_section(fleet: FleetResult, images: Sequence[str]) -> list[str]:
     return lines
 
 
-def _routes(runs: Sequence[Measurement]) -> list[tuple[str, int]]:
-    total: Counter[str] = Counter()
-    for m in runs:
-        total.update(dict(m.routes))
-    return total.most_common()
+def _routes(runs: Sequence[Measurement]) -> tuple[RouteFigures, ...]:
+    return merge_routes(r for m in runs for r in m.routes)
+
+
+def route_text(r: RouteFigures) -> str:
+    """``prefix-hit 216 (hit 86%, 82 / 295 ms)``."""
+    return (
+        f"{r.route} {r.requests} (hit {pct(r.hit_rate)}, "
+        f"{_ms_or_dash(r.ttft(50))} / {_ms_or_dash(r.ttft(99))} ms)"
+    )
+
+
+def _ms_or_dash(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{1000 * seconds:.0f}"
 
 
 def _one_line(text: str | None) -> str:

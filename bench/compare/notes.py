@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 
 from bench.compare.checks import Check, ms, pct, ttft_ratio_text
@@ -14,6 +13,7 @@ from bench.compare.results import (
     ROUND_ROBIN,
     SGLANG_CA,
     FleetResult,
+    merge_routes,
 )
 from bench.compare.seeds import Figures, Spread, all_figures, figures, mean
 from bench.fleet_stats import HITS, QUERIES
@@ -59,11 +59,9 @@ def _share(count: float, total: float) -> str:
 
 def _routes(f: Figures) -> str:
     """The gateway's routes over every seed, with their shares."""
-    total: Counter[str] = Counter()
-    for m in f.runs:
-        total.update(dict(m.routes))
     sent = sum(m.sent for m in f.runs)
-    return ", ".join(f"`{route}` {_share(n, sent)}" for route, n in total.most_common())
+    routes = merge_routes(r for m in f.runs for r in m.routes)
+    return ", ".join(f"`{r.route}` {_share(r.requests, sent)}" for r in routes)
 
 
 def _text(value: Spread | None, show: Callable[[float], str]) -> str:

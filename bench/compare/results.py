@@ -9,14 +9,13 @@ clock (``bench.driver``), hit rates and requests per replica from the replicas' 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from bench.affinity import AffinityBound
 from bench.compare.phases import PhaseFigures
-from bench.driver import RunResult, percentile
+from bench.driver import RequestResult, RunResult, percentile
 from bench.replica_counters import (
     ReplicaCounters,
     fleet_cache,
@@ -32,11 +31,15 @@ class Target:
 
     kind: TargetKind
     policy: str
+    objective_s: float | None = None
+    """The TTFT objective the gateway's pool is told (``cost.ttft_objective_s``); None: none.
+    The peers take no such setting, so a like-for-like comparison gives it to no target."""
 
     @property
     def label(self) -> str:
         name = "gateway" if self.kind == "gateway" else self.kind
-        return f"{name} {self.policy}"
+        told = f" told {self.objective_s:g} s" if self.objective_s is not None else ""
+        return f"{name} {self.policy}{told}"
 
     @property
     def is_peer(self) -> bool:
@@ -52,6 +55,59 @@ SGLANG_CA = Target("sglang-router", "cache_aware")
 GATEWAY_TARGETS = (PREFIX_AWARE, LEAST_LOADED, ROUND_ROBIN)
 PEER_TARGETS = (VLLM_RR, VLLM_CA, SGLANG_CA)
 CACHE_AWARE_PEERS = (VLLM_CA, SGLANG_CA)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteFigures:
+    """The requests the gateway routed one way (an x-gateway-route value): how many, how much
+    of their prompts the replicas served from cache (their own usage reports), their TTFTs;
+    so that a regression shows which route it comes from."""
+
+    route: str
+    requests: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    ttfts: tuple[float, ...] = ()
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    def ttft(self, q: float) -> float:
+        return percentile(self.ttfts, q)
+
+
+def route_figures(results: Iterable[RequestResult]) -> tuple[RouteFigures, ...]:
+    """Per route of the requests that carried one, most requests first."""
+    by_route: dict[str, list[RequestResult]] = {}
+    for r in results:
+        if r.route:
+            by_route.setdefault(r.route, []).append(r)
+    return merge_routes(
+        RouteFigures(
+            route,
+            len(rs),
+            sum(r.prompt_tokens for r in rs if r.ok),
+            sum(r.cached_tokens for r in rs if r.ok),
+            tuple(r.ttft_s for r in rs if r.ok and r.ttft_s is not None),
+        )
+        for route, rs in by_route.items()
+    )
+
+
+def merge_routes(figures: Iterable[RouteFigures]) -> tuple[RouteFigures, ...]:
+    """The same routes' figures summed (runs on several seeds), most requests first."""
+    merged: dict[str, RouteFigures] = {}
+    for f in figures:
+        m = merged.get(f.route)
+        merged[f.route] = f if m is None else RouteFigures(
+            f.route,
+            m.requests + f.requests,
+            m.prompt_tokens + f.prompt_tokens,
+            m.cached_tokens + f.cached_tokens,
+            m.ttfts + f.ttfts,
+        )  # fmt: skip
+    return tuple(sorted(merged.values(), key=lambda f: (-f.requests, f.route)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +132,9 @@ class Measurement:
     """From each replica's vllm:request_success_total delta, in fleet order."""
     bound: AffinityBound
     first_error: str | None = None
-    routes: tuple[tuple[str, int], ...] = ()
-    """The gateway's x-gateway-route values and their counts, most common first (the peers
-    send none): why it routed as it did, for reading its figures, not for comparing."""
+    routes: tuple[RouteFigures, ...] = ()
+    """Per x-gateway-route value, most common first (the peers send none): why the gateway
+    routed as it did and what each route gave, for reading its figures, not for comparing."""
     seed: int = 0
     """The workload's seed (text and arrivals): a workload run on several seeds has one
     measurement per seed and target."""
@@ -169,7 +225,7 @@ def summarize(
         ),
         bound=bound,
         first_error=failed[0].error if failed else None,
-        routes=tuple(Counter(r.route for r in run.results if r.route).most_common()),
+        routes=route_figures(run.results),
         seed=seed,
         phases=phases,
     )

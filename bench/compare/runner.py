@@ -46,6 +46,9 @@ async def start_target(
     the gateway's pool."""
     if target.kind == "gateway":
         settings = {"model": model, "replicas": list(urls), "policy": target.policy, **(pool or {})}
+        if target.objective_s is not None:
+            cost = {**settings.get("cost", {}), "ttft_objective_s": target.objective_s}
+            settings["cost"] = cost
         return await start_gateway({"pools": {"bench": settings}})
     return await peers.start_peer(target.kind, target.policy, urls)
 

@@ -1,0 +1,88 @@
+"""Each routing constant's effect, pinned: every default of the prefix-aware policy that shapes
+a decision has a case here that the default decides one way and a plausible other value the
+other way, so a change to it cannot go unnoticed."""
+
+from __future__ import annotations
+
+from router_policies.decision import PoolSnapshot, Route
+from router_policies.fingerprint import CanonicalPrompt
+from router_policies.policies.prefix_aware import PrefixAware
+from tests.routing import (
+    FEATURES,
+    NAMES,
+    POOL,
+    candidate,
+    choose,
+    features,
+    holding,
+    rendezvous,
+    snapshot,
+    system_prompt,
+)
+
+# A conversation of ~10k tokens with no shared lead; its earlier turn (~9k) was sent to "a".
+EARLIER = features(CanonicalPrompt(b"t" * 36 * 1024))
+CONVERSATION = features(CanonicalPrompt(b"t" * 36 * 1024 + b"n" * 4 * 1024))
+
+
+def test_copy_weight_a_warm_replica_keeps_a_conversation_while_its_queue_costs_less_than_a_copy() -> (
+    None
+):
+    """copy_weight 1: "a" waits ~1.2 s for 12k tokens queued ahead, less than a cold replica's
+    ~1 s prefill plus the ~0.9 s of it that a copy adds to the fleet's work. Judged by this
+    request's TTFT alone (copy_weight 0), the idle cold replica would win."""
+    policy = holding("a", request=EARLIER)
+    queued = candidate("a", pending_prefill_tokens=12_000, pending_requests=2, running=2)
+    decision = choose(policy, snapshot(queued), CONVERSATION)
+    assert (decision.replica, decision.route) == ("a", Route.PREFIX_HIT)
+
+
+def test_near_ratio_replicas_within_a_quarter_of_the_fastest_share_by_recent_load() -> None:
+    """Both hold the prompt; "b" is predicted 10 ms (10%) faster, but "a" had fewer recent
+    requests: within near_ratio (25%) of the fastest they count as equally fast, and balance
+    chooses "a". With no band the 10 ms would send it to the busier "b"."""
+    policy = holding("a", "b")
+    a = candidate("a", pending_prefill_tokens=1000, pending_requests=1, recent=0)
+    b = candidate("b", pending_prefill_tokens=900, pending_requests=1, recent=10)
+    assert choose(policy, snapshot(a, b)).replica == "a"
+
+
+def test_near_s_a_few_milliseconds_are_equally_fast_whatever_the_ratio() -> None:
+    """Both hold the prompt and are predicted ~10 ms; "a" 4 ms more (40%): within near_s
+    (5 ms) of the fastest, so balance chooses the less loaded "a"."""
+    policy = holding("a", "b")
+    a = candidate("a", pending_prefill_tokens=40, pending_requests=1, recent=0)
+    b = candidate("b", recent=10)
+    assert choose(policy, snapshot(a, b)).replica == "a"
+
+
+def test_spread_factor_a_prefix_with_45_percent_of_the_traffic_counts_as_warm_on_three() -> None:
+    """k = ceil(0.45 x 4 replicas x spread_factor 1.25) = 3: held on "a" and "b", the hot
+    prefix also counts as warm on the least recently loaded other replica, which takes the
+    request. With spread_factor 1, k = 2 and it would stay on its two holders."""
+    policy = PrefixAware(POOL)
+    holders, others = ("a", "b"), ("c", "d")
+    first = choose(policy, snapshot())
+    for i in range(29):  # 29 of the pool's 64 recent requests
+        policy.record(FEATURES, type(first)(holders[i % 2], Route.PREFIX_HIT), now=0.0)
+    for i in range(35):
+        other = features(system_prompt(f"tenant {i} ".encode() * 40))
+        policy.record(other, type(first)(others[i % 2], Route.PREFIX_HOME), now=0.0)
+    # The holders no busier than the typical other replica: no valley to fill.
+    recent = {"a": 5.0, "b": 5.0, "c": 4.0, "d": 5.0}
+    snap = PoolSnapshot(tuple(candidate(n, recent=r) for n, r in recent.items()))
+    decision = choose(policy, snap)
+    assert decision.replica == "c"
+
+
+def test_min_match_ratio_a_shared_lead_under_half_the_prompt_goes_by_load() -> None:
+    """A system prompt that is 40% of the prompt: under min_match_ratio (0.5) it is not worth a
+    home (Preble's rule), so the prompt goes to the least recently loaded replica as a
+    least-loaded route. At 0.3 it would be placed as a prefix-home."""
+    lead = b"s" * 16 * 128
+    prompt = features(CanonicalPrompt(lead + b"u" * 24 * 128, lead_bytes=len(lead)))
+    quiet = rendezvous(prompt.home_key)[-1]
+    recent = {n: 0.0 if n == quiet else 3.0 for n in NAMES}
+    snap = PoolSnapshot(tuple(candidate(n, recent=r) for n, r in recent.items()))
+    decision = choose(PrefixAware(POOL), snap, prompt)
+    assert (decision.replica, decision.route) == (quiet, Route.LEAST_LOADED)
