@@ -84,10 +84,16 @@ class CostSettings(_Strict):
     """Observations before a replica's learned rates replace the defaults above."""
     forgetting: Annotated[float, Field(gt=0.5, le=1.0)] = 0.98
     """Weight kept by past observations at each new one (0.98: about the last 50 count)."""
-    copy_weight: Annotated[float, Field(ge=0)] = 1.0
+    copy_weight: Annotated[float, Field(ge=0)] = 4.0
     """A replica's score is its predicted TTFT plus copy_weight x the prefill it would do beyond
-    the warmest replica's: a cold copy costs the fleet that work and another prefix's cache
-    room, not only this request's time. 0: predicted TTFT alone."""
+    the warmest replica's: a cold copy costs more than this request's time. It costs the fleet
+    that prefill, the room the copy takes on the cold replica (another conversation's history
+    evicted), the room the history keeps on the warm one until it is evicted, and the next
+    turns' hits, split between two copies. At 1 (this request's wait against the fleet's
+    work alone), 5% of the conversations of Mooncake's trace were copied when their replica
+    had a prefill queue, and the copies cost ~5 points of the trace's bound; 4, 10 and 30
+    measured alike (docs/benchmarks.md, on the tuning windows), and 4 keeps the tail lowest.
+    0: predicted TTFT alone."""
     ttft_objective_s: Annotated[float, Field(gt=0)] | None = None
     """The pool's TTFT objective. Set, a request predicted to miss it on every replica goes to
     the replica already furthest behind (under late_limit_s), so that the others stay within

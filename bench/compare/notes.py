@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from bench.compare.checks import Check, ms, pct, ttft_ratio_text
 from bench.compare.comparison import CompareResult
-from bench.compare.plan import GSP, LOW, MRQA, OVERLOAD, REAL_GSP, ZIPF
+from bench.compare.plan import DEFAULT_SEEDS, GSP, LOW, MRQA, OVERLOAD, REAL_GSP, TUNING_SEEDS, ZIPF
 from bench.compare.results import (
     LEAST_LOADED,
     PREFIX_AWARE,
@@ -37,7 +37,9 @@ METHOD = [
     "seed (text and arrivals drawn anew); their rows and checks use the mean over seeds, with "
     "the range in brackets. The other workloads run on the first seed. The targets take "
     "turns going first: seed k measures them in the listed order rotated by k, so no target "
-    "always runs first on a fleet.",
+    "always runs first on a fleet. Routing parameters were chosen on the tuning seeds "
+    f"{','.join(map(str, TUNING_SEEDS))} and the Mooncake tuning windows; the default seeds "
+    f"{','.join(map(str, DEFAULT_SEEDS))} and the report windows were never tuned on.",
     "- Client-side figures (bench/driver.py): TTFT = time to the first content token; ITL = "
     "(end-to-end - TTFT) / (output tokens - 1) per request; E2E = until the end of the "
     "stream; output tokens/s = tokens received / the run's wall time.",

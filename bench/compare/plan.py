@@ -31,7 +31,11 @@ GSP, MRQA, LOW, ZIPF, REAL_GSP = "gsp", "mrqa", "low", "zipf", "real-gsp"
 AGENTS, OVERLOAD, MOONCAKE = "agents", "overload", "mooncake"
 SEEDED = (GSP, ZIPF, REAL_GSP)
 """The workloads run on every seed given; the others run on the first seed only."""
-DEFAULT_SEEDS = (0, 1, 2)
+TUNING_SEEDS = (0, 1, 2, 3, 4, 5)
+"""Seeds routing parameters were chosen on: spread_factor, copy_weight 1, the valley rule and
+the placement rule on Zipf 0-5; copy_weight's later value was checked on gsp and Zipf 3-4."""
+DEFAULT_SEEDS = (6, 7, 8)
+"""The report seeds, on which no parameter was chosen: the acceptance checks read these."""
 
 
 @dataclass(frozen=True, slots=True)
