@@ -38,7 +38,7 @@ class Target:
     @property
     def label(self) -> str:
         name = "gateway" if self.kind == "gateway" else self.kind
-        told = f" told {self.objective_s:g} s" if self.objective_s is not None else ""
+        told = f" (objective {self.objective_s:g} s)" if self.objective_s is not None else ""
         return f"{name} {self.policy}{told}"
 
     @property
