@@ -46,8 +46,8 @@ def rec(at_ms: int, tokens: int, *ids: int, out: int = 10) -> TraceRecord:
     return TraceRecord(at_ms, tokens, out, ids)
 
 
-def write(tmp_path: Path, records: list[TraceRecord]) -> Path:
-    path = tmp_path / "trace.jsonl"
+def write(tmp_path: Path, records: list[TraceRecord], name: str = "trace.jsonl") -> Path:
+    path = tmp_path / name
     rows: list[dict[str, Any]] = [
         {"timestamp": r.timestamp_ms, "input_length": r.input_length,
          "output_length": r.output_length, "hash_ids": list(r.hash_ids)}
@@ -236,7 +236,7 @@ def test_a_window_outside_the_shipped_one_reads_the_whole_trace_it_is_given(
         trace_path(TraceWindow("conversation", 14, 19), None)
     assert trace_path(TraceWindow("conversation", 30, 31), None) == SHIPPED
     records = [rec(60_000 * m + 5, 1024, m, m + 100) for m in range(20)]
-    (tmp_path / "conversation_trace.jsonl").write_bytes(write(tmp_path, records).read_bytes())
+    write(tmp_path, records, "conversation_trace.jsonl")
     window = TraceWindow("conversation", 14, 19)
     workload = mooncake_workload(window, traces=str(tmp_path))
     assert workload.info.requests == 5 and workload.info.key == window.key
@@ -286,7 +286,7 @@ def test_download_fetches_a_trace_once_into_the_cache(
 ) -> None:
     upstream = tmp_path / "upstream"
     upstream.mkdir()
-    write(upstream, [rec(600_000, 1024, 0, 1)]).rename(upstream / "synthetic_trace.jsonl")
+    write(upstream, [rec(600_000, 1024, 0, 1)], "synthetic_trace.jsonl")
     monkeypatch.setattr(mooncake, "TRACES_URL", upstream.as_uri() + "/")
     monkeypatch.setattr(mooncake, "CACHE_DIR", tmp_path / "cache")
     window = TraceWindow("synthetic", 10, 15)
