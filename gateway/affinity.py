@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import xxhash
@@ -43,19 +43,43 @@ _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_.:-]{1,200})"')
 class ReplicaRef:
     pool: str
     replica: str
+    owner: str | None = None
+    """The tenant whose request stored the response (None: no tenants configured then): only
+    that tenant may read it, cancel it or continue from it."""
+
+    def readable_by(self, tenant: str | None) -> bool:
+        return self.owner is None or self.owner == tenant
+
+
+Publish = Callable[[str, ReplicaRef], None]
+Fetch = Callable[[str], Awaitable[ReplicaRef | None]]
 
 
 class ResponseHomes:
-    """Response id -> the replica that stored it; least recently used forgotten first."""
+    """Response id -> the replica that stored it; least recently used forgotten first.
+
+    Any process of the gateway may be asked for a response another one relayed (the kernel
+    spreads connections over `--workers`, a load balancer over instances), so the shared-state
+    backend, when there is one, sets ``publish`` (told each home learned here) and ``fetch``
+    (asked for an id not known here)."""
 
     def __init__(self, capacity: int = RESPONSE_HOMES) -> None:
         self.capacity = capacity
         self._homes: OrderedDict[str, ReplicaRef] = OrderedDict()
+        self.publish: Publish | None = None
+        self.fetch: Fetch | None = None
 
     def __len__(self) -> int:
         return len(self._homes)
 
     def remember(self, response_id: str, home: ReplicaRef) -> None:
+        """A home learned from a relayed answer: kept, and shared."""
+        self.learn(response_id, home)
+        if self.publish is not None:
+            self.publish(response_id, home)
+
+    def learn(self, response_id: str, home: ReplicaRef) -> None:
+        """A home kept here only (learned here, or from another process)."""
         self._homes[response_id] = home
         self._homes.move_to_end(response_id)
         while len(self._homes) > self.capacity:
@@ -65,6 +89,15 @@ class ResponseHomes:
         home = self._homes.get(response_id)
         if home is not None:
             self._homes.move_to_end(response_id)
+        return home
+
+    async def find(self, response_id: str) -> ReplicaRef | None:
+        """The home, asking the shared state when this process does not know it."""
+        home = self.get(response_id)
+        if home is None and self.fetch is not None:
+            home = await self.fetch(response_id)
+            if home is not None:
+                self.learn(response_id, home)
         return home
 
 
@@ -139,6 +172,8 @@ class RouteHooks:
     """Hold `replicas` on every attempt (a stored response), not only the first."""
     adapter: str | None = None
     learn_response_id: bool = False
+    owner: str | None = None
+    """The tenant a response learned from this answer belongs to."""
     _head: bytes = b""
 
     def exclude(self, every: Iterable[str], tried: list[str], attempt: int) -> list[str]:
@@ -160,7 +195,8 @@ class RouteHooks:
         self._head += data
         found = _RESPONSE_ID.search(self._head)
         if found is not None:
-            self.memory.responses.remember(found.group(1).decode(), ReplicaRef(self.pool, replica))
+            home = ReplicaRef(self.pool, replica, self.owner)
+            self.memory.responses.remember(found.group(1).decode(), home)
         if found is not None or len(self._head) > _ID_SCAN_BYTES:
             self.learn_response_id = False
             self._head = b""

@@ -165,9 +165,15 @@ def completion_handler(endpoint: Endpoint) -> Handler:
         tenant = limiter.authenticate(fleet.policy.limits, request.headers)
         raw = await read_body(request, settings.body_timeout_s)
         parsed = parse_request(endpoint, raw, settings.max_json_depth)
-        resolution = resolve(
-            fleet, parsed, request.headers.get(headers.TIER), request.app[MEMORY],
-        )  # fmt: skip
+        owner = tenant.name if tenant is not None else None
+        memory = request.app[MEMORY]
+        if parsed.previous_response_id is not None:
+            await responses_lookup.readable_home(
+                memory.responses, parsed.previous_response_id, owner, "previous_response_id"
+            )
+        resolution = resolve(fleet, parsed, request.headers.get(headers.TIER), memory)
+        if resolution.hooks is not None:
+            resolution.hooks.owner = owner
         admission = None
         if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
             admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
@@ -271,8 +277,11 @@ async def admin_route(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     raw = await read_body(request, settings.body_timeout_s)
     parsed = parse_request(endpoint, raw, settings.max_json_depth)
+    memory = request.app[MEMORY]
+    if parsed.previous_response_id is not None:
+        await memory.responses.find(parsed.previous_response_id)  # stored through another process
     resolution = resolve(
-        request.app[POLICY].fleet, parsed, request.headers.get(headers.TIER), request.app[MEMORY]
+        request.app[POLICY].fleet, parsed, request.headers.get(headers.TIER), memory
     )
     # As a dispatch would: a stored response's replica, or an adapter's warm replicas.
     hooks = resolution.hooks
@@ -329,7 +338,9 @@ def build_app(settings: Settings, policy: Policy, mesh: MeshPlace | None = None)
         )
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)
-    responses_lookup.add_routes(app, lambda: app[POLICY].fleet, app[MEMORY], app[METRICS])
+    responses_lookup.add_routes(
+        app, lambda: app[POLICY].fleet, app[MEMORY], app[METRICS], lambda: app[LIMITER]
+    )
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
@@ -384,6 +395,7 @@ async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIter
         backend = choose_backend(settings, holder.fleet.policy)
         log.info("shared state: %s", backend.describe())
         shared = make_shared_state(settings, backend, app[METRICS], mesh)
+        shared.share_responses(app[MEMORY].responses)
         await shared.start(lambda: holder.fleet)
         app[LIMITER] = make_limiter(settings, backend, app[METRICS])
         watcher = asyncio.create_task(

@@ -1,9 +1,12 @@
 """`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`: relayed to the replica that
-stored the response (vLLM keeps it in that server's memory; gateway/affinity.py learned where).
+stored the response (vLLM keeps it in that server's memory; gateway/affinity.py learned where,
+and the shared state tells the other processes).
 
 These calls carry no prompt and are rare (a client polling a background response, or stopping
 one): no routing decision, no retry elsewhere, a plain relay of what the replica answers,
-streamed as it comes (`?stream=true` replays a background response's events).
+streamed as it comes (`?stream=true` replays a background response's events). They pass the
+same key check and request limit as the generating endpoints, and a tenant reaches only the
+responses its own requests stored: another tenant's id is not found, as if it did not exist.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ import aiohttp
 from aiohttp import web
 
 from gateway import headers
-from gateway.affinity import RoutingMemory
+from gateway.affinity import ReplicaRef, ResponseHomes, RoutingMemory
 from gateway.errors import ApiError
 from gateway.logs import REQUEST_ID
 from gateway.metrics import GatewayMetrics
+from gateway.rate_limit import RateLimiter
 from gateway.state import Fleet, PoolState, ReplicaState
 
 PINNED = "pinned"
@@ -28,21 +32,43 @@ _TIMEOUT = aiohttp.ClientTimeout(total=None, connect=3.0, sock_read=600.0)
 _FORWARDED = ("Authorization", "traceparent", "tracestate", "Accept")
 
 
-def not_found(response_id: str) -> ApiError:
+def not_found(response_id: str, param: str = "response_id") -> ApiError:
     """vLLM's own answer for a response it does not hold."""
-    return ApiError(404, f"Response with id '{response_id}' not found.", param="response_id")
+    return ApiError(404, f"Response with id '{response_id}' not found.", param=param)
+
+
+async def readable_home(
+    homes: ResponseHomes, response_id: str, tenant: str | None, param: str
+) -> ReplicaRef | None:
+    """Where the response is stored (None: unknown to the gateway); a 404 when it belongs to
+    another tenant."""
+    home = await homes.find(response_id)
+    if home is not None and not home.readable_by(tenant):
+        raise not_found(response_id, param)
+    return home
 
 
 class ResponseLookup:
     def __init__(
-        self, fleet: Callable[[], Fleet], memory: RoutingMemory, metrics: GatewayMetrics
+        self,
+        fleet: Callable[[], Fleet],
+        memory: RoutingMemory,
+        metrics: GatewayMetrics,
+        limiter: Callable[[], RateLimiter],
     ) -> None:
         self._fleet = fleet
         self._memory = memory
         self._metrics = metrics
+        self._limiter = limiter
 
-    def _home(self, response_id: str) -> tuple[PoolState, ReplicaState]:
-        home = self._memory.responses.get(response_id)
+    async def _home(self, request: web.Request, response_id: str) -> tuple[PoolState, ReplicaState]:
+        limiter = self._limiter()
+        limits = self._fleet().policy.limits
+        tenant = limiter.authenticate(limits, request.headers)
+        if tenant is not None:
+            await limiter.admit(tenant, 0.0)  # the request limit only: nothing is generated
+        owner = tenant.name if tenant is not None else None
+        home = await readable_home(self._memory.responses, response_id, owner, "response_id")
         pool = self._fleet().pools.get(home.pool) if home is not None else None
         replica = pool.replicas.get(home.replica) if pool is not None and home else None
         if pool is None or replica is None:
@@ -64,7 +90,7 @@ class ResponseLookup:
 
     async def _relay(self, request: web.Request, method: str, suffix: str) -> web.StreamResponse:
         response_id = request.match_info["response_id"]
-        pool, replica = self._home(response_id)
+        pool, replica = await self._home(request, response_id)
         out = {name: request.headers[name] for name in _FORWARDED if name in request.headers}
         out[headers.REQUEST_ID] = REQUEST_ID.get()
         out["Accept-Encoding"] = "identity"
@@ -110,8 +136,9 @@ def add_routes(
     fleet: Callable[[], Fleet],
     memory: RoutingMemory,
     metrics: GatewayMetrics,
+    limiter: Callable[[], RateLimiter],
 ) -> None:
-    lookup = ResponseLookup(fleet, memory, metrics)
+    lookup = ResponseLookup(fleet, memory, metrics, limiter)
 
     async def session(app: web.Application) -> AsyncIterator[None]:
         async with aiohttp.ClientSession(auto_decompress=False) as client:

@@ -37,12 +37,14 @@ from prometheus_client import Gauge, Histogram
 from redis.exceptions import RedisError
 
 from gateway.background import finish_within, stop_tasks
+from gateway.shared_state import responses
 from gateway.shared_state.base import Outbox, SharedState
 from gateway.shared_state.figures import RemoteFigures, own_figures
 from gateway.shared_state.replay import MAX_AGE_S, apply_batch, encode_batch
 from router_policies.schema import StateSettings
 
 if TYPE_CHECKING:
+    from gateway.affinity import ReplicaRef, ResponseHomes
     from gateway.state import Fleet
 
 log = logging.getLogger(__name__)
@@ -149,6 +151,8 @@ class RedisState(SharedState):
         back. Kept while the instance stays in the registry, so one that drops out of the live
         set for a moment is not replayed twice."""
         self._read_epoch = 0
+        self._writes: set[asyncio.Task[None]] = set()
+        """Response homes being written (the request path does not wait for them)."""
 
     def _connect(self, timeout_s: float) -> aioredis.Redis:
         return aioredis.from_url(
@@ -170,6 +174,47 @@ class RedisState(SharedState):
     def _stream_key(self, instance: str) -> str:
         return f"{self.settings.key_prefix}:dispatches:{instance}"
 
+    def _response_key(self, response_id: str) -> str:
+        return f"{self.settings.key_prefix}:response:{response_id}"
+
+    # -- stored responses ---------------------------------------------------------------------
+
+    def share_responses(self, homes: ResponseHomes) -> None:
+        homes.publish = self._publish_home
+        homes.fetch = self._fetch_home
+
+    def _publish_home(self, response_id: str, home: ReplicaRef) -> None:
+        if not self._link.up:
+            return  # soft state: with Redis away, only this instance knows the home
+        task = asyncio.create_task(self._write_home(response_id, home))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write_home(self, response_id: str, home: ReplicaRef) -> None:
+        with contextlib.suppress(*_FAILURES):
+            await self._client.set(
+                self._response_key(response_id),
+                responses.encode(response_id, home),
+                ex=responses.REDIS_TTL_S,
+            )
+
+    async def _fetch_home(self, response_id: str) -> ReplicaRef | None:
+        if not self._link.up or len(response_id) > responses.MAX_ID_CHARS:
+            return None
+        key = self._response_key(response_id)
+        for attempt in range(2):
+            if attempt:
+                await asyncio.sleep(responses.REDIS_RETRY_S)
+            try:
+                raw = await self._client.get(key)
+            except _FAILURES:
+                return None
+            # decode_responses=False: bytes, whatever the client's stubs say.
+            found = responses.decode(raw) if isinstance(raw, bytes) else None
+            if found is not None and found[0] == response_id:
+                return found[1]
+        return None
+
     async def start(self, fleet: Callable[[], Fleet]) -> None:
         fleet().attach(self.outbox)
         s = self.settings
@@ -187,6 +232,7 @@ class RedisState(SharedState):
         # Bounded: a round's command can lose its cancellation (see gateway.background), and a
         # Redis that stopped answering must not hold the process past its grace period.
         await stop_tasks(self._tasks)
+        await stop_tasks(list(self._writes))
         self._tasks = []
         if not await finish_within(self._withdraw(), _WITHDRAW_S):
             log.warning("shared state: Redis did not answer while stopping; gave up on it")

@@ -29,18 +29,20 @@ import orjson
 from prometheus_client import Gauge, Histogram
 
 from gateway.background import STOP_BOUND_S, stop_tasks
+from gateway.shared_state import responses
 from gateway.shared_state.base import Outbox, SharedState
 from gateway.shared_state.figures import RemoteFigures, own_figures
 from gateway.shared_state.replay import apply_batch, encode_batch
 
 if TYPE_CHECKING:
+    from gateway.affinity import ReplicaRef, ResponseHomes
     from gateway.state import Fleet
 
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!cI")
 """Each message: its kind, the payload's length."""
-DISPATCHES, COUNTS = b"d", b"c"
+DISPATCHES, COUNTS, RESPONSE = b"d", b"c", b"r"
 _BATCH_LIMIT = 2000
 """Most dispatches in one message."""
 _BACKLOG_BYTES = 4 << 20
@@ -49,6 +51,7 @@ _MAX_MESSAGE_BYTES = 64 << 20
 """Larger is not a message a worker sends (2000 dispatches at most): the stream is garbled."""
 _FIRST_RETRY_S = 0.05
 _MAX_RETRY_S = 1.0
+_HOME_POLL_S = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +141,32 @@ class WorkerMesh(SharedState):
         self._readers: set[asyncio.Task[None]] = set()
         self._incoming: set[asyncio.StreamWriter] = set()
         """The other workers' connections to this one, closed on stop."""
+        self._homes: ResponseHomes | None = None
 
     @property
     def up(self) -> bool:
         return all(peer.connected for peer in self._peers.values())
+
+    def share_responses(self, homes: ResponseHomes) -> None:
+        self._homes = homes
+        homes.publish = self._publish_home
+        homes.fetch = self._await_home
+
+    def _publish_home(self, response_id: str, home: ReplicaRef) -> None:
+        message = frame(RESPONSE, responses.encode(response_id, home))
+        for peer in self._peers.values():
+            peer.send(message)
+
+    async def _await_home(self, response_id: str) -> ReplicaRef | None:
+        """The home, if a sibling's message naming it arrives within MESH_WAIT_S."""
+        homes = self._homes
+        deadline = time.monotonic() + responses.MESH_WAIT_S
+        while homes is not None and time.monotonic() < deadline:
+            await asyncio.sleep(_HOME_POLL_S)
+            home = homes.get(response_id)
+            if home is not None:
+                return home
+        return None
 
     async def start(self, fleet: Callable[[], Fleet]) -> None:
         fleet().attach(self.outbox)
@@ -229,6 +254,10 @@ class WorkerMesh(SharedState):
                     apply_batch(fleet(), payload, self._lag)
                 elif kind == COUNTS:
                     sender = self._counts(payload) or sender
+                elif kind == RESPONSE and self._homes is not None:
+                    learned = responses.decode(payload)
+                    if learned is not None:
+                        self._homes.learn(*learned)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
