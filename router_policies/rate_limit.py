@@ -7,10 +7,12 @@ Lua script (gateway/rate_limit/redis_store.py), and one table of cases tests bot
 
 Rules worth knowing:
 - A cost above the bucket's size could never be admitted: it is admitted from a full bucket
-  and leaves the bucket in debt, so the tenant's average still holds.
+  and leaves the bucket in debt, never past one full bucket: the next request waits at most
+  about a minute, however large the one before (an estimate of n x max_tokens can be many
+  buckets, and a stream without usage is never corrected).
 - The token cost is an estimate; the correction the replica's usage brings may push a bucket
-  into debt too, but never past one full bucket (a bogus report cannot lock a tenant out for
-  more than two minutes).
+  into debt too, within the same bound (a bogus report cannot lock a tenant out for more than
+  about a minute).
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ def needed(cost: float, limit: Limit) -> float:
     return min(cost, limit.per_minute)
 
 
+def _most_used(limit: Limit) -> float:
+    """A full bucket given out and one more owed: the debt's bound."""
+    return 2 * limit.per_minute
+
+
 def view(bucket: Bucket, limit: Limit) -> BucketView:
     remaining = max(limit.per_minute - bucket.used, 0.0)
     return BucketView(limit.per_minute, remaining, bucket.used / limit.per_s)
@@ -98,7 +105,10 @@ def take(
     if short:
         views = tuple(view(b, lim) for b, lim in zip(current, limits, strict=True))
         return Verdict(False, tuple(current), views, max(short))
-    after = tuple(Bucket(b.used + cost, b.at) for b, cost in zip(current, costs, strict=True))
+    after = tuple(
+        Bucket(min(b.used + cost, _most_used(lim)), b.at)
+        for b, lim, cost in zip(current, limits, costs, strict=True)
+    )
     views = tuple(view(b, lim) for b, lim in zip(after, limits, strict=True))
     return Verdict(True, after, views)
 
@@ -106,7 +116,7 @@ def take(
 def adjust(bucket: Bucket | None, limit: Limit, delta: float, now: float) -> Bucket:
     """Take ``delta`` more (a refund when negative): the level stays within [-size, size]."""
     current = refilled(bucket, limit, now)
-    used = min(max(current.used + delta, 0.0), 2 * limit.per_minute)
+    used = min(max(current.used + delta, 0.0), _most_used(limit))
     return Bucket(used, current.at)
 
 

@@ -54,8 +54,9 @@ def _run(limits: list[Limit], steps: list[tuple[float, list[float]]]) -> list[bo
             [(0, [1, 60]), (0, [1, 60]), (0, [1, 40]), (0, [1, 0])],
             [True, False, True, True],
         ),
-        # A cost above the size is admitted from a full bucket only, and leaves a debt.
-        ([Limit(100)], [(0, [250]), (59.9, [1]), (210, [1])], [True, False, True]),
+        # A cost above the size is admitted from a full bucket only, and leaves a debt of one
+        # bucket at most: a minute later the bucket holds something again.
+        ([Limit(100)], [(0, [250]), (59.9, [1]), (61, [1]), (210, [1])], [True, False, True, True]),
         ([Limit(100)], [(0, [1]), (0, [250])], [True, False]),
         # A zero cost is always admitted.
         ([Limit(1)], [(0, [1]), (0, [0])], [True, True]),

@@ -201,6 +201,28 @@ async def test_a_stream_carries_the_headers_and_its_reported_usage_is_what_is_co
     assert f'gateway_tenant_tokens_total{{tenant="acme"}} {float(usage.total_tokens)}' in text
 
 
+async def test_a_stream_without_usage_charged_many_buckets_blocks_the_next_for_a_minute_at_most() -> (
+    None
+):
+    section = {"tenants": {"acme": tenant(ACME_KEY, tokens_per_minute=600)}}
+    async with gateway_with(section) as gateway:
+        client = openai_client(gateway, ACME_KEY)
+        # Estimated at 4 x 500 tokens and more, never corrected (no include_usage).
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=500,
+            n=4,
+            stream=True,
+        )
+        _ = [chunk async for chunk in stream]
+        await asyncio.sleep(0.05)
+        with pytest.raises(openai.RateLimitError) as refused:
+            await chat(client, max_tokens=2)
+    wait_s = int(refused.value.response.headers[headers.RETRY_AFTER])
+    assert 55 <= wait_s <= 61  # one bucket's debt, refilling at 10 a second
+
+
 async def test_a_request_the_replica_refuses_costs_no_tokens() -> None:
     section = {"tenants": {"acme": tenant(ACME_KEY, tokens_per_minute=1000)}}
     async with gateway_with(section) as gateway:

@@ -69,6 +69,17 @@ async def test_both_stores_take_by_the_same_rules(store: BucketStore, case: str)
         assert [int(v.remaining) for v in verdict.views] == remaining
 
 
+async def test_on_both_stores_a_huge_cost_leaves_a_debt_of_one_bucket_at_most(
+    store: BucketStore,
+) -> None:
+    limit = Limit(600)  # 10 a second
+    assert (verdict := await store.take(["{t}:tokens"], [limit], [5000])) and verdict.allowed
+    refused = await store.take(["{t}:tokens"], [limit], [2])
+    assert refused is not None and not refused.allowed
+    # Owing 600 and needing 2: 60.2 s, not the 440 s the whole estimate would make it.
+    assert 60 < refused.retry_after_s < 61
+
+
 async def test_adjust_refunds_and_charges_on_both_stores(store: BucketStore) -> None:
     limit = Limit(100)
     await store.take(["{t}:tokens"], [limit], [80])

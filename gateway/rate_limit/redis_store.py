@@ -70,7 +70,7 @@ for i = 1, n do
 end
 if retry == 0 then
   for i = 1, n do
-    used[i] = used[i] + costs[i]
+    used[i] = math.min(used[i] + costs[i], 2 * sizes[i])
     store(i)
   end
 end
