@@ -29,11 +29,12 @@ from gateway.models_list import model_card, model_list
 from gateway.monitor import ProbeSettings, ReplicaMonitor
 from gateway.outlier import OutlierDetector, OutlierSettings
 from gateway.policy_reload import PolicyHolder
-from gateway.proxy import Forwarder, Routed
+from gateway.proxy import Forwarder
 from gateway.rate_limit import RateLimiter
 from gateway.rate_limit.make import make_limiter
 from gateway.request_body import Endpoint, UnreadBody, parse_request, read_body
 from gateway.resolve import resolve
+from gateway.routed import Routed
 from gateway.settings import Settings
 from gateway.shared_state import make_shared_state
 from gateway.shared_state.worker_mesh import MeshPlace

@@ -44,6 +44,22 @@ def upstream_error(replica: str, exc: BaseException) -> bytes:
     return error_body(f"Replica {replica} {what}.", "server_error", "upstream_unavailable")
 
 
+def answer_too_long(replica: str) -> bytes:
+    """Body of a failed attempt whose own error answer was too long to keep."""
+    return error_body(
+        f"Replica {replica} failed with an answer too long to relay.", "server_error",
+        "upstream_error",
+    )  # fmt: skip
+
+
+def not_openai(replica: str, content_type: str) -> bytes:
+    """Body of an attempt whose replica answered something vLLM never sends."""
+    return error_body(
+        f"Replica {replica} answered {content_type}, not an OpenAI answer.", "server_error",
+        "upstream_error",
+    )  # fmt: skip
+
+
 def sse_error(exc: BaseException) -> bytes:
     """The end of a stream whose replica failed after the first byte."""
     # The stream already has a 200 status: the failure can only be reported in-band. The

@@ -3,7 +3,8 @@
 Active health checks (gateway/monitor.py) see a replica that is down; they miss one that
 answers /health but fails every request, or hangs on prefill. Like Envoy's outlier detection,
 the forwarder reports each attempt's outcome here: after `consecutive_failures` failures in a
-row (5xx answers, refused connections, first-token timeouts) the replica is ejected for a
+row (5xx answers, refused connections, first-token timeouts, answers that are not vLLM's, streams
+cut short) the replica is ejected for a
 backoff that doubles with each ejection not separated by a success, and at most
 `max_ejected_share` of a pool is ejected at once. An ejected replica comes back by itself when
 its time is up; it is not probed meanwhile (its /health may well be fine).

@@ -15,82 +15,41 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import Counter, Histogram
 
-from gateway import headers
-from gateway.affinity import RouteHooks
+from gateway import answers, headers
 from gateway.errors import (
     ApiError,
+    answer_too_long,
     no_healthy_replica,
+    not_openai,
     pool_saturated,
     shutdown_event,
     shutting_down,
     sse_error,
     upstream_error,
 )
-from gateway.metrics import NO_POOL, GatewayMetrics
+from gateway.metrics import GatewayMetrics
 from gateway.outlier import OutlierDetector
 from gateway.replica_state import Dispatch, ReplicaState
-from gateway.request_body import ParsedRequest
+from gateway.routed import CLIENT_CLOSED, Failure, Outcome, Routed
 from gateway.settings import Settings
 from gateway.state import PoolSaturated, PoolState
 from gateway.usage import prompt_usage
-from router_policies.decision import Route
-from router_policies.fingerprint import RequestFeatures
 
 log = logging.getLogger(__name__)
 
 # The replica sees the client's credentials (vLLM's --api-key) and trace context, nothing else:
 # hop-by-hop and gateway-specific headers stay here.
 _FORWARDED_REQUEST_HEADERS = ("Authorization", "traceparent", "tracestate", "Accept")
-_SSE = "text/event-stream"
-CLIENT_CLOSED = 499
-"""Status recorded for a request whose client went away first (nginx's convention)."""
 STREAM_FAILED = 502
 """Status recorded for a stream that ended with an SSE error event (its wire status is 200)."""
 SHUTTING_DOWN = 503
 """Status recorded for a request the drain deadline ended."""
-
-
-@dataclass(frozen=True, slots=True)
-class Routed:
-    """A request with its pool and features, ready to forward."""
-
-    parsed: ParsedRequest
-    pool: PoolState
-    features: RequestFeatures
-    request_id: str
-    started: float
-    extra_headers: Mapping[str, str] = field(default_factory=dict)
-    """Headers the response carries besides the routing ones (e.g. the tier)."""
-    route: Route | None = None
-    """Overrides the replica decision's route in x-gateway-route (e.g. overflow)."""
-    hooks: RouteHooks | None = None
-    """Replicas to keep to (a stored response, an adapter's) and what to learn from the answer."""
-    on_usage: Callable[[bytes], None] | None = None
-    """Sees relayed bytes that carry `usage` (a tenant's token charge is corrected by it)."""
-
-
-@dataclass(slots=True)
-class _Failure:
-    status: int
-    body: bytes
-    content_type: str
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """What gateway_requests_total records for the request, whatever way it ends."""
-
-    route: str = NO_POOL
-    status: int = CLIENT_CLOSED
-    response: web.StreamResponse | None = None
 
 
 class Forwarder:
@@ -117,7 +76,7 @@ class Forwarder:
         they end with an error the client can read rather than a cut connection."""
 
     async def forward(self, request: web.Request, routed: Routed) -> web.StreamResponse:
-        outcome = _Outcome()
+        outcome = Outcome()
         try:
             return await self._forward(request, routed, outcome)
         except asyncio.CancelledError:
@@ -138,7 +97,7 @@ class Forwarder:
             )  # fmt: skip
 
     async def _forward(
-        self, request: web.Request, routed: Routed, outcome: _Outcome
+        self, request: web.Request, routed: Routed, outcome: Outcome
     ) -> web.StreamResponse:
         pool = routed.pool
         out = CIMultiDict({"Content-Type": "application/json", "X-Request-Id": routed.request_id})
@@ -149,7 +108,7 @@ class Forwarder:
         # usage figures routing learns from are read from the relayed bytes).
         out["Accept-Encoding"] = "identity"
         tried: list[str] = []
-        failure: _Failure | None = None
+        failure: Failure | None = None
         for attempt in range(self._settings.retries + 1):
             try:
                 skip = tried
@@ -171,7 +130,7 @@ class Forwarder:
             finally:
                 # Also on cancellation (the client left while the replica was still silent).
                 pool.end(dispatch)
-            if isinstance(result, _Failure):
+            if isinstance(result, Failure):
                 failure = result
                 continue
             return result
@@ -184,8 +143,8 @@ class Forwarder:
         dispatch: Dispatch,
         out: CIMultiDict[str],
         last: bool,
-        outcome: _Outcome,
-    ) -> web.StreamResponse | _Failure:
+        outcome: Outcome,
+    ) -> web.StreamResponse | Failure:
         """One replica's try: the relayed response, or a failure before the first byte."""
         replica = dispatch.replica
         stream = routed.parsed.stream
@@ -201,7 +160,7 @@ class Forwarder:
                     compress=None,
                     auto_decompress=False,
                 )
-                if upstream.content_type == _SSE and upstream.status < 400:
+                if upstream.content_type == answers.SSE and upstream.status < 400:
                     # Nothing has gone to the client yet: a replica that dies or stalls
                     # before its first chunk is one more failed attempt, not a broken stream.
                     first = await upstream.content.readany()
@@ -215,24 +174,34 @@ class Forwarder:
             reason = _failure_reason(exc, stream)
             self._failed(routed.pool, replica, reason)
             log.warning("replica %s failed before the first byte: %s", replica.name, reason)
-            return _Failure(502, upstream_error(replica.name, exc), "application/json")
+            return Failure(502, upstream_error(replica.name, exc), "application/json")
         except BaseException:
             if upstream is not None:
                 upstream.close()  # vLLM aborts the request and frees its KV cache
             raise
+        if not answers.from_vllm(upstream.content_type):
+            # Not vLLM's answer (a proxy's error page, a misrouted port): a failure, never relayed.
+            kind = upstream.content_type or "no content type"
+            upstream.close()
+            self._failed(routed.pool, replica, f"answered {kind}")
+            log.warning("replica %s answered %s, not JSON or SSE", replica.name, kind)
+            return Failure(502, not_openai(replica.name, kind), answers.JSON)
         if upstream.status >= 500:
             self._failed(routed.pool, replica, f"HTTP {upstream.status}")
             if not last:
                 log.warning("replica %s answered %d; retrying", replica.name, upstream.status)
-                return _Failure(upstream.status, await _drain(upstream), upstream.content_type)
-        else:
-            self._outliers.success(replica)
+                body = await answers.drain(upstream)
+                if body is None:
+                    return Failure(upstream.status, answer_too_long(replica.name), answers.JSON)
+                return Failure(upstream.status, body, upstream.content_type)
+        elif not first:
+            self._outliers.success(replica)  # a stream's success is its whole end, below
         return await self._relay(request, routed, dispatch, upstream, first, outcome)
 
     def _failed(self, pool: PoolState, replica: ReplicaState, reason: str) -> None:
         self._outliers.failure(pool, replica, reason, time.monotonic())
 
-    def _give_up(self, routed: Routed, failure: _Failure | None, outcome: _Outcome) -> web.Response:
+    def _give_up(self, routed: Routed, failure: Failure | None, outcome: Outcome) -> web.Response:
         pool = routed.pool
         hdrs = {headers.REQUEST_ID: routed.request_id, headers.POOL: pool.name}
         if failure is None:
@@ -252,7 +221,7 @@ class Forwarder:
         dispatch: Dispatch,
         upstream: aiohttp.ClientResponse,
         first: bytes,
-        outcome: _Outcome,
+        outcome: Outcome,
     ) -> web.StreamResponse:
         replica = dispatch.replica
         outcome.route = (routed.route or dispatch.decision.route).value
@@ -274,7 +243,7 @@ class Forwarder:
                     request, routed, dispatch, out, upstream, first, outcome
                 )
             else:
-                clean = await self._relay_body(routed, dispatch, out, upstream, outcome)
+                clean = await self._relay_body(request, routed, dispatch, out, upstream, outcome)
             assert outcome.response is not None
             return outcome.response
         finally:
@@ -286,16 +255,21 @@ class Forwarder:
             else:
                 upstream.close()
 
-    @staticmethod
     async def _relay_body(
+        self,
+        request: web.Request,
         routed: Routed,
         dispatch: Dispatch,
         out: dict[str, str],
         upstream: aiohttp.ClientResponse,
-        outcome: _Outcome,
+        outcome: Outcome,
     ) -> bool:
+        """Relays a non-streaming answer (gateway/answers.py); True when it ended cleanly."""
+        replica = dispatch.replica.name
         try:
-            body = await upstream.read()
+            body, whole = await answers.read_head(
+                upstream, self._settings.max_buffered_answer_bytes
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
             error = ApiError(
                 502, f"The replica failed while answering: {type(exc).__name__}.",
@@ -304,14 +278,35 @@ class Forwarder:
             outcome.response, outcome.status = error.response(out), error.status
             return False
         if routed.hooks is not None:
-            routed.hooks.answered(dispatch.replica.name, upstream.status, body)
-        usage = prompt_usage(body)
+            routed.hooks.answered(replica, upstream.status, body)
+        outcome.status = upstream.status
+        if whole:
+            tail = body
+            outcome.response = web.Response(status=upstream.status, body=body, headers=out)
+        else:
+            response = outcome.response = web.StreamResponse(status=upstream.status, headers=out)
+            if upstream.content_length is not None:
+                response.content_length = upstream.content_length
+            try:
+                await response.prepare(request)
+                await response.write(body)
+                del body
+                tail = await answers.relay_rest(response, upstream)
+            except ConnectionResetError:
+                outcome.status = CLIENT_CLOSED  # the client left, noticed on a write
+                return False
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # Part of the body is out and JSON has no in-band error: the client learns of
+                # the failure by the connection being cut short.
+                log.warning("answer from %s broke midway: %r", replica, exc)
+                outcome.status = STREAM_FAILED
+                raise
+            await response.write_eof()
+        usage = prompt_usage(tail)
         if usage is not None:
             routed.pool.observe_usage(dispatch, usage)
             if routed.on_usage is not None:
-                routed.on_usage(body)
-        outcome.response = web.Response(status=upstream.status, body=body, headers=out)
-        outcome.status = upstream.status
+                routed.on_usage(tail)
         return True
 
     async def _relay_stream(
@@ -322,14 +317,15 @@ class Forwarder:
         out: dict[str, str],
         upstream: aiohttp.ClientResponse,
         first: bytes,
-        outcome: _Outcome,
+        outcome: Outcome,
     ) -> bool:
         """Relays chunk by chunk; True when the replica's stream ended cleanly."""
         response = _StreamWithFirstChunk(status=upstream.status, headers=out)
         response.headers["Cache-Control"] = "no-cache"
         outcome.response = response
         content = upstream.content
-        chunk = first
+        chunk = last = first
+        before_last = b""
         clean = True
         watch = routed.hooks.answered if routed.hooks is not None else None
         try:
@@ -351,11 +347,20 @@ class Forwarder:
                     log.warning(
                         "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
                     )
+                    self._failed(routed.pool, dispatch.replica, "stream broke")
                     await response.write(sse_error(exc))
                     clean = False
                     break
                 if chunk:
                     await response.write(chunk)
+                    before_last, last = last, chunk
+            if clean and not answers.stream_whole(routed.parsed.endpoint, before_last, last):
+                log.warning("stream from %s ended without [DONE]", out[headers.REPLICA])
+                self._failed(routed.pool, dispatch.replica, "stream cut short")
+                await response.write(sse_error(ConnectionResetError("stream ended early")))
+                clean = False
+            elif clean:
+                self._outliers.success(dispatch.replica)
             await response.write_eof()
         except asyncio.CancelledError:
             if self.closing:
@@ -409,13 +414,3 @@ async def _end_with(response: web.StreamResponse, event: bytes) -> None:
         async with asyncio.timeout(1.0):
             await response.write(event)
             await response.write_eof()
-
-
-async def _drain(upstream: aiohttp.ClientResponse) -> bytes:
-    """The body of a failed attempt, kept in case no other replica can take the request."""
-    try:
-        return await upstream.read()
-    except (aiohttp.ClientError, TimeoutError):
-        return b""
-    finally:
-        upstream.release()

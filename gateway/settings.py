@@ -29,6 +29,10 @@ class Settings(BaseSettings):
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     policy: Path | None = None
     max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    max_buffered_answer_bytes: Annotated[int, Field(ge=64 * 1024)] = 4 * 1024 * 1024
+    """A replica's non-streaming answer up to this size is held whole (its usage and response
+    id read, sent with its length); a longer one is relayed as it arrives, so no answer makes
+    the gateway hold more than this per request."""
     max_json_depth: Annotated[int, Field(ge=2, le=200)] = 64
     """Deepest nesting of arrays and objects a body may have; checked before anything walks
     it (orjson cannot serialise past 254 levels, and recursion costs the event loop)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -206,3 +207,158 @@ async def test_a_compressed_answer_reaches_the_openai_client_decodable() -> None
         )
         assert completion.choices[0].message.content == "zipped"
     assert seen_encodings == ["identity"]  # the gateway asks for plain bytes
+
+
+HUGE_MB = 300
+HEAD = (
+    b'{"id":"chatcmpl-huge","object":"chat.completion","created":0,"model":"sim-model",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"'
+)
+TAIL = (
+    b'"},"finish_reason":"length"}],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}'
+)
+HUGE_SIZE = len(HEAD) + HUGE_MB * (1 << 20) + len(TAIL)
+RSS_BOUND_BYTES = 64 << 20
+"""What two concurrent 300 MB answers may add to the gateway's resident memory (its limit
+holds 4 MiB of each; the rest is the relay's buffers)."""
+
+
+async def answers_300_mb(request: web.Request) -> web.StreamResponse:
+    """A runaway replica: a well-formed chat completion of 300 MB, written 1 MB at a time."""
+    filler = b"x" * (1 << 20)
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.content_length = HUGE_SIZE
+    await response.prepare(request)
+    await response.write(HEAD)
+    for _ in range(HUGE_MB):
+        await response.write(filler)
+    await response.write(TAIL)
+    await response.write_eof()
+    return response
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+async def test_two_300_mb_answers_at_once_reach_their_clients_whole_in_bounded_memory() -> None:
+    async with fake_replica(answers_300_mb) as url, running_gateway([url]) as gateway:
+        before = peak = rss_bytes(gateway.pid)
+
+        async def fetch() -> tuple[int, str | None, int, bytes]:
+            size, end = 0, b""
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"{gateway.url}/v1/chat/completions", json=chat("", "hi")) as answer,
+            ):
+                async for chunk in answer.content.iter_any():
+                    size += len(chunk)
+                    end = (end + chunk)[-len(TAIL) :]
+                return answer.status, answer.headers.get("Content-Length"), size, end
+
+        fetches = asyncio.gather(fetch(), fetch())
+        while not fetches.done():
+            peak = max(peak, rss_bytes(gateway.pid))
+            await asyncio.sleep(0.01)
+        answers = await fetches
+    for status, length, size, end in answers:
+        assert (status, length, size, end) == (200, str(HUGE_SIZE), HUGE_SIZE, TAIL)
+    assert peak - before < RSS_BOUND_BYTES, f"{(peak - before) >> 20} MB more"
+
+
+async def test_a_replicas_huge_error_answer_becomes_the_gateways_own_short_error() -> None:
+    async def huge_error(request: web.Request) -> web.Response:
+        message = "busy " * (1 << 20)
+        return web.json_response({"error": {"message": message}}, status=503)
+
+    # One replica: its answer is a failed attempt kept for the client, as no other can retry.
+    async with (
+        fake_replica(huge_error) as url,
+        running_gateway([url]) as gateway,
+        aiohttp.ClientSession() as session,
+        session.post(f"{gateway.url}/v1/chat/completions", json=chat("", "hi")) as answer,
+    ):
+        body = await answer.read()
+    assert answer.status == 503 and len(body) < 1024
+    error = orjson.loads(body)["error"]
+    assert error["code"] == "upstream_error" and "too long" in error["message"]
+
+
+class Counted:
+    """A fake replica's handler, counting the requests it got."""
+
+    def __init__(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
+        self.handler = handler
+        self.hits = 0
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        self.hits += 1
+        return await self.handler(request)
+
+
+async def html_page(request: web.Request) -> web.Response:
+    """What a proxy in front of a dead engine answers: 200, an HTML page."""
+    return web.Response(text="<html><body>502 Bad Gateway</body></html>", content_type="text/html")
+
+
+async def ends_without_done(request: web.Request) -> web.StreamResponse:
+    """A stream that closes cleanly after one chunk, without its `data: [DONE]`."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+             "choices": [{"index": 0, "delta": {"content": "partial "}, "finish_reason": None}]}  # fmt: skip
+    await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    await response.write_eof()
+    return response
+
+
+async def test_an_html_answer_is_a_failure_retried_elsewhere_and_its_replica_ejected() -> None:
+    bad = Counted(html_page)
+    async with (
+        running_sims(2, **FAST) as good,
+        fake_replica(bad) as bad_url,
+        running_gateway([bad_url, *(g.url for g in good)], "round-robin") as gw,
+    ):
+        answers = [
+            await client(gw.url).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2
+            )
+            for i in range(30)
+        ]
+        _, text = await get_text(f"{gw.url}/metrics")
+    assert all(a.object == "chat.completion" for a in answers)  # every one retried
+    assert bad.hits == 5  # GATEWAY_OUTLIER_CONSECUTIVE_FAILURES, then ejected
+    assert metric(text, "gateway_replica_ejected", replica=bad_url.removeprefix("http://")) == 1.0
+
+
+async def test_only_html_answers_give_the_client_a_502_naming_them() -> None:
+    async with (
+        fake_replica(html_page) as url,
+        running_gateway([url]) as gateway,
+        aiohttp.ClientSession() as session,
+        session.post(f"{gateway.url}/v1/chat/completions", json=chat("", "hi")) as answer,
+    ):
+        error = (await answer.json())["error"]
+    assert answer.status == 502 and "text/html" in error["message"]
+
+
+async def test_a_stream_ending_without_done_ends_in_an_error_event_and_ejects_its_replica() -> None:
+    bad = Counted(ends_without_done)
+    async with (
+        running_sims(2, **FAST) as good,
+        fake_replica(bad) as bad_url,
+        running_gateway([bad_url, *(g.url for g in good)], "round-robin") as gw,
+    ):
+        failed = 0
+        for i in range(30):
+            try:
+                await stream_text(gw.url, f"q{i}")
+            except APIError:
+                failed += 1
+        _, text = await get_text(f"{gw.url}/metrics")
+    assert failed == bad.hits == 5  # each cut stream reached its client as an error
+    assert metric(text, "gateway_requests_total", pool="small", code="502") == 5.0
+    assert metric(text, "gateway_replica_ejected", replica=bad_url.removeprefix("http://")) == 1.0
