@@ -396,7 +396,7 @@ async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIter
         backend = choose_backend(settings, holder.fleet.policy)
         log.info("shared state: %s", backend.describe())
         shared = make_shared_state(settings, backend, app[METRICS], mesh)
-        shared.share_responses(app[MEMORY].responses)
+        shared.share_memory(app[MEMORY])
         await shared.start(lambda: holder.fleet)
         app[LIMITER] = make_limiter(settings, backend, app[METRICS])
         watcher = asyncio.create_task(

@@ -46,6 +46,7 @@ TENANT_REQUESTS = "gateway_tenant_requests"  # exposed as gateway_tenant_request
 TENANT_TOKENS = "gateway_tenant_tokens"  # exposed as gateway_tenant_tokens_total
 TENANT_RATE_LIMITED = "gateway_tenant_rate_limited"  # gateway_tenant_rate_limited_total
 RATE_LIMIT_BACKEND_ERRORS = "gateway_rate_limit_backend_errors"  # ..._errors_total
+WORKERS_REPLACED = "gateway_workers_replaced"  # exposed as gateway_workers_replaced_total
 
 _LAG_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 5.0)
 

@@ -13,7 +13,7 @@ listens on the same port with SO_REUSEPORT (the kernel spreads connections over 
 shares routing state: through the Redis backend like separate instances do when one is
 configured, else with the other workers over Unix sockets in a private directory the parent
 makes (gateway/shared_state/worker_mesh.py). The parent only forwards signals and replaces a
-worker that crashes, in the same place of the mesh.
+worker that crashes or hangs (gateway/watchdog.py), in the same place of the mesh.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from gateway.connections import ConnectionGate, connection_limit
 from gateway.settings import Settings
 from gateway.shared_state.worker_mesh import MeshPlace
 from gateway.state_backend import choose_backend
+from gateway.watchdog import CRASHED, HUNG, Heartbeats, ReplacedCollector, keep_beating
 from router_policies.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,14 @@ async def serve(
     *,
     reuse_port: bool = False,
     mesh: MeshPlace | None = None,
+    place: tuple[Heartbeats, int] | None = None,
 ) -> None:
+    beating = None
+    if place is not None:
+        beating = asyncio.create_task(keep_beating(*place), name="worker heartbeat")
     app = build_app(settings, policy, mesh)
+    if place is not None:
+        app[METRICS].registry.register(ReplacedCollector(place[0]))
     handler_args: dict[str, Any] = {
         # A connection that has not sent complete headers within the timeout (counted from
         # its opening or its previous response) is closed: aiohttp's keep-alive timer, which
@@ -129,6 +136,8 @@ async def serve(
         listener.close()
         exit_deadline.start()
         await runner.cleanup()
+        if beating is not None:
+            beating.cancel()
 
 
 async def _drain(
@@ -182,11 +191,18 @@ def run(settings: Settings, policy: Policy) -> int:
 
 
 def _run_one(
-    settings: Settings, policy: Policy, *, reuse_port: bool = False, mesh: MeshPlace | None = None
+    settings: Settings,
+    policy: Policy,
+    *,
+    reuse_port: bool = False,
+    mesh: MeshPlace | None = None,
+    place: tuple[Heartbeats, int] | None = None,
 ) -> int:
     exit_deadline = _ExitDeadline(_EXIT_BOUND_S)
     try:
-        uvloop.run(serve(settings, policy, exit_deadline, reuse_port=reuse_port, mesh=mesh))
+        uvloop.run(
+            serve(settings, policy, exit_deadline, reuse_port=reuse_port, mesh=mesh, place=place)
+        )
     except StartupError as exc:
         log.error("%s", exc)
         return 2
@@ -197,10 +213,15 @@ def _run_one(
 
 _STARTUP_FAILED = 2
 _RESPAWN_PAUSE_S = 1.0
+_WATCH_S = 0.2
+"""How often the parent looks for ended and silent workers."""
 _PR_SET_PDEATHSIG = 1
 
 
-def _fork_worker(settings: Settings, policy: Policy, mesh: MeshPlace | None) -> int:
+def _fork_worker(
+    settings: Settings, policy: Policy, mesh: MeshPlace | None, place: tuple[Heartbeats, int]
+) -> int:
+    place[0].starting(place[1])
     pid = os.fork()
     if pid:
         return pid
@@ -211,14 +232,15 @@ def _fork_worker(settings: Settings, policy: Policy, mesh: MeshPlace | None) -> 
         if sys.platform == "linux":
             # A worker whose parent is killed outright stops too, rather than serve alone.
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        code = _run_one(settings, policy, reuse_port=True, mesh=mesh)
+        code = _run_one(settings, policy, reuse_port=True, mesh=mesh, place=place)
     finally:
         logging.shutdown()
         os._exit(code)
 
 
 def _run_workers(settings: Settings, policy: Policy) -> int:
-    """Fork the workers, forward SIGTERM/SIGINT/SIGHUP to them, replace any that crashes."""
+    """Fork the workers, forward SIGTERM/SIGINT/SIGHUP to them, replace any that crashes or
+    hangs (gateway/watchdog.py)."""
     if settings.port == 0:
         log.error("--workers > 1 needs a fixed --port: each worker binds it with SO_REUSEPORT")
         return 2
@@ -238,11 +260,27 @@ def _run_workers(settings: Settings, policy: Policy) -> int:
 def _supervise(settings: Settings, policy: Policy, mesh_dir: Path | None) -> int:
     workers: dict[int, int] = {}
     """Each worker's index (its place in the mesh, kept by its replacement), by pid."""
+    killed: set[int] = set()
+    """Workers killed for hanging, not yet reaped."""
+    heartbeats = Heartbeats(settings.workers)
     stopping = False
 
     def start(index: int) -> None:
         place = None if mesh_dir is None else MeshPlace(mesh_dir, settings.workers, index)
-        workers[_fork_worker(settings, policy, place)] = index
+        workers[_fork_worker(settings, policy, place, (heartbeats, index))] = index
+
+    def kill_hung() -> None:
+        for pid, index in workers.items():
+            silent = heartbeats.silent_s(index)
+            if pid in killed or silent <= settings.worker_stuck_s:
+                continue
+            log.error(
+                "worker %d sent no heartbeat for %.1f s (stopped or wedged); killing it",
+                pid, silent,
+            )  # fmt: skip
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
 
     def forward(sig: int, _frame: FrameType | None) -> None:
         nonlocal stopping
@@ -259,7 +297,11 @@ def _supervise(settings: Settings, policy: Policy, mesh_dir: Path | None) -> int
     log.info("llm-gateway: %d workers on port %d", settings.workers, settings.port)
     worst = 0
     while workers:
-        pid, status = os.wait()
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            kill_hung()  # stopping too: a stopped worker would hold the exit forever
+            time.sleep(_WATCH_S)
+            continue
         index = workers.pop(pid, 0)
         code = os.waitstatus_to_exitcode(status)
         if code == _STARTUP_FAILED:
@@ -268,7 +310,11 @@ def _supervise(settings: Settings, policy: Policy, mesh_dir: Path | None) -> int
         if stopping or code in (0, _STARTUP_FAILED):
             worst = max(worst, abs(code))
             continue
-        log.error("worker %d ended with %d; starting another", pid, code)
+        hung = pid in killed
+        killed.discard(pid)
+        heartbeats.replaced(HUNG if hung else CRASHED)
+        if not hung:
+            log.error("worker %d ended with %d; starting another", pid, code)
         time.sleep(_RESPAWN_PAUSE_S)
         start(index)
     return worst

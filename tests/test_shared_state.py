@@ -9,12 +9,15 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+from prometheus_client import Histogram
 from pydantic import SecretStr
 
+from gateway.affinity import AdapterHomes
 from gateway.cli import main
 from gateway.settings import Settings
 from gateway.shared_state import LocalState, Outbox, codec
 from gateway.shared_state.figures import RemoteFigures, own_figures
+from gateway.shared_state.replay import apply_batch, encode_batch
 from gateway.state import Fleet, PoolState
 from router_policies.decision import Route
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
@@ -163,6 +166,20 @@ def test_a_late_dispatch_counts_as_recent_load_only_as_much_as_its_age_leaves() 
     now = time.monotonic()
     here.apply_remote_dispatch(NAMES[1], features(here, SYSTEM), at=now - 2 * half_life)
     assert here.replicas[NAMES[1]].recent.value(now) == pytest.approx(0.25, rel=0.01)
+
+
+def test_a_replayed_adapter_request_marks_its_replica_warm_for_that_adapter_here() -> None:
+    there, here = fleet(), fleet()
+    pool = pool_of(there)
+    text = b"SELECT name FROM ships"
+    lora = pool.router.features("sql-lora", lambda: CanonicalPrompt(text, lead_bytes=0))
+    base = features(pool, SYSTEM)
+    sent = [(time.time(), "small", NAMES[2], lora), (time.time(), "small", NAMES[3], base)]
+    adapters = AdapterHomes()
+    apply_batch(here, encode_batch(sent), Histogram("lag", "", registry=None), adapters)
+    now = time.monotonic()
+    assert adapters.warm("small", "sql-lora", now) == {NAMES[2]}
+    assert adapters.warm("small", MODEL, now) == frozenset()  # the base model is no adapter
 
 
 def test_a_dispatch_to_a_replica_this_instance_does_not_know_is_ignored() -> None:

@@ -5,6 +5,7 @@ with each other (no Redis) or through Redis (named by GATEWAY_REDIS_URL or by th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,7 @@ from tests.test_shared_state_redis import (
     NO_SHUTDOWN_DELAY,
     backend_up_is,
     eventually,
+    metric,
     system,
 )
 
@@ -131,6 +133,44 @@ async def test_without_redis_a_crashed_worker_is_replaced_in_its_place_and_rejoi
             await asyncio.sleep(1.5)  # the parent waits 1 s before replacing a worker
             assert await eventually(_every_worker_up(gateway), within_s=15)
         finally:
+            assert await gateway.stop() == 0
+
+
+async def test_a_stopped_worker_is_killed_and_replaced_and_every_request_is_served_again() -> None:
+    async with running_sims(2) as replicas:
+        env = {
+            **FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2",
+            "GATEWAY_WORKER_STUCK_S": "1",
+        }  # fmt: skip
+        gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
+        assert gateway.pid is not None
+        parent = gateway.pid
+        stopped = None
+        try:
+            assert await eventually(_every_worker_up(gateway))
+            stopped, survivor = _workers_of(parent)
+            os.kill(stopped, signal.SIGSTOP)  # holds its socket, answers nothing
+
+            async def replaced() -> bool:
+                workers = _workers_of(parent)
+                return len(workers) == 2 and stopped not in workers
+
+            assert await eventually(replaced, within_s=15)
+            assert survivor in _workers_of(parent)
+            # Every new connection is answered again, by both workers.
+            answered_by = set()
+            for i in range(20):
+                async with asyncio.timeout(5):
+                    worker, _, _ = await fresh_connection_send(gateway, chat(system(0), f"q{i}"))
+                answered_by.add(worker)
+            assert len(answered_by) == 2
+            assert await metric(gateway, "gateway_workers_replaced_total", reason="hung") == 1
+            assert await metric(gateway, "gateway_workers_replaced_total", reason="crashed") == 0
+            assert "sent no heartbeat" in gateway.log_tail()
+        finally:
+            if stopped is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(stopped, signal.SIGCONT)  # were it still there, let it stop
             assert await gateway.stop() == 0
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from router_policies.fingerprint import RequestFeatures
 
 if TYPE_CHECKING:
-    from gateway.affinity import ResponseHomes
+    from gateway.affinity import RoutingMemory
     from gateway.state import Fleet
 
 OUTBOX_LIMIT = 20_000
@@ -59,10 +59,11 @@ class SharedState:
 
     backend: str = "local"
 
-    def share_responses(self, homes: ResponseHomes) -> None:
+    def share_memory(self, memory: RoutingMemory) -> None:
         """Tell the other processes where this one's stored responses are, and ask them for
         the ones it does not know (vLLM keeps a stored response on the one replica that made
-        it, and a client's next call may reach any process)."""
+        it, and a client's next call may reach any process); learn from their dispatches
+        which replicas served which LoRA adapter."""
 
     async def start(self, fleet: Callable[[], Fleet]) -> None:
         """Begin sharing; never raises for an unreachable backend (the gateway serves anyway)."""

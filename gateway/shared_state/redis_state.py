@@ -44,7 +44,7 @@ from gateway.shared_state.replay import MAX_AGE_S, apply_batch, encode_batch
 from router_policies.schema import StateSettings
 
 if TYPE_CHECKING:
-    from gateway.affinity import ReplicaRef, ResponseHomes
+    from gateway.affinity import AdapterHomes, ReplicaRef, RoutingMemory
     from gateway.state import Fleet
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,7 @@ class RedisState(SharedState):
         back. Kept while the instance stays in the registry, so one that drops out of the live
         set for a moment is not replayed twice."""
         self._read_epoch = 0
+        self._adapters: AdapterHomes | None = None
         self._writes: set[asyncio.Task[None]] = set()
         """Response homes being written (the request path does not wait for them)."""
 
@@ -179,9 +180,10 @@ class RedisState(SharedState):
 
     # -- stored responses ---------------------------------------------------------------------
 
-    def share_responses(self, homes: ResponseHomes) -> None:
-        homes.publish = self._publish_home
-        homes.fetch = self._fetch_home
+    def share_memory(self, memory: RoutingMemory) -> None:
+        self._adapters = memory.adapters
+        memory.responses.publish = self._publish_home
+        memory.responses.fetch = self._fetch_home
 
     def _publish_home(self, response_id: str, home: ReplicaRef) -> None:
         if not self._link.up:
@@ -316,7 +318,7 @@ class RedisState(SharedState):
             sender = by_stream[stream]
             for entry_id, fields in entries:
                 self._positions[sender] = entry_id
-                apply_batch(fleet, fields.get(b"d", b"{}"), self._lag)
+                apply_batch(fleet, fields.get(b"d", b"{}"), self._lag, self._adapters)
         return True
 
     async def _resync_positions(self) -> None:

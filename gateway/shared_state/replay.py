@@ -15,6 +15,7 @@ from gateway.shared_state import codec
 from gateway.shared_state.base import Sent
 
 if TYPE_CHECKING:
+    from gateway.affinity import AdapterHomes
     from gateway.state import Fleet
 
 MAX_AGE_S = 60.0
@@ -30,9 +31,12 @@ def encode_batch(batch: Sequence[Sent]) -> bytes:
     )
 
 
-def apply_batch(fleet: Fleet, raw: bytes | memoryview, lag: Histogram) -> None:
+def apply_batch(
+    fleet: Fleet, raw: bytes | memoryview, lag: Histogram, adapters: AdapterHomes | None = None
+) -> None:
     """Replays another instance's dispatches into this fleet's pools (the selection policy's
-    record and the replica's recent-dispatch count); what cannot be read is skipped."""
+    record and the replica's recent-dispatch count) and, for a LoRA adapter's request, into
+    ``adapters`` (which replicas have it loaded); what cannot be read is skipped."""
     try:
         batch: dict[str, Any] = orjson.loads(raw)
         names = list(batch["f"])
@@ -55,3 +59,6 @@ def apply_batch(fleet: Fleet, raw: bytes | memoryview, lag: Histogram) -> None:
         if pool is None or features is None:
             continue
         pool.apply_remote_dispatch(replica, features, now - age)
+        if adapters is not None and features.model != pool.model:
+            # An adapter's request is fingerprinted under the adapter's name.
+            adapters.served(pool_name, features.model, replica, now - age)

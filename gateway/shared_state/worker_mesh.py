@@ -35,7 +35,7 @@ from gateway.shared_state.figures import RemoteFigures, own_figures
 from gateway.shared_state.replay import apply_batch, encode_batch
 
 if TYPE_CHECKING:
-    from gateway.affinity import ReplicaRef, ResponseHomes
+    from gateway.affinity import AdapterHomes, ReplicaRef, ResponseHomes, RoutingMemory
     from gateway.state import Fleet
 
 log = logging.getLogger(__name__)
@@ -142,13 +142,15 @@ class WorkerMesh(SharedState):
         self._incoming: set[asyncio.StreamWriter] = set()
         """The other workers' connections to this one, closed on stop."""
         self._homes: ResponseHomes | None = None
+        self._adapters: AdapterHomes | None = None
 
     @property
     def up(self) -> bool:
         return all(peer.connected for peer in self._peers.values())
 
-    def share_responses(self, homes: ResponseHomes) -> None:
-        self._homes = homes
+    def share_memory(self, memory: RoutingMemory) -> None:
+        self._adapters = memory.adapters
+        homes = self._homes = memory.responses
         homes.publish = self._publish_home
         homes.fetch = self._await_home
 
@@ -251,7 +253,7 @@ class WorkerMesh(SharedState):
                     return
                 payload = await reader.readexactly(length)
                 if kind == DISPATCHES:
-                    apply_batch(fleet(), payload, self._lag)
+                    apply_batch(fleet(), payload, self._lag, self._adapters)
                 elif kind == COUNTS:
                     sender = self._counts(payload) or sender
                 elif kind == RESPONSE and self._homes is not None:
