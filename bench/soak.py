@@ -8,15 +8,26 @@ seconds the gateway's resident memory (VmRSS from /proc) and the size of its /me
 sampled. A leak shows as RSS that keeps climbing after warm-up; a label explosion as /metrics
 growing with the request count. Writes a Markdown report (with the command that produced it)
 and a plot.
+
+``--distinct`` makes every request its own: a long prompt never sent before, a ``user`` field
+and a request id of its own, and one in twenty an unknown model name of its own, so every
+bounded structure (prefix indexes, hot-prefix counts, response homes, label sets) meets more
+keys than it may hold. Every request then carries an API key the policy knows, the gateway
+logs at DEBUG and is given a Redis URL with a password (no Redis listens there: it keeps
+retrying, and says so), and the whole log is searched for the key, the password and the
+prompts afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import random
+import secrets
 import shlex
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,10 +39,33 @@ import uvloop
 
 from bench.host import machine_description
 from bench.launcher import start_gateway
+from gateway.rate_limit import hash_key
 from replica.processes import ManagedProcess, start_sim_replicas
 
 MODEL = "soak-model"
 _ZERO_DELAY = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
+_PROMPT_MARK = "soak-prompt-"
+"""Starts every distinct prompt: what the log search looks for."""
+
+
+@dataclass(frozen=True, slots=True)
+class Secrets:
+    """What must never reach the gateway's log, made anew for each run."""
+
+    api_key: str = field(default_factory=lambda: "sk-soak-" + secrets.token_hex(16))
+    redis_password: str = field(default_factory=lambda: "soak-pw-" + secrets.token_hex(12))
+
+
+@dataclass(frozen=True, slots=True)
+class LogSearch:
+    lines: int
+    with_key: int
+    with_password: int
+    with_prompt: int
+
+    @property
+    def clean(self) -> bool:
+        return not (self.with_key or self.with_password or self.with_prompt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +83,8 @@ class Tally:
     by_status: dict[int, int] = field(default_factory=dict)
     client_errors: int = 0
     kept_log: Path | None = None
-    """The gateway's log, kept when requests failed."""
+    """The gateway's log, kept when requests failed (or it held a secret)."""
+    log_search: LogSearch | None = None
 
     def count(self, status: int) -> None:
         self.requests += 1
@@ -58,6 +93,9 @@ class Tally:
     def failed(self) -> int:
         """Answers >= 500 (none is expected: the replicas are healthy) and transport errors."""
         return self.client_errors + sum(n for s, n in self.by_status.items() if s >= 500)
+
+    def ok(self) -> bool:
+        return not self.failed() and (self.log_search is None or self.log_search.clean)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +107,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/soak.md"))
     parser.add_argument("--plot", type=Path, default=Path("docs/soak.png"))
     parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument(
+        "--distinct",
+        action="store_true",
+        help="every request its own long prompt, user and id; key, password and prompts "
+        "searched for in the DEBUG log",
+    )
+    parser.add_argument(
+        "--requests", type=int, default=0, help="stop after this many requests (0: no bound)"
+    )
     parser.add_argument(
         "--policy",
         choices=("prefix-aware", "least-loaded", "round-robin"),
@@ -83,32 +130,68 @@ def run(args: argparse.Namespace) -> int:
     _plot(samples, args.plot)
     args.out.write_text(report(samples, tally, args, command.strip()))
     print(args.out.read_text())
-    return 1 if tally.failed() else 0
+    return 0 if tally.ok() else 1
 
 
 async def _soak(args: argparse.Namespace) -> tuple[list[Sample], Tally]:
     sims = await start_sim_replicas(args.replicas, MODEL, **_ZERO_DELAY)
     try:
         pool = {"model": MODEL, "replicas": [s.url for s in sims], "policy": args.policy}
-        policy = {"pools": {"small": pool}}
-        gateway = await start_gateway(policy, env={"GATEWAY_LOG_LEVEL": "WARNING"})
+        policy: dict[str, object] = {"pools": {"small": pool}}
+        env = {"GATEWAY_LOG_LEVEL": "WARNING"}
+        hidden = Secrets() if args.distinct else None
+        if hidden is not None:
+            tenant = {"api_key_sha256": [hash_key(hidden.api_key)]}
+            policy["limits"] = {"tenants": {"soak": tenant}}
+            env = {
+                "GATEWAY_LOG_LEVEL": "DEBUG",
+                "GATEWAY_REDIS_URL": f"redis://:{hidden.redis_password}@127.0.0.1:{_idle_port()}/0",
+            }
+        gateway = await start_gateway(policy, env=env)
+        gateway.keep_log = True  # read (and then removed) below
         try:
-            samples, tally = await _drive(gateway, args)
-            if tally.failed():
-                gateway.keep_log = True  # the evidence outlives the run
-                tally.kept_log = gateway.log_path
-            return samples, tally
+            samples, tally = await _drive(gateway, args, hidden)
         finally:
             await gateway.stop()
+        log = gateway.log_path
+        if hidden is not None and log is not None:
+            tally.log_search = search_log(log, hidden)
+        if tally.ok() and log is not None:
+            log.unlink(missing_ok=True)
+        else:
+            tally.kept_log = log  # the evidence outlives the run
+        return samples, tally
     finally:
         await asyncio.gather(*(s.stop() for s in sims))
 
 
-async def _drive(gateway: ManagedProcess, args: argparse.Namespace) -> tuple[list[Sample], Tally]:
+def _idle_port() -> int:
+    """A loopback port nothing listens on (bound and let go)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def search_log(log: Path, hidden: Secrets) -> LogSearch:
+    lines = key = password = prompt = 0
+    with log.open(errors="replace") as text:
+        for line in text:
+            lines += 1
+            key += hidden.api_key in line
+            password += hidden.redis_password in line
+            prompt += _PROMPT_MARK in line
+    return LogSearch(lines, key, password, prompt)
+
+
+async def _drive(
+    gateway: ManagedProcess, args: argparse.Namespace, hidden: Secrets | None
+) -> tuple[list[Sample], Tally]:
     tally = Tally()
     samples: list[Sample] = []
     started = time.monotonic()
     deadline = started + args.duration_s
+    finished = asyncio.Event()
     ids = itertools.count()
     connector = aiohttp.TCPConnector(limit=args.concurrency)
     timeout = aiohttp.ClientTimeout(total=30)
@@ -117,19 +200,29 @@ async def _drive(gateway: ManagedProcess, args: argparse.Namespace) -> tuple[lis
         async def client(seed: int) -> None:
             rng = random.Random(seed)
             while time.monotonic() < deadline:
-                await _one(session, gateway.url, rng, next(ids), args.tenants, tally)
+                i = next(ids)
+                if args.requests and i >= args.requests:
+                    return
+                if hidden is not None:
+                    await _distinct(session, gateway.url, rng, i, hidden, tally)
+                else:
+                    await _one(session, gateway.url, rng, i, args.tenants, tally)
+
+        async def clients() -> None:
+            await asyncio.gather(*(client(args.seed * 1000 + i) for i in range(args.concurrency)))
+            finished.set()
 
         async def sampler() -> None:
             # A session of its own: the clients keep every pooled connection busy.
             async with aiohttp.ClientSession(timeout=timeout) as own:
                 while True:
                     samples.append(await _sample(own, gateway, started, tally))
-                    if time.monotonic() >= deadline:
+                    if finished.is_set():
                         return
-                    await asyncio.sleep(min(args.sample_every_s, deadline - time.monotonic()))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(finished.wait(), args.sample_every_s)
 
-        clients = [client(args.seed * 1000 + i) for i in range(args.concurrency)]
-        await asyncio.gather(sampler(), *clients)
+        await asyncio.gather(sampler(), clients())
     return samples, tally
 
 
@@ -171,6 +264,35 @@ async def _one(
         tally.client_errors += 1
 
 
+async def _distinct(
+    session: aiohttp.ClientSession,
+    url: str,
+    rng: random.Random,
+    i: int,
+    hidden: Secrets,
+    tally: Tally,
+) -> None:
+    """One request unlike any other: a 2-8 KB prompt of its own, its own user and id."""
+    roll = rng.random()
+    prompt = f"{_PROMPT_MARK}{i} " + rng.randbytes(rng.randint(1024, 4096)).hex()
+    body = {
+        "model": MODEL if roll >= 0.05 else f"soak-unknown-model-{i}",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 8,
+        "stream": roll >= 0.5,
+        "user": f"soak-user-{i}",
+    }
+    headers = {"x-request-id": f"soak-{i}", "Authorization": f"Bearer {hidden.api_key}"}
+    try:
+        async with session.post(
+            f"{url}/v1/chat/completions", data=orjson.dumps(body), headers=headers
+        ) as response:
+            await response.read()
+            tally.count(response.status)
+    except (aiohttp.ClientError, TimeoutError):
+        tally.client_errors += 1
+
+
 async def _sample(
     session: aiohttp.ClientSession, gateway: ManagedProcess, started: float, tally: Tally
 ) -> Sample:
@@ -202,6 +324,26 @@ def report(samples: list[Sample], tally: Tally, args: argparse.Namespace, comman
             f"none is expected from healthy replicas): the gateway's log was kept at "
             f"`{tally.kept_log}` for the cause."
         )
+    mix = (
+        f"{args.tenants} tenants' system prompts (Pareto popularity), 5% of clients leaving "
+        "mid-stream,\nand 10% refused requests (unknown model, a string `max_tokens`, truncated "
+        "JSON)."
+    )
+    searched = ""
+    if args.distinct:
+        mix = (
+            "every request distinct: its own 2-8 KB prompt, `user` field and request id, and 5% "
+            "an unknown model name\nof its own; every request carries an API key (the policy's "
+            "one tenant), the gateway logs at DEBUG and\nholds a Redis URL with a password where "
+            "no Redis listens."
+        )
+    if tally.log_search is not None:
+        found = tally.log_search
+        searched = (
+            f"\n- The gateway's log ({found.lines:,} lines at DEBUG): {found.with_key} with the "
+            f"API key, {found.with_password} with the Redis password, {found.with_prompt} with "
+            "a prompt."
+        )
     rows = "\n".join(
         f"| {s.elapsed_s:6.0f} | {s.requests:9,} | {s.rss_mib:7.1f} | {s.metrics_bytes:8,} "
         f"| {s.metrics_series:6,} |"
@@ -211,12 +353,11 @@ def report(samples: list[Sample], tally: Tally, args: argparse.Namespace, comman
 
 Command: `{command}`
 Machine: {machine_description()}. {args.replicas} zero-delay simulated replicas ({args.policy}),
-{args.concurrency} concurrent clients for {args.duration_s:g} s: half the requests streamed,
-{args.tenants} tenants' system prompts (Pareto popularity), 5% of clients leaving mid-stream,
-and 10% refused requests (unknown model, a string `max_tokens`, truncated JSON).
+{args.concurrency} concurrent clients for {last.elapsed_s:.0f} s: half the requests streamed,
+{mix}
 
 - Requests answered: {tally.requests:,} ({tally.requests / last.elapsed_s:,.0f}/s); by status:
-  {statuses}; client-side errors: {tally.client_errors}.{failures}
+  {statuses}; client-side errors: {tally.client_errors}.{failures}{searched}
 - Gateway RSS: {samples[0].rss_mib:.1f} MiB at start, {warm.rss_mib:.1f} MiB after warm-up
   ({warm.elapsed_s:.0f} s), {last.rss_mib:.1f} MiB at the end: {growth:+.1f} MiB after warm-up,
   {per_10k:+.2f} MiB per 10,000 requests.
