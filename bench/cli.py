@@ -41,6 +41,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.soak",
         "minutes of mixed traffic: the gateway's RSS and /metrics size over time",
     ),
+    "hang": (
+        "bench.hang",
+        "one of two workers SIGSTOPped: how soon throughput is back (the watchdog)",
+    ),
 }
 EXTRA_MODULES = ("numpy", "matplotlib")
 """What the `bench` extra installs beyond the base install."""
