@@ -53,10 +53,11 @@ class Settings(BaseSettings):
     max_connections: Annotated[int, Field(ge=1)] = 2048
     """Open client connections; one more is answered 503 and closed. Also capped by the
     process's open-file limit (each request needs a client and a replica socket)."""
-    worker_stuck_s: Annotated[float, Field(gt=0)] = 3.0
+    worker_stuck_s: Annotated[float, Field(gt=0)] = 2.0
     """Under --workers N, a worker whose event loop has not run for this long is killed and
-    replaced: stopped or wedged, it keeps its share of new connections and answers none. Far
-    above any pause a healthy loop makes (it beats every 0.5 s)."""
+    replaced: stopped or wedged, it keeps its share of new connections and answers none. Four
+    missed heartbeats (one every 0.5 s), far above any pause a healthy loop makes; at 3 s the
+    fleet took 6 s to be back at 80% of one worker's throughput (`bench hang`)."""
     outlier_consecutive_failures: Annotated[int, Field(ge=1)] = 5
     """Consecutive 5xx answers, refused connections or first-token timeouts that eject a
     replica from routing."""
