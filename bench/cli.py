@@ -41,6 +41,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.soak",
         "minutes of mixed traffic: the gateway's RSS and /metrics size over time",
     ),
+    "diagnose": (
+        "bench.diagnose",
+        "one Mooncake window, request by request: routes, and a model of the caches",
+    ),
     "hang": (
         "bench.hang",
         "one of two workers SIGSTOPped: how soon throughput is back (the watchdog)",

@@ -67,8 +67,10 @@ async def measure(
     *,
     timeout_s: float,
     live: list[ManagedProcess],
+    on_run: Callable[[RunResult], None] | None = None,
 ) -> Measurement:
-    """One target through one workload, from emptied caches; the router is stopped after."""
+    """One target through one workload, from emptied caches; the router is stopped after.
+    ``on_run`` sees every request's result (bench diagnose)."""
     router = await start_target(target, urls, model, workload.gateway_pool)
     live.append(router)
     try:
@@ -86,6 +88,8 @@ async def measure(
         await stop_all([router])
         live.remove(router)
     after = await wait_quiet(urls, timeout_s)
+    if on_run is not None:
+        on_run(run)
     bound = affinity_bound_with_tools((r.messages, r.tools) for r in run.results)
     phases: tuple[PhaseFigures, ...] = ()
     if workload.phases is not None and workload.arrivals is not None:

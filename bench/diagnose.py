@@ -1,0 +1,255 @@
+"""``llm-gateway bench diagnose``: where a Mooncake window's cache hits went, request by request.
+
+Replays one trace window on the Mooncake fleet of ``bench compare`` (8 simulated replicas
+with its KV size), target by target, and for each run prints the fleet's figures (hit rate,
+the affinity bound, TTFT), the figures per route, and for the gateway's targets (whose answers
+name their replica) a model of the replicas' caches replaying the run's own decisions: an LRU
+of trace blocks per replica, as many as the sims' KV cache holds. The model answers what the
+measured hit rate cannot: how much the replicas chosen held (it should match the measured rate),
+how much the best replica at each request held (what following every history would have
+served), how much unbounded caches would have held (the placements' ceiling), and how many
+requests were sent away from a replica holding more of their history, and what that cost.
+
+``--set KEY=VALUE`` overrides the gateway pool's policy for the run (``cost.copy_weight=10``),
+so the effect of a routing constant is measured the way it was chosen. ``--dump DIR`` writes
+each run's requests as JSON lines. Meant for tuning windows: acceptance figures come from
+``bench compare`` on the report set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvloop
+import yaml
+
+from bench.compare.mooncake import (
+    LENGTH_SCALE,
+    MOONCAKE_SIM,
+    mooncake_config,
+    mooncake_workload,
+    parse_window,
+    trace_path,
+)
+from bench.compare.plan import SIM_MODEL, SIM_REPLICAS, PlannedWorkload
+from bench.compare.results import PREFIX_AWARE, SGLANG_CA, VLLM_CA, Measurement, Target
+from bench.compare.runner import SIM_TIMEOUT_S, measure, stop_all, warm_up
+from bench.driver import RequestResult, RunResult, percentile
+from bench.workloads_mooncake import TRACE_BLOCK_TOKENS, TraceRecord, read_trace
+from replica.processes import start_sim_replicas
+
+TARGETS: dict[str, Target] = {
+    "prefix-aware": PREFIX_AWARE,
+    "vllm-router": VLLM_CA,
+    "sglang-router": SGLANG_CA,
+}
+"""The gateway's prefix-aware routing and the peers' cache_aware policies."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--window", required=True, help="TRACE:START-END, as bench compare's")
+    parser.add_argument(
+        "--traces", default="download", help="folder of the whole traces, or download"
+    )
+    parser.add_argument(
+        "--targets",
+        default="prefix-aware",
+        help="comma-separated, of: " + ", ".join(TARGETS) + " (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a gateway pool setting for the runs (YAML value), e.g. cost.copy_weight=10",
+    )
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0, help="block texts (the tuning seeds)")
+    parser.add_argument("--dump", type=Path, default=None, help="write each run's requests")
+
+
+def overrides(settings: Iterable[str]) -> dict[str, Any]:
+    """``a.b=1`` settings as the nested pool mapping ``{"a": {"b": 1}}``."""
+    pool: dict[str, Any] = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{setting!r} is not KEY=VALUE")
+        *parents, leaf = key.split(".")
+        node = pool
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = yaml.safe_load(value)
+    return pool
+
+
+@dataclass(frozen=True, slots=True)
+class CacheModel:
+    """What an LRU of ``capacity`` trace blocks per replica held for each request, replaying
+    the replicas chosen (shares of the window's prompt tokens)."""
+
+    chosen: float
+    best: float
+    unbounded: float
+    sent_away: int
+    """Requests sent to a replica holding fewer blocks than another (more than the trace's
+    shared first block)."""
+    sent_away_share: float
+    """The prompt tokens those requests could have had from the better replica."""
+
+
+def cache_model(
+    records: Mapping[str, TraceRecord], results: Sequence[RequestResult], capacity: int
+) -> CacheModel:
+    caches: dict[str, OrderedDict[int, None]] = {}
+    every: dict[str, set[int]] = {}
+    total = chosen = best = unbounded = lost = 0
+    away = 0
+    for result in results:
+        record = records.get(result.conversation)
+        if record is None or result.replica is None:
+            continue
+        held = {name: _held(record, cache) for name, cache in caches.items()}
+        most = max(held.values(), default=0)
+        mine = held.get(result.replica, 0)
+        total += record.input_length
+        chosen += _tokens(record, mine)
+        best += _tokens(record, most)
+        unbounded += _tokens(record, _held(record, every.get(result.replica, set())))
+        if most > 1 and mine < most:
+            away += 1
+            lost += _tokens(record, most) - _tokens(record, mine)
+        cache = caches.setdefault(result.replica, OrderedDict())
+        for hash_id in record.hash_ids:
+            cache[hash_id] = None
+            cache.move_to_end(hash_id)
+        while len(cache) > capacity:
+            cache.popitem(last=False)
+        every.setdefault(result.replica, set()).update(record.hash_ids)
+    share = 1 / max(total, 1)
+    return CacheModel(chosen * share, best * share, unbounded * share, away, lost * share)
+
+
+def _held(record: TraceRecord, cache: Mapping[int, None] | set[int]) -> int:
+    held = 0
+    for hash_id in record.hash_ids:
+        if hash_id not in cache:
+            break
+        held += 1
+    return held
+
+
+def _tokens(record: TraceRecord, blocks: int) -> int:
+    return min(blocks * TRACE_BLOCK_TOKENS, record.input_length)
+
+
+def capacity_blocks() -> int:
+    """The sims' KV cache in trace blocks (a trace block is LENGTH_SCALE x 512 tokens)."""
+    config = mooncake_config()
+    return int(config.num_blocks * config.block_size / (TRACE_BLOCK_TOKENS * LENGTH_SCALE))
+
+
+def describe(label: str, measurement: Measurement, run: RunResult, model: CacheModel | None) -> str:
+    m = measurement
+    hit = m.cache_hits / max(m.cache_queries, 1)
+    ttfts = sorted(m.ttfts)
+    lines = [
+        f"{label}: hit {hit:.3f}, bound {m.bound.bound:.3f}, hit/bound "
+        f"{hit / max(m.bound.bound, 1e-9):.3f}; TTFT p50/p90/p99 "
+        + "/".join(f"{1000 * percentile(ttfts, q):.0f}" for q in (50, 90, 99))
+        + f" ms; {m.sent - m.errors}/{m.planned} answered"
+    ]
+    routes: dict[str, list[RequestResult]] = {}
+    for result in run.results:
+        if result.route is not None:
+            routes.setdefault(result.route, []).append(result)
+    for route, results in sorted(routes.items(), key=lambda item: -len(item[1])):
+        cached = sum(r.cached_tokens for r in results)
+        prompt = sum(r.prompt_tokens for r in results)
+        lines.append(f"  route {route}: {len(results)} requests, hit {cached / max(prompt, 1):.3f}")
+    if model is not None:
+        lines.append(
+            f"  cache model: chosen replicas held {model.chosen:.3f}, the best replica each "
+            f"time {model.best:.3f}, unbounded caches {model.unbounded:.3f}; "
+            f"{model.sent_away} requests sent away from more of their history "
+            f"({model.sent_away_share:.3f} of the prompt tokens)"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    uvloop.run(_diagnose(args))
+    return 0
+
+
+async def _diagnose(args: argparse.Namespace) -> None:
+    window = parse_window(args.window)
+    path = trace_path(window, args.traces)
+    workload = mooncake_workload(window, traces=args.traces, seed=args.seed)
+    pool = overrides(args.set)
+    workload = dataclasses.replace(workload, gateway_pool=pool)
+    targets = [TARGETS[name.strip()] for name in args.targets.split(",")]
+    wanted = {c.id for c in workload.conversations}
+    records = {
+        f"m{line:06d}": record
+        for line, record in enumerate(read_trace(path))
+        if f"m{line:06d}" in wanted
+    }
+    capacity = capacity_blocks()
+    print(f"{window}: {len(records)} requests; cache model {capacity} trace blocks per replica")
+    if pool:
+        print(f"gateway pool settings: {json.dumps(pool)}")
+    replicas = await start_sim_replicas(SIM_REPLICAS, model=SIM_MODEL, **MOONCAKE_SIM)
+    live = list(replicas)
+    urls = [r.url for r in replicas]
+    try:
+        await warm_up(urls, SIM_MODEL)
+        for turn in range(args.runs):
+            for target in targets:
+                runs: list[RunResult] = []
+                measurement = await measure(
+                    target, workload, urls, SIM_MODEL, timeout_s=SIM_TIMEOUT_S, live=live,
+                    on_run=runs.append,
+                )  # fmt: skip
+                ordered = _in_arrival_order(runs[0], workload)
+                model = (
+                    cache_model(records, ordered, capacity) if target.kind == "gateway" else None
+                )
+                print(describe(f"run {turn + 1} {target.label}", measurement, runs[0], model))
+                if args.dump is not None:
+                    _dump(args.dump / f"run{turn + 1}-{target.kind}-{target.policy}.jsonl", runs[0])
+    finally:
+        await stop_all(live)
+
+
+def _in_arrival_order(run: RunResult, workload: PlannedWorkload) -> list[RequestResult]:
+    arrivals = workload.arrivals or [0.0] * len(workload.conversations)
+    at = {c.id: t for c, t in zip(workload.conversations, arrivals, strict=True)}
+    return sorted(run.results, key=lambda r: (at.get(r.conversation, 0.0), r.conversation))
+
+
+def _dump(path: Path, run: RunResult) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as out:
+        for r in run.results:
+            out.write(
+                orjson.dumps(
+                    {
+                        "id": r.conversation,
+                        "replica": r.replica,
+                        "route": r.route,
+                        "cached": r.cached_tokens,
+                        "prompt": r.prompt_tokens,
+                        "ttft": r.ttft_s,
+                    }
+                )
+                + b"\n"
+            )

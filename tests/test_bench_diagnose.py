@@ -1,0 +1,55 @@
+"""`llm-gateway bench diagnose`: its settings overrides and its model of the replicas' caches."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.diagnose import cache_model, capacity_blocks, overrides
+from bench.driver import RequestResult
+from bench.workloads_mooncake import TraceRecord
+
+
+def test_dotted_settings_become_the_nested_pool_mapping() -> None:
+    assert overrides(["cost.copy_weight=10", "prefix.min_match_ratio=0.3", "policy=x"]) == {
+        "cost": {"copy_weight": 10},
+        "prefix": {"min_match_ratio": 0.3},
+        "policy": "x",
+    }
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        overrides(["cost.copy_weight"])
+
+
+def record(*hash_ids: int) -> TraceRecord:
+    return TraceRecord(0, 512 * len(hash_ids), 1, hash_ids)
+
+
+def sent(conversation: str, replica: str) -> RequestResult:
+    return RequestResult(200, 0.1, conversation=conversation, replica=replica)
+
+
+def test_the_model_tells_chosen_best_and_unbounded_apart() -> None:
+    records = {
+        "m0": record(0, 1, 2),  # a conversation's first turn, on a
+        "m1": record(0, 3),  # another, on b
+        "m2": record(0, 1, 2, 4),  # the first's next turn, sent away to b
+        "m3": record(0, 3, 5, 6),  # the second's next turn, at home on b
+    }
+    order = [sent("m0", "a"), sent("m1", "b"), sent("m2", "b"), sent("m3", "b")]
+    model = cache_model(records, order, capacity=100)
+    total = 512 * (3 + 2 + 4 + 4)
+    assert model.chosen == pytest.approx(512 * (1 + 2) / total)  # m2 found block 0 on b
+    # The best: a's block 0 for m1, a's 3 blocks for m2, b's 2 for m3.
+    assert model.best == pytest.approx(512 * (1 + 3 + 2) / total)
+    assert model.unbounded == model.chosen  # caches this large forget nothing
+    assert (model.sent_away, model.sent_away_share) == (1, pytest.approx(512 * 2 / total))
+
+
+def test_a_small_cache_forgets_the_least_recently_used_blocks() -> None:
+    records = {"m0": record(1, 2), "m1": record(3, 4), "m2": record(1, 2, 5)}
+    order = [sent("m0", "a"), sent("m1", "a"), sent("m2", "a")]
+    model = cache_model(records, order, capacity=2)
+    assert model.chosen == 0.0 and model.unbounded == pytest.approx(2 * 512 / (7 * 512))
+
+
+def test_the_model_holds_what_the_sims_kv_cache_holds() -> None:
+    assert capacity_blocks() == 1024  # 6,144 blocks of 16 tokens, 96-token trace blocks
