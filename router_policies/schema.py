@@ -90,9 +90,9 @@ class CostSettings(_Strict):
     that prefill, the room the copy takes on the cold replica (another conversation's history
     evicted), the room the history keeps on the warm one until it is evicted, and the next
     turns' hits, split between two copies. At 1 (this request's wait against the fleet's
-    work alone), 5% of the conversations of Mooncake's trace were copied when their replica
-    had a prefill queue, and the copies cost ~5 points of the trace's bound; 4, 10 and 30
-    measured alike (docs/benchmarks.md, on the tuning windows), and 4 keeps the tail lowest.
+    work alone), 27-59 requests a five-minute window of Mooncake's trace were sent cold away
+    from their history when its replica had a prefill queue; 4, 10 and 30 measured within
+    each other's run-to-run spread (docs/benchmarks.md, bench diagnose on the tuning windows).
     0: predicted TTFT alone."""
     ttft_objective_s: Annotated[float, Field(gt=0)] | None = None
     """The pool's TTFT objective. Set, a request predicted to miss it on every replica goes to

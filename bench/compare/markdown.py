@@ -206,22 +206,20 @@ def fleet_section(fleet: FleetResult, images: Sequence[str]) -> list[str]:
         lines += [figures_row(f) for f in table]
         if any(m.phases for m in measurements):
             lines += ["", PHASE_HEADER, *phase_rows(measurements)]
-        errors = [m for m in measurements if m.first_error]
-        lines += [""]
-        lines += [
+        notes = [
             f"- {f.target.label} routes (x-gateway-route{', all seeds' if several else ''}; "
             "per route: requests, the share of their prompt tokens served from cache, TTFT "
             "p50 / p99): " + "; ".join(route_text(r) for r in _routes(f.runs))
             for f in table
             if _routes(f.runs)
         ]
-        lines += [
+        notes += [
             f"- {m.target.label}{f' (seed {m.seed})' if several else ''}, first error: "
             f"`{_one_line(m.first_error)}`"
-            for m in errors
+            for m in measurements
+            if m.first_error
         ]
-        if errors:
-            lines.append("")
+        lines += ["", *notes, ""] if notes else [""]
     lines += [f"![{alt}]({name})" for alt, name in _image_alts(images)]
     lines.append("")
     return lines
