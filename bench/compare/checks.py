@@ -49,6 +49,11 @@ def pct(value: float | None) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{100 * value:.1f}%"
 
 
+def two(value: float) -> str:
+    """A ratio (hit / bound, max/mean) to two places."""
+    return f"{value:.2f}"
+
+
 def ms(seconds: float | None) -> str:
     return "n/a" if seconds is None or math.isnan(seconds) else f"{1000 * seconds:.0f} ms"
 
@@ -120,7 +125,7 @@ def bound_check(pa: Figures | None, workload: str, least: float) -> Check:
         name,
         _status(fraction.mean >= least),
         f"hit rate {_spread_text(pa.hit_rate, pct)}, bound {_spread_text(pa.bound, pct)}: "
-        f"{fraction.text(lambda v: f'{v:.2f}')} x the bound"
+        f"{fraction.text(two)} x the bound"
         + (f" (seeds {seeds_text(pa.seeds)})" if len(pa.runs) > 1 else ""),
     )
 
@@ -165,8 +170,7 @@ def zipf_checks(fleet: FleetResult) -> list[Check]:
         balance = Check(
             name,
             _status(pa.balance.mean <= ZIPF_MAX_OVER_MEAN),
-            f"{pa.balance.text(lambda v: f'{v:.2f}')} "
-            f"(requests per replica, {_per_replica(pa.runs)})",
+            f"{pa.balance.text(two)} (requests per replica, {_per_replica(pa.runs)})",
         )
     return [
         balance,
@@ -276,7 +280,7 @@ def mooncake_checks(fleet: FleetResult, report_keys: Collection[str]) -> list[Ch
         checks += [
             compare(
                 f"{name}: prefix-aware hit / bound >= every cache_aware peer's",
-                fleet, pa, CACHE_AWARE_PEERS, lambda f: f.hit_fraction, _two,
+                fleet, pa, CACHE_AWARE_PEERS, lambda f: f.hit_fraction, two,
                 higher_is_better=True,
             ),
             compare(
@@ -289,10 +293,6 @@ def mooncake_checks(fleet: FleetResult, report_keys: Collection[str]) -> list[Ch
             ),
         ]  # fmt: skip
     return checks
-
-
-def _two(value: float) -> str:
-    return f"{value:.2f}"
 
 
 def real_checks(fleet: FleetResult) -> list[Check]:

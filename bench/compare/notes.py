@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bench.compare.checks import Check, ms, pct, ttft_ratio_text
+from bench.compare.checks import Check, ms, pct, ttft_ratio_text, two
 from bench.compare.comparison import CompareResult
 from bench.compare.plan import DEFAULT_SEEDS, GSP, LOW, MRQA, OVERLOAD, REAL_GSP, TUNING_SEEDS, ZIPF
 from bench.compare.results import (
@@ -70,10 +70,6 @@ def _text(value: Spread | None, show: Callable[[float], str]) -> str:
     return "n/a" if value is None else value.text(show)
 
 
-def _two(v: float) -> str:
-    return f"{v:.2f}"
-
-
 def _failed(checks: Sequence[Check]) -> set[str]:
     """The workloads (the part of a check's name before its colon) with a FAIL."""
     return {c.name.split(":")[0] for c in checks if c.status == "FAIL"}
@@ -85,7 +81,7 @@ def _gsp_note(fleet: FleetResult) -> str | None:
         return None
     line = (
         f"- Generated shared prefix: prefix-aware's hit rate {_text(pa.hit_rate, pct)} is "
-        f"{_text(pa.hit_fraction, _two)} x the affinity bound; its routes: {_routes(pa)}. A "
+        f"{_text(pa.hit_fraction, two)} x the affinity bound; its routes: {_routes(pa)}. A "
         "request not sent to a replica that holds its group's system prompt prefills it cold "
         "and copies it onto a second replica, whose cache then evicts sooner."
     )
@@ -93,8 +89,8 @@ def _gsp_note(fleet: FleetResult) -> str | None:
         line += (
             f" {SGLANG_CA.label}: hit rate {_text(sg.hit_rate, pct)}, TTFT p90 "
             f"{_text(sg.ttft(90), ms)}, max/mean requests per replica "
-            f"{_text(sg.balance, _two)}, against prefix-aware's TTFT p90 "
-            f"{_text(pa.ttft(90), ms)} and max/mean {_text(pa.balance, _two)}."
+            f"{_text(sg.balance, two)}, against prefix-aware's TTFT p90 "
+            f"{_text(pa.ttft(90), ms)} and max/mean {_text(pa.balance, two)}."
         )
     return line
 
@@ -104,7 +100,7 @@ def _zipf_note(fleet: FleetResult) -> str | None:
     if pa is None:
         return None
     line = (
-        f"- Zipf: prefix-aware's max/mean requests per replica {_text(pa.balance, _two)}, "
+        f"- Zipf: prefix-aware's max/mean requests per replica {_text(pa.balance, two)}, "
         f"TTFT p90 {_text(pa.ttft(90), ms)}, hit rate {_text(pa.hit_rate, pct)}; its routes: "
         f"{_routes(pa)}. The hot group takes the largest share of the requests (see the "
         "workload's parameters): every replica it lives on takes a part of that share, every "
@@ -112,7 +108,7 @@ def _zipf_note(fleet: FleetResult) -> str | None:
     )
     if sg is not None:
         line += (
-            f" {SGLANG_CA.label}: max/mean {_text(sg.balance, _two)}, TTFT p90 "
+            f" {SGLANG_CA.label}: max/mean {_text(sg.balance, two)}, TTFT p90 "
             f"{_text(sg.ttft(90), ms)}, hit rate {_text(sg.hit_rate, pct)}."
         )
     return line
@@ -162,7 +158,7 @@ def _overload_note(fleet: FleetResult) -> str | None:
     for f in table:
         m = f.runs[0]
         phases = ", ".join(f"{p.name} {p.goodput:.2f}/s" for p in m.phases)
-        parts.append(f"{f.target.label}: {phases}; max/mean {_text(f.balance, _two)}")
+        parts.append(f"{f.target.label}: {phases}; max/mean {_text(f.balance, two)}")
     return "- Overload, goodput per phase: " + "; ".join(parts) + "."
 
 
