@@ -85,14 +85,14 @@ async def serve(
     *,
     reuse_port: bool = False,
     mesh: MeshPlace | None = None,
-    place: tuple[Heartbeats, int] | None = None,
+    heartbeat: tuple[Heartbeats, int] | None = None,
 ) -> None:
     beating = None
-    if place is not None:
-        beating = asyncio.create_task(keep_beating(*place), name="worker heartbeat")
+    if heartbeat is not None:
+        beating = asyncio.create_task(keep_beating(*heartbeat), name="worker heartbeat")
     app = build_app(settings, policy, mesh)
-    if place is not None:
-        app[METRICS].registry.register(ReplacedCollector(place[0]))
+    if heartbeat is not None:
+        app[METRICS].registry.register(ReplacedCollector(heartbeat[0]))
     handler_args: dict[str, Any] = {
         # A connection that has not sent complete headers within the timeout (counted from
         # its opening or its previous response) is closed: aiohttp's keep-alive timer, which
@@ -196,13 +196,14 @@ def _run_one(
     *,
     reuse_port: bool = False,
     mesh: MeshPlace | None = None,
-    place: tuple[Heartbeats, int] | None = None,
+    heartbeat: tuple[Heartbeats, int] | None = None,
 ) -> int:
     exit_deadline = _ExitDeadline(_EXIT_BOUND_S)
     try:
-        uvloop.run(
-            serve(settings, policy, exit_deadline, reuse_port=reuse_port, mesh=mesh, place=place)
+        main = serve(
+            settings, policy, exit_deadline, reuse_port=reuse_port, mesh=mesh, heartbeat=heartbeat
         )
+        uvloop.run(main)
     except StartupError as exc:
         log.error("%s", exc)
         return 2
@@ -219,9 +220,9 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _fork_worker(
-    settings: Settings, policy: Policy, mesh: MeshPlace | None, place: tuple[Heartbeats, int]
+    settings: Settings, policy: Policy, mesh: MeshPlace | None, heartbeat: tuple[Heartbeats, int]
 ) -> int:
-    place[0].starting(place[1])
+    heartbeat[0].starting(heartbeat[1])
     pid = os.fork()
     if pid:
         return pid
@@ -232,7 +233,7 @@ def _fork_worker(
         if sys.platform == "linux":
             # A worker whose parent is killed outright stops too, rather than serve alone.
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        code = _run_one(settings, policy, reuse_port=True, mesh=mesh, place=place)
+        code = _run_one(settings, policy, reuse_port=True, mesh=mesh, heartbeat=heartbeat)
     finally:
         logging.shutdown()
         os._exit(code)
