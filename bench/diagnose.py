@@ -43,7 +43,14 @@ from bench.compare.plan import SIM_MODEL, SIM_REPLICAS, PlannedWorkload
 from bench.compare.results import PREFIX_AWARE, SGLANG_CA, VLLM_CA, Measurement, Target
 from bench.compare.runner import SIM_TIMEOUT_S, measure, stop_all, warm_up
 from bench.driver import RequestResult, RunResult, percentile
-from bench.workloads_mooncake import TRACE_BLOCK_TOKENS, TraceRecord, read_trace
+from bench.workloads_mooncake import (
+    TRACE_BLOCK_TOKENS,
+    TraceRecord,
+    lru_remember,
+    read_trace,
+    reused_blocks,
+    reused_tokens,
+)
 from replica.processes import start_sim_replicas
 
 TARGETS: dict[str, Target] = {
@@ -117,38 +124,20 @@ def cache_model(
         record = records.get(result.conversation)
         if record is None or result.replica is None:
             continue
-        held = {name: _held(record, cache) for name, cache in caches.items()}
+        held = {name: reused_blocks(record, cache) for name, cache in caches.items()}
         most = max(held.values(), default=0)
         mine = held.get(result.replica, 0)
         total += record.input_length
-        chosen += _tokens(record, mine)
-        best += _tokens(record, most)
-        unbounded += _tokens(record, _held(record, every.get(result.replica, set())))
+        chosen += reused_tokens(record, mine)
+        best += reused_tokens(record, most)
+        unbounded += reused_tokens(record, reused_blocks(record, every.get(result.replica, set())))
         if most > 1 and mine < most:
             away += 1
-            lost += _tokens(record, most) - _tokens(record, mine)
-        cache = caches.setdefault(result.replica, OrderedDict())
-        for hash_id in record.hash_ids:
-            cache[hash_id] = None
-            cache.move_to_end(hash_id)
-        while len(cache) > capacity:
-            cache.popitem(last=False)
+            lost += reused_tokens(record, most) - reused_tokens(record, mine)
+        lru_remember(caches.setdefault(result.replica, OrderedDict()), record, capacity)
         every.setdefault(result.replica, set()).update(record.hash_ids)
     share = 1 / max(total, 1)
     return CacheModel(chosen * share, best * share, unbounded * share, away, lost * share)
-
-
-def _held(record: TraceRecord, cache: Mapping[int, None] | set[int]) -> int:
-    held = 0
-    for hash_id in record.hash_ids:
-        if hash_id not in cache:
-            break
-        held += 1
-    return held
-
-
-def _tokens(record: TraceRecord, blocks: int) -> int:
-    return min(blocks * TRACE_BLOCK_TOKENS, record.input_length)
 
 
 def capacity_blocks() -> int:

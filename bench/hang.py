@@ -18,11 +18,11 @@ import asyncio
 import os
 import signal
 import time
-from pathlib import Path
 
 import aiohttp
 import uvloop
 
+from bench.host import children
 from bench.launcher import start_gateway
 from replica.processes import ManagedProcess, start_sim_replicas
 
@@ -71,7 +71,7 @@ async def _stop_one(gateway: ManagedProcess, args: argparse.Namespace) -> tuple[
     load = asyncio.ensure_future(_load(gateway.url, args, args.before_s + args.after_s))
     await asyncio.sleep(args.before_s)
     assert gateway.pid is not None
-    stopped = _first_child(gateway.pid)
+    stopped = children(gateway.pid)[0]
     os.kill(stopped, signal.SIGSTOP)
     stopped_at = time.monotonic() - started
     try:
@@ -85,10 +85,6 @@ async def _stop_one(gateway: ManagedProcess, args: argparse.Namespace) -> tuple[
     for at in done:
         bins[min(int((at - started) / _BIN_S), len(bins) - 1)] += 1
     return bins, stopped_at
-
-
-def _first_child(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
 
 
 async def _load(url: str, args: argparse.Namespace, seconds: float) -> list[float]:

@@ -20,6 +20,19 @@ def machine_description() -> str:
     return f"{cpu}, {platform.system()} {platform.release()}, Python {platform.python_version()}"
 
 
+def rss_mib(pid: int) -> float:
+    """The process's resident memory (VmRSS), in MiB; NaN where /proc does not say."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def children(pid: int) -> list[int]:
+    """The process's children (those its main thread started: a gateway's forked workers)."""
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 def _descendants(pid: int) -> list[int]:
     found = [pid]
     for parent in found:  # grows while iterated: a breadth-first walk of the process tree

@@ -27,7 +27,6 @@ import itertools
 import random
 import secrets
 import shlex
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -37,10 +36,10 @@ import aiohttp
 import orjson
 import uvloop
 
-from bench.host import machine_description
+from bench.host import machine_description, rss_mib
 from bench.launcher import start_gateway
 from gateway.rate_limit import hash_key
-from replica.processes import ManagedProcess, start_sim_replicas
+from replica.processes import ManagedProcess, free_port, start_sim_replicas
 
 MODEL = "soak-model"
 _ZERO_DELAY = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
@@ -145,7 +144,7 @@ async def _soak(args: argparse.Namespace) -> tuple[list[Sample], Tally]:
             policy["limits"] = {"tenants": {"soak": tenant}}
             env = {
                 "GATEWAY_LOG_LEVEL": "DEBUG",
-                "GATEWAY_REDIS_URL": f"redis://:{hidden.redis_password}@127.0.0.1:{_idle_port()}/0",
+                "GATEWAY_REDIS_URL": f"redis://:{hidden.redis_password}@127.0.0.1:{free_port()}/0",
             }
         gateway = await start_gateway(policy, env=env)
         gateway.keep_log = True  # read (and then removed) below
@@ -163,14 +162,6 @@ async def _soak(args: argparse.Namespace) -> tuple[list[Sample], Tally]:
         return samples, tally
     finally:
         await asyncio.gather(*(s.stop() for s in sims))
-
-
-def _idle_port() -> int:
-    """A loopback port nothing listens on (bound and let go)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def search_log(log: Path, hidden: Secrets) -> LogSearch:
@@ -250,18 +241,8 @@ async def _one(
     elif 0.94 <= roll < 0.97:
         body["max_tokens"] = "eight"
     data = orjson.dumps(body) if roll < 0.97 else b'{"model": "' + MODEL.encode()
-    try:
-        async with session.post(
-            f"{url}/v1/chat/completions", data=data, headers={"x-request-id": f"soak-{i}"}
-        ) as response:
-            if body["stream"] and roll < 0.05:
-                await response.content.readany()  # a client that leaves mid-stream
-                response.close()
-            else:
-                await response.read()
-            tally.count(response.status)
-    except (aiohttp.ClientError, TimeoutError):
-        tally.client_errors += 1
+    leaves = bool(body["stream"]) and roll < 0.05
+    await _send(session, url, data, {"x-request-id": f"soak-{i}"}, tally, leaves=leaves)
 
 
 async def _distinct(
@@ -283,11 +264,29 @@ async def _distinct(
         "user": f"soak-user-{i}",
     }
     headers = {"x-request-id": f"soak-{i}", "Authorization": f"Bearer {hidden.api_key}"}
+    await _send(session, url, orjson.dumps(body), headers, tally)
+
+
+async def _send(
+    session: aiohttp.ClientSession,
+    url: str,
+    data: bytes,
+    headers: dict[str, str],
+    tally: Tally,
+    *,
+    leaves: bool = False,
+) -> None:
+    """One chat completion, counted by its status; ``leaves``: the client reads the first
+    chunk and goes."""
     try:
         async with session.post(
-            f"{url}/v1/chat/completions", data=orjson.dumps(body), headers=headers
+            f"{url}/v1/chat/completions", data=data, headers=headers
         ) as response:
-            await response.read()
+            if leaves:
+                await response.content.readany()
+                response.close()
+            else:
+                await response.read()
             tally.count(response.status)
     except (aiohttp.ClientError, TimeoutError):
         tally.client_errors += 1
@@ -300,15 +299,8 @@ async def _sample(
         text = await response.read()
     series = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
     return Sample(
-        time.monotonic() - started, tally.requests, _rss_mib(gateway.pid), len(text), series
+        time.monotonic() - started, tally.requests, rss_mib(gateway.pid), len(text), series
     )
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def report(samples: list[Sample], tally: Tally, args: argparse.Namespace, command: str) -> str:

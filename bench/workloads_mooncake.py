@@ -194,6 +194,16 @@ def summarise(records: Iterable[TraceRecord]) -> TraceSummary:
     )
 
 
+def lru_remember(cache: OrderedDict[int, None], record: TraceRecord, capacity_blocks: int) -> None:
+    """The record's blocks made the most recent of ``cache``, then the least recently used
+    evicted down to ``capacity_blocks``."""
+    for hash_id in record.hash_ids:
+        cache[hash_id] = None
+        cache.move_to_end(hash_id)
+    while len(cache) > capacity_blocks:
+        cache.popitem(last=False)
+
+
 def lru_reuse(records: Sequence[TraceRecord], capacity_blocks: int) -> float:
     """The token share one prefix cache of ``capacity_blocks`` trace blocks, evicting the
     least recently used block, would serve over ``records`` in order.
@@ -210,9 +220,5 @@ def lru_reuse(records: Sequence[TraceRecord], capacity_blocks: int) -> float:
     for record in records:
         inputs += record.input_length
         reused += reused_tokens(record, reused_blocks(record, cache))
-        for hash_id in record.hash_ids:
-            cache[hash_id] = None
-            cache.move_to_end(hash_id)
-        while len(cache) > capacity_blocks:
-            cache.popitem(last=False)
+        lru_remember(cache, record, capacity_blocks)
     return reused / inputs if inputs else 0.0

@@ -63,13 +63,13 @@ class ResponseLookup:
 
     async def _home(self, request: web.Request, response_id: str) -> tuple[PoolState, ReplicaState]:
         limiter = self._limiter()
-        limits = self._fleet().policy.limits
-        tenant = limiter.authenticate(limits, request.headers)
+        fleet = self._fleet()  # one policy generation for the whole lookup
+        tenant = limiter.authenticate(fleet.policy.limits, request.headers)
         if tenant is not None:
             await limiter.admit(tenant, 0.0)  # the request limit only: nothing is generated
         owner = tenant.name if tenant is not None else None
         home = await readable_home(self._memory.responses, response_id, owner, "response_id")
-        pool = self._fleet().pools.get(home.pool) if home is not None else None
+        pool = fleet.pools.get(home.pool) if home is not None else None
         replica = pool.replicas.get(home.replica) if pool is not None and home else None
         if pool is None or replica is None:
             raise not_found(response_id)

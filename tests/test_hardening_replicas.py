@@ -4,16 +4,19 @@ metrics, and compressed answers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import orjson
 from aiohttp import web
 from openai import APIError, AsyncOpenAI
 
+from bench.host import rss_mib
 from gateway import headers
+from replica.processes import ManagedProcess
 from tests.conftest import (
     MODEL,
     breaks_mid_stream,
@@ -27,18 +30,38 @@ from tests.hardening import wait_for_log
 from tests.test_gateway_failover import eventually, metric
 
 
-class Broken500:
-    """A fake replica's chat handler that answers 500 to everything, counting the attempts."""
+class Counted:
+    """A fake replica's handler, counting the requests it got."""
 
-    def __init__(self) -> None:
+    def __init__(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
+        self.handler = handler
         self.hits = 0
 
-    async def __call__(self, request: web.Request) -> web.Response:
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
         self.hits += 1
-        return web.json_response({"error": {"message": "engine dead"}}, status=500)
+        return await self.handler(request)
+
+
+async def engine_dead(request: web.Request) -> web.Response:
+    """A replica that answers 500 to everything."""
+    return web.json_response({"error": {"message": "engine dead"}}, status=500)
 
 
 FAST = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
+
+
+@contextlib.asynccontextmanager
+async def beside_two_good(
+    bad: Counted, env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[ManagedProcess, str]]:
+    """A round-robin gateway over a fake replica answering with ``bad`` and two good sims:
+    (the gateway, the fake's replica name)."""
+    async with (
+        running_sims(2, **FAST) as good,
+        fake_replica(bad) as bad_url,
+        running_gateway([bad_url, *(g.url for g in good)], "round-robin", env=env) as gateway,
+    ):
+        yield gateway, bad_url.removeprefix("http://")
 
 
 def client(url: str) -> AsyncOpenAI:
@@ -77,15 +100,9 @@ async def test_a_stream_whose_replica_dies_before_the_first_token_is_retried() -
 
 
 async def test_a_replica_answering_500_to_everything_is_ejected_and_logged() -> None:
-    broken = Broken500()
+    broken = Counted(engine_dead)
 
-    async with (
-        running_sims(2, **FAST) as good,
-        fake_replica(broken) as bad_url,
-        running_gateway([bad_url, *(g.url for g in good)], "round-robin") as gw,
-        aiohttp.ClientSession() as session,
-    ):
-        bad = bad_url.removeprefix("http://")
+    async with beside_two_good(broken) as (gw, bad), aiohttp.ClientSession() as session:
         statuses = []
         for i in range(60):
             async with session.post(
@@ -104,16 +121,10 @@ async def test_a_replica_answering_500_to_everything_is_ejected_and_logged() -> 
 
 
 async def test_round_robin_turns_are_not_consumed_by_retries() -> None:
-    broken = Broken500()
+    broken = Counted(engine_dead)
 
     async with (
-        running_sims(2, **FAST) as good,
-        fake_replica(broken) as bad_url,
-        running_gateway(
-            [bad_url, *(g.url for g in good)],
-            "round-robin",
-            env={"GATEWAY_OUTLIER_CONSECUTIVE_FAILURES": "1000"},
-        ) as gw,
+        beside_two_good(broken, {"GATEWAY_OUTLIER_CONSECUTIVE_FAILURES": "1000"}) as (gw, _),
         aiohttp.ClientSession() as session,
     ):
         served: Counter[str] = Counter()
@@ -219,7 +230,7 @@ TAIL = (
     b'"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}'
 )
 HUGE_SIZE = len(HEAD) + HUGE_MB * (1 << 20) + len(TAIL)
-RSS_BOUND_BYTES = 64 << 20
+RSS_BOUND_MIB = 64.0
 """What two concurrent 300 MB answers may add to the gateway's resident memory (its limit
 holds 4 MiB of each; the rest is the relay's buffers)."""
 
@@ -238,15 +249,9 @@ async def answers_300_mb(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        line = next(line for line in status if line.startswith("VmRSS:"))
-    return int(line.split()[1]) * 1024
-
-
 async def test_two_300_mb_answers_at_once_reach_their_clients_whole_in_bounded_memory() -> None:
     async with fake_replica(answers_300_mb) as url, running_gateway([url]) as gateway:
-        before = peak = rss_bytes(gateway.pid)
+        before = peak = rss_mib(gateway.pid)
 
         async def fetch() -> tuple[int, str | None, int, bytes]:
             size, end = 0, b""
@@ -261,12 +266,12 @@ async def test_two_300_mb_answers_at_once_reach_their_clients_whole_in_bounded_m
 
         fetches = asyncio.gather(fetch(), fetch())
         while not fetches.done():
-            peak = max(peak, rss_bytes(gateway.pid))
+            peak = max(peak, rss_mib(gateway.pid))
             await asyncio.sleep(0.01)
         answers = await fetches
     for status, length, size, end in answers:
         assert (status, length, size, end) == (200, str(HUGE_SIZE), HUGE_SIZE, TAIL)
-    assert peak - before < RSS_BOUND_BYTES, f"{(peak - before) >> 20} MB more"
+    assert peak - before < RSS_BOUND_MIB, f"{peak - before:.0f} MiB more"
 
 
 async def test_a_replicas_huge_error_answer_becomes_the_gateways_own_short_error() -> None:
@@ -287,18 +292,6 @@ async def test_a_replicas_huge_error_answer_becomes_the_gateways_own_short_error
     assert error["code"] == "upstream_error" and "too long" in error["message"]
 
 
-class Counted:
-    """A fake replica's handler, counting the requests it got."""
-
-    def __init__(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
-        self.handler = handler
-        self.hits = 0
-
-    async def __call__(self, request: web.Request) -> web.StreamResponse:
-        self.hits += 1
-        return await self.handler(request)
-
-
 async def html_page(request: web.Request) -> web.Response:
     """What a proxy in front of a dead engine answers: 200, an HTML page."""
     return web.Response(text="<html><body>502 Bad Gateway</body></html>", content_type="text/html")
@@ -317,11 +310,7 @@ async def ends_without_done(request: web.Request) -> web.StreamResponse:
 
 async def test_an_html_answer_is_a_failure_retried_elsewhere_and_its_replica_ejected() -> None:
     bad = Counted(html_page)
-    async with (
-        running_sims(2, **FAST) as good,
-        fake_replica(bad) as bad_url,
-        running_gateway([bad_url, *(g.url for g in good)], "round-robin") as gw,
-    ):
+    async with beside_two_good(bad) as (gw, bad_name):
         answers = [
             await client(gw.url).chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2
@@ -331,7 +320,7 @@ async def test_an_html_answer_is_a_failure_retried_elsewhere_and_its_replica_eje
         _, text = await get_text(f"{gw.url}/metrics")
     assert all(a.object == "chat.completion" for a in answers)  # every one retried
     assert bad.hits == 5  # GATEWAY_OUTLIER_CONSECUTIVE_FAILURES, then ejected
-    assert metric(text, "gateway_replica_ejected", replica=bad_url.removeprefix("http://")) == 1.0
+    assert metric(text, "gateway_replica_ejected", replica=bad_name) == 1.0
 
 
 async def test_only_html_answers_give_the_client_a_502_naming_them() -> None:
@@ -347,11 +336,7 @@ async def test_only_html_answers_give_the_client_a_502_naming_them() -> None:
 
 async def test_a_stream_ending_without_done_ends_in_an_error_event_and_ejects_its_replica() -> None:
     bad = Counted(ends_without_done)
-    async with (
-        running_sims(2, **FAST) as good,
-        fake_replica(bad) as bad_url,
-        running_gateway([bad_url, *(g.url for g in good)], "round-robin") as gw,
-    ):
+    async with beside_two_good(bad) as (gw, bad_name):
         failed = 0
         for i in range(30):
             try:
@@ -361,4 +346,4 @@ async def test_a_stream_ending_without_done_ends_in_an_error_event_and_ejects_it
         _, text = await get_text(f"{gw.url}/metrics")
     assert failed == bad.hits == 5  # each cut stream reached its client as an error
     assert metric(text, "gateway_requests_total", pool="small", code="502") == 5.0
-    assert metric(text, "gateway_replica_ejected", replica=bad_url.removeprefix("http://")) == 1.0
+    assert metric(text, "gateway_replica_ejected", replica=bad_name) == 1.0

@@ -9,12 +9,12 @@ import contextlib
 import os
 import signal
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import aiohttp
 import pytest
 import yaml
 
+from bench.host import children
 from bench.launcher import start_gateway
 from gateway import headers
 from replica.processes import ManagedProcess
@@ -116,10 +116,6 @@ def _every_worker_up(gateway: ManagedProcess) -> Callable[[], Awaitable[bool]]:
     return check
 
 
-def _workers_of(parent: int) -> list[int]:
-    return [int(pid) for pid in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
-
-
 async def test_without_redis_a_crashed_worker_is_replaced_in_its_place_and_rejoins() -> None:
     async with running_sims(2) as replicas:
         env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
@@ -127,7 +123,7 @@ async def test_without_redis_a_crashed_worker_is_replaced_in_its_place_and_rejoi
         try:
             assert await eventually(_every_worker_up(gateway))
             assert gateway.pid is not None
-            os.kill(_workers_of(gateway.pid)[0], signal.SIGKILL)
+            os.kill(children(gateway.pid)[0], signal.SIGKILL)
             # The replacement listens where its predecessor did; the survivor reconnects to it
             # and it to the survivor (a replacement in another place would never be reached).
             await asyncio.sleep(1.5)  # the parent waits 1 s before replacing a worker
@@ -148,15 +144,15 @@ async def test_a_stopped_worker_is_killed_and_replaced_and_every_request_is_serv
         stopped = None
         try:
             assert await eventually(_every_worker_up(gateway))
-            stopped, survivor = _workers_of(parent)
+            stopped, survivor = children(parent)
             os.kill(stopped, signal.SIGSTOP)  # holds its socket, answers nothing
 
             async def replaced() -> bool:
-                workers = _workers_of(parent)
+                workers = children(parent)
                 return len(workers) == 2 and stopped not in workers
 
             assert await eventually(replaced, within_s=15)
-            assert survivor in _workers_of(parent)
+            assert survivor in children(parent)
             # Every new connection is answered again, by both workers.
             answered_by = set()
             for i in range(20):
