@@ -51,17 +51,22 @@ class PrefixIndex:
                 hi = mid - 1
         return lo
 
-    def insert(self, hashes: Sequence[int]) -> None:
+    def insert(self, hashes: Sequence[int]) -> int:
+        """Records a prompt sent here; returns the capacity its new blocks take (what the
+        engine had to prefill and store, evicting as much of something else)."""
         blocks = self._blocks
         weight = self._layout.weight
+        added = 0
         for i in range(len(hashes) - 1, -1, -1):
             h = hashes[i]
             if h in blocks:
                 blocks.move_to_end(h)
             else:
                 blocks[h] = w = weight(i)
-                self._size += w
+                added += w
+        self._size += added
         self._evict()
+        return added
 
     def note_lead(self, home_block: int, lead_bytes: int) -> None:
         """Records a shared lead (a system prompt) just inserted, named by its home block."""

@@ -84,16 +84,16 @@ class CostSettings(_Strict):
     """Observations before a replica's learned rates replace the defaults above."""
     forgetting: Annotated[float, Field(gt=0.5, le=1.0)] = 0.98
     """Weight kept by past observations at each new one (0.98: about the last 50 count)."""
-    copy_weight: Annotated[float, Field(ge=0)] = 4.0
+    copy_weight: Annotated[float, Field(ge=0)] = 10.0
     """A replica's score is its predicted TTFT plus copy_weight x the prefill it would do beyond
     the warmest replica's: a cold copy costs more than this request's time. It costs the fleet
     that prefill, the room the copy takes on the cold replica (another conversation's history
     evicted), the room the history keeps on the warm one until it is evicted, and the next
     turns' hits, split between two copies. At 1 (this request's wait against the fleet's
     work alone), 27-59 requests a five-minute window of Mooncake's trace were sent cold away
-    from their history when its replica had a prefill queue; 4, 10 and 30 measured within
-    each other's run-to-run spread (docs/benchmarks.md, bench diagnose on the tuning windows).
-    0: predicted TTFT alone."""
+    from their history when its replica had a prefill queue; over four runs on each tuning
+    window, 10 kept 1.5-5 points more of the affinity bound than 4, with tails alike
+    (docs/benchmarks.md, bench diagnose). 0: predicted TTFT alone."""
     ttft_objective_s: Annotated[float, Field(gt=0)] | None = None
     """The pool's TTFT objective. Set, a request predicted to miss it on every replica goes to
     the replica already furthest behind (under late_limit_s), so that the others stay within

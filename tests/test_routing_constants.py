@@ -25,24 +25,24 @@ EARLIER = features(CanonicalPrompt(b"t" * 36 * 1024))
 CONVERSATION = features(CanonicalPrompt(b"t" * 36 * 1024 + b"n" * 4 * 1024))
 
 
-def test_copy_weight_a_warm_replica_keeps_a_conversation_while_its_queue_costs_under_four_copies() -> (
+def test_copy_weight_a_warm_replica_keeps_a_conversation_while_its_queue_costs_under_ten_copies() -> (
     None
 ):
-    """copy_weight 4: "a" holds 9k of the conversation's 10k tokens and has 29k tokens queued
-    (~3 s), an idle cold replica would answer in ~1 s but add ~0.9 s of prefill and a second
-    copy of the history: 1 s + 4 x 0.9 s is more than the wait. At copy_weight 1 (or 0) the
-    cold replica would win."""
+    """copy_weight 10: "a" holds 9k of the conversation's 10k tokens and has 60k tokens queued
+    (~6 s), an idle cold replica would answer in ~1 s but add ~0.9 s of prefill and a second
+    copy of the history: 1 s + 10 x 0.9 s is more than the wait. At copy_weight 4 the cold
+    replica would win."""
     policy = holding("a", request=EARLIER)
-    queued = candidate("a", pending_prefill_tokens=29_000, pending_requests=2, running=2)
+    queued = candidate("a", pending_prefill_tokens=60_000, pending_requests=4, running=4)
     decision = choose(policy, snapshot(queued), CONVERSATION)
     assert (decision.replica, decision.route) == ("a", Route.PREFIX_HIT)
 
 
-def test_copy_weight_a_queue_longer_than_four_copies_sends_the_conversation_cold() -> None:
-    """~6 s queued on "a": more than the cold replica's 1 s + 4 x 0.9 s, so the request goes
-    cold to an idle replica. At copy_weight 10 it would still wait on "a"."""
+def test_copy_weight_a_queue_longer_than_ten_copies_sends_the_conversation_cold() -> None:
+    """~15 s queued on "a": beyond the near band over the cold replica's 1 s + 10 x 0.9 s, so
+    the request goes cold to an idle replica. At copy_weight 30 it would still wait on "a"."""
     policy = holding("a", request=EARLIER)
-    queued = candidate("a", pending_prefill_tokens=60_000, pending_requests=4, running=4)
+    queued = candidate("a", pending_prefill_tokens=150_000, pending_requests=8, running=8)
     decision = choose(policy, snapshot(queued), CONVERSATION)
     assert decision.replica != "a"
     assert decision.route is Route.LEAST_LOADED

@@ -7,8 +7,8 @@ import pytest
 
 from router_policies.cost.rates import Rates
 from router_policies.cost.ttft import ReplicaLoad
-from router_policies.decision import Candidate, PoolSnapshot, Route
-from router_policies.fingerprint import RequestFeatures
+from router_policies.decision import Candidate, Decision, PoolSnapshot, Route
+from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
 from router_policies.policies import make_policy
 from router_policies.policies.prefix_aware import PrefixAware
 from router_policies.schema import PolicyName, PoolPolicy
@@ -150,6 +150,21 @@ def test_a_mostly_unique_prompt_goes_to_the_least_recently_loaded_replica() -> N
     snap = PoolSnapshot(tuple(candidate(n, recent=r) for n, r in recents.items()))
     decision = choose(PrefixAware(POOL), snap, MOSTLY_UNIQUE)
     assert (decision.replica, decision.route) == (emptiest, Route.LEAST_LOADED)
+
+
+def test_a_prompt_of_its_own_text_goes_where_the_cache_turned_over_least() -> None:
+    """ "a" had one long prompt and "b" three short ones: by request counts "a" is the quieter,
+    but its cache took the more new text (evicting as much history), so a prompt no replica
+    holds goes to "b", whose histories would otherwise be kept shorter."""
+    policy = PrefixAware(POOL)
+    sent = {"a": [b"x" * BLOCK * 200], "b": [f"short {i} ".encode() * 40 for i in range(3)]}
+    for name, prompts in sent.items():
+        for text in prompts:
+            request = features(CanonicalPrompt(text))
+            policy.record(request, Decision(name, Route.LEAST_LOADED), now=0.0)
+    snap = PoolSnapshot((candidate("a", recent=1.0), candidate("b", recent=3.0)))
+    decision = choose(policy, snap, features(CanonicalPrompt(b"q" * BLOCK * 20)))
+    assert (decision.replica, decision.route) == ("b", Route.LEAST_LOADED)
 
 
 def test_distinct_prefixes_spread_over_the_pool() -> None:

@@ -10,15 +10,21 @@ replica. Then:
 - A replica's score adds the copy charge (cost/copies.py): a cold copy costs the fleet more
   than this request's wait. Replicas scored within ``cost.near_ratio`` x the best +
   ``cost.near_s`` are equally good; among them a warm one is kept if there is one, and the
-  least recently loaded is chosen (a prompt that is mostly its own unique text, Preble's rule,
-  goes to the least recently loaded of all), ties by rendezvous order. A new prefix, or a copy
-  of one, goes where recent requests and shared prefixes held, each against the pool's mean,
-  sum least.
+  least recently loaded is chosen, ties by rendezvous order. A prompt no replica holds a
+  useful part of, and without a shared lead worth a home (Preble's rule), goes to the one whose
+  cache turned over least lately (turnover below). A new prefix, or a copy of one, goes where
+  recent requests and shared prefixes held, each against the pool's mean, sum least.
 - A hot prefix, whose recent share of the pool's traffic is more than a fair share of one
   replica, counts as warm on k replicas (k follows its share), so it spreads over k warm
   replicas instead of overloading one.
 - With a TTFT objective set, a request predicted to miss it everywhere joins the replica
   furthest behind (cost/objective.py).
+
+Turnover is the cache room a replica's recent prompts newly took (decayed, in index units):
+what its engine stored, evicting as much of older histories. Balanced by request counts, a
+replica that drew a few long prompts evicts its conversations' histories before their next
+turns while another keeps its own; balanced by turnover, histories last about as long
+everywhere, as in one cache the fleet's size.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from router_policies.cost.copies import copy_penalty_s
 from router_policies.cost.objective import late_choice
 from router_policies.cost.rates import Rates
 from router_policies.cost.ttft import estimate, predicted_s
+from router_policies.decay import DecayedCount
 from router_policies.decision import Candidate, CandidateCost, Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
 from router_policies.hot_prefixes import HotPrefixes, spread
@@ -61,6 +68,9 @@ class PrefixAware(SelectionPolicy):
         # Digests of another block size or seed match nothing: an index survives a reload only
         # when the fingerprint settings are unchanged.
         self._indexes: dict[str, PrefixIndex] = dict(previous._indexes) if keep and previous else {}
+        self._turnover: dict[str, DecayedCount] = (
+            dict(previous._turnover) if keep and previous else {}
+        )
         same_hot = previous is not None and previous.policy.hot == policy.hot
         self.hot: HotPrefixes = (
             previous.hot if same_hot and previous else HotPrefixes(policy.hot.half_life_s)
@@ -78,7 +88,12 @@ class PrefixAware(SelectionPolicy):
 
     def record(self, request: RequestFeatures, decision: Decision, now: float) -> None:
         index = self._index(decision.replica)
-        index.insert(request.block_hashes)
+        added = index.insert(request.block_hashes)
+        turnover = self._turnover.get(decision.replica)
+        if turnover is None:
+            half_life = self.policy.load.recent_half_life_s
+            turnover = self._turnover[decision.replica] = DecayedCount(half_life)
+        turnover.add(now, added)
         lead = self.layout.floor(request.lead_bytes)
         if _useful(lead, request, self.prefix):
             index.note_lead(request.home_key, lead)
@@ -141,10 +156,12 @@ class PrefixAware(SelectionPolicy):
             near = [i for i, s in enumerate(score) if not s > limit]
             useful = {i for i in near if _useful(matched[i], request, prefix)}
             warm = [i for i in near if i in useful or i in spread_homes]
-            if warm or not has_home:
-                chosen = _least_loaded(warm or near, candidates, request.home_key)
-            else:
+            if warm:
+                chosen = _least_loaded(warm, candidates, request.home_key)
+            elif has_home:
                 chosen = self._place(near, candidates, request.home_key)
+            else:
+                chosen = self._least_turnover(near, candidates, request.home_key, snapshot.now)
             if chosen in useful:
                 route = Route.PREFIX_HIT
             elif has_home:
@@ -204,6 +221,22 @@ class PrefixAware(SelectionPolicy):
             valley = typical * (1 + self.policy.load.balance_eps) + 1
             missing = int(min(candidates[i].recent for i in holders) > valley)
         return holders | set(others[:missing])
+
+    def _least_turnover(
+        self, near: list[int], candidates: tuple[Candidate, ...], key: int, now: float
+    ) -> int:
+        """Where a prompt that is its own text goes: the replica whose cache turned over least
+        lately (then the least recently loaded, then rendezvous order)."""
+        turnover = self._turnover
+
+        def churn(i: int) -> float:
+            count = turnover.get(candidates[i].name)
+            return count.value(now) if count is not None else 0.0
+
+        def order(i: int) -> tuple[float, float, float]:
+            return churn(i), candidates[i].recent, -hrw_score(key, candidates[i].name)
+
+        return min(near, key=order)
 
     def _place(self, near: list[int], candidates: tuple[Candidate, ...], key: int) -> int:
         """Where a prefix no fast replica is warm for starts (or is copied to): the replica whose
