@@ -11,9 +11,11 @@ served), how much unbounded caches would have held (the placements' ceiling), an
 requests were sent away from a replica holding more of their history, and what that cost.
 
 ``--set KEY=VALUE`` overrides the gateway pool's policy for the run (``cost.copy_weight=10``),
-so the effect of a routing constant is measured the way it was chosen. ``--dump DIR`` writes
-each run's requests as JSON lines. Meant for tuning windows: acceptance figures come from
-``bench compare`` on the report set.
+so the effect of a routing constant is measured the way it was chosen. ``--runs N`` repeats
+the replay, the targets taking turns going first, and ends with each target's spread over the
+runs (min-max and mean of hit / bound, TTFT p90 and p99), so a difference can be told from
+run-to-run noise. ``--dump DIR`` writes each run's requests as JSON lines. Meant for tuning
+windows: acceptance figures come from ``bench compare`` on the report set.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -146,15 +149,64 @@ def capacity_blocks() -> int:
     return int(config.num_blocks * config.block_size / (TRACE_BLOCK_TOKENS * LENGTH_SCALE))
 
 
-def describe(label: str, measurement: Measurement, run: RunResult, model: CacheModel | None) -> str:
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    """One run's headline figures, those the acceptance checks read."""
+
+    hit_bound: float
+    ttft_p90_ms: float
+    ttft_p99_ms: float
+
+
+def figures(measurement: Measurement) -> RunFigures:
     m = measurement
     hit = m.cache_hits / max(m.cache_queries, 1)
     ttfts = sorted(m.ttfts)
+    return RunFigures(
+        hit / max(m.bound.bound, 1e-9),
+        1000 * percentile(ttfts, 90),
+        1000 * percentile(ttfts, 99),
+    )
+
+
+def spread(runs: Mapping[str, Sequence[RunFigures]]) -> str:
+    """Each target's figures over the runs, min-max (mean), and whether the first target's
+    hit / bound range overlaps each other's: overlapping ranges are a tie within the spread."""
+
+    def over(values: Sequence[float], digits: int) -> str:
+        return (
+            f"{min(values):.{digits}f}-{max(values):.{digits}f} "
+            f"(mean {statistics.fmean(values):.{digits}f})"
+        )
+
+    lines = []
+    for label, rows in runs.items():
+        lines.append(
+            f"{label}, {len(rows)} runs: hit/bound {over([r.hit_bound for r in rows], 3)}; "
+            f"TTFT p90 {over([r.ttft_p90_ms for r in rows], 0)} ms, "
+            f"p99 {over([r.ttft_p99_ms for r in rows], 0)} ms"
+        )
+    first, *others = runs
+    mine = [r.hit_bound for r in runs[first]]
+    for other in others:
+        theirs = [r.hit_bound for r in runs[other]]
+        gap = statistics.fmean(mine) - statistics.fmean(theirs)
+        apart = min(mine) > max(theirs) or max(mine) < min(theirs)
+        lines.append(
+            f"hit/bound, {first} - {other}: {gap:+.3f} in the means; the ranges "
+            + ("are apart" if apart else "overlap (a tie within the run-to-run spread)")
+        )
+    return "\n".join(lines)
+
+
+def describe(label: str, measurement: Measurement, run: RunResult, model: CacheModel | None) -> str:
+    m = measurement
+    hit = m.cache_hits / max(m.cache_queries, 1)
+    f = figures(measurement)
     lines = [
-        f"{label}: hit {hit:.3f}, bound {m.bound.bound:.3f}, hit/bound "
-        f"{hit / max(m.bound.bound, 1e-9):.3f}; TTFT p50/p90/p99 "
-        + "/".join(f"{1000 * percentile(ttfts, q):.0f}" for q in (50, 90, 99))
-        + f" ms; {m.sent - m.errors}/{m.planned} answered"
+        f"{label}: hit {hit:.3f}, bound {m.bound.bound:.3f}, hit/bound {f.hit_bound:.3f}; "
+        f"TTFT p50/p90/p99 {1000 * percentile(sorted(m.ttfts), 50):.0f}/{f.ttft_p90_ms:.0f}/"
+        f"{f.ttft_p99_ms:.0f} ms; {m.sent - m.errors}/{m.planned} answered"
     ]
     routes: dict[str, list[RequestResult]] = {}
     for result in run.results:
@@ -201,8 +253,12 @@ async def _diagnose(args: argparse.Namespace) -> None:
     urls = [r.url for r in replicas]
     try:
         await warm_up(urls, SIM_MODEL)
+        seen: dict[str, list[RunFigures]] = {t.label: [] for t in targets}
         for turn in range(args.runs):
-            for target in targets:
+            # Each run another target goes first, as in bench compare: none always runs on the
+            # freshest machine.
+            shift = turn % len(targets)
+            for target in targets[shift:] + targets[:shift]:
                 runs: list[RunResult] = []
                 measurement = await measure(
                     target, workload, urls, SIM_MODEL, timeout_s=SIM_TIMEOUT_S, live=live,
@@ -213,8 +269,11 @@ async def _diagnose(args: argparse.Namespace) -> None:
                     cache_model(records, ordered, capacity) if target.kind == "gateway" else None
                 )
                 print(describe(f"run {turn + 1} {target.label}", measurement, runs[0], model))
+                seen[target.label].append(figures(measurement))
                 if args.dump is not None:
                     _dump(args.dump / f"run{turn + 1}-{target.kind}-{target.policy}.jsonl", runs[0])
+        if args.runs > 1:
+            print(spread(seen))
     finally:
         await stop_all(live)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.diagnose import cache_model, capacity_blocks, overrides
+from bench.diagnose import RunFigures, cache_model, capacity_blocks, overrides, spread
 from bench.driver import RequestResult
 from bench.workloads_mooncake import TraceRecord
 
@@ -53,3 +53,21 @@ def test_a_small_cache_forgets_the_least_recently_used_blocks() -> None:
 
 def test_the_model_holds_what_the_sims_kv_cache_holds() -> None:
     assert capacity_blocks() == 1024  # 6,144 blocks of 16 tokens, 96-token trace blocks
+
+
+def test_the_spread_over_runs_tells_a_tie_from_a_difference() -> None:
+    runs = {
+        "gateway": [RunFigures(0.70, 300, 900), RunFigures(0.80, 320, 1000)],
+        "close peer": [RunFigures(0.75, 400, 1100), RunFigures(0.78, 420, 1200)],
+        "far peer": [RunFigures(0.60, 400, 1100), RunFigures(0.65, 420, 1200)],
+    }
+    lines = spread(runs).splitlines()
+    assert lines[0] == (
+        "gateway, 2 runs: hit/bound 0.700-0.800 (mean 0.750); "
+        "TTFT p90 300-320 (mean 310) ms, p99 900-1000 (mean 950) ms"
+    )
+    assert lines[3] == (
+        "hit/bound, gateway - close peer: -0.015 in the means; "
+        "the ranges overlap (a tie within the run-to-run spread)"
+    )
+    assert lines[4] == "hit/bound, gateway - far peer: +0.125 in the means; the ranges are apart"
