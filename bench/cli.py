@@ -45,6 +45,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.diagnose",
         "one Mooncake window, request by request: routes, and a model of the caches",
     ),
+    "placement": (
+        "bench.placement",
+        "one Mooncake window through the routing at zero load, against modelled caches",
+    ),
     "hang": (
         "bench.hang",
         "one of two workers SIGSTOPped: how soon throughput is back (the watchdog)",

@@ -1,0 +1,198 @@
+"""``llm-gateway bench placement``: the prefix-aware routing's placements on a Mooncake window
+at zero load, against a model of each replica's cache. No gateway, no replica, seconds a window.
+
+The window's prompts go, in arrival order and at their replay times, through the policy itself
+(``PrefixAware``: every replica idle, its index sized as the gateway sizes it from the sims' KV
+capacity, the recent-dispatch counts kept as the gateway keeps them) and into an LRU of trace
+blocks per replica that evicts a prompt's last blocks first, as vLLM and the sims do. What
+placement alone decides is then told apart from what load and timing add (``bench diagnose``
+measures the same routing on the sims):
+
+- hit / bound of the policy's placements, and of one LRU cache the fleet's size (what the
+  peers' cache_aware routing reaches on these windows: docs/benchmarks.md);
+- ``--jitter P --seeds N``: the same, with a share P of the requests no replica holds history
+  for sent to a random replica instead, as a queue elsewhere would send them: how far one
+  window's figure moves when a few placements change;
+- the chance that a conversation's turn has a next turn, by how many turns it has had (the
+  whole trace up to the window's end): how much a turn's history is worth keeping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import statistics
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.compare.mooncake import (
+    RATE_SCALE,
+    mooncake_config,
+    mooncake_workload,
+    parse_window,
+    trace_path,
+)
+from bench.compare.plan import SIM_REPLICAS
+from bench.diagnose import capacity_blocks
+from bench.workloads import CHARS_PER_TOKEN
+from bench.workloads_mooncake import TraceRecord, read_trace, reused_blocks, reused_tokens
+from router_policies.decay import DecayedCount
+from router_policies.decision import Candidate, Decision, PoolSnapshot
+from router_policies.fingerprint import RequestFeatures, canonical_chat
+from router_policies.policies.prefix_aware import PrefixAware, default_rates
+from router_policies.schema import PoolPolicy
+
+MODEL = "m"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--window", required=True, help="TRACE:START-END, as bench compare's")
+    parser.add_argument(
+        "--traces", default="download", help="folder of the whole traces, or download"
+    )
+    parser.add_argument(
+        "--jitter", type=float, default=0.0, help="share of new prompts sent at random"
+    )
+    parser.add_argument("--seeds", type=int, default=5, help="jittered replays")
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    record: TraceRecord
+    features: RequestFeatures
+    at_s: float
+
+
+def remember(cache: OrderedDict[int, None], record: TraceRecord, capacity: int) -> None:
+    """The record's blocks made the most recent, its first block most of all: the cache
+    evicts a prompt's tail before its head, so what it keeps of a history is a prefix."""
+    for hash_id in reversed(record.hash_ids):
+        cache[hash_id] = None
+        cache.move_to_end(hash_id)
+    while len(cache) > capacity:
+        cache.popitem(last=False)
+
+
+NAMES = tuple(f"r{i}" for i in range(SIM_REPLICAS))
+POOL = PoolPolicy(model=MODEL, replicas=[f"http://{n}:1" for n in NAMES])
+"""The gateway's defaults: only the model and the replicas set, as bench compare runs it."""
+
+
+def replay(prompts: Sequence[Prompt], capacity: int, jitter: float = 0.0, seed: int = 0) -> float:
+    """The prompt-token share the placements' caches served."""
+    names = NAMES
+    policy_file = POOL
+    policy = PrefixAware(policy_file)
+    rates = default_rates(policy_file)
+    index_blocks = capacity_tokens() * CHARS_PER_TOKEN / policy_file.prefix.block_bytes
+    for name in names:
+        policy.size_index(name, int(index_blocks))
+    recent = {n: DecayedCount(policy_file.load.recent_half_life_s) for n in names}
+    caches: dict[str, OrderedDict[int, None]] = {n: OrderedDict() for n in names}
+    rng = random.Random(seed)
+    served = total = 0
+    for prompt in prompts:
+        now = prompt.at_s
+        candidates = tuple(Candidate(n, rates=rates, recent=recent[n].value(now)) for n in names)
+        snapshot = PoolSnapshot(candidates, now=now, chars_per_token=CHARS_PER_TOKEN)
+        decision = policy.select(prompt.features, snapshot)
+        assert decision is not None
+        chosen = decision.replica
+        held = {n: reused_blocks(prompt.record, caches[n]) for n in names}
+        if jitter and max(held.values()) <= 1 and rng.random() < jitter:
+            chosen = rng.choice(names)
+        policy.record(prompt.features, Decision(chosen, decision.route), now)
+        recent[chosen].add(now)
+        served += reused_tokens(prompt.record, held[chosen])
+        total += prompt.record.input_length
+        remember(caches[chosen], prompt.record, capacity)
+    return served / max(total, 1)
+
+
+def fleet_lru(records: Sequence[TraceRecord], capacity: int) -> float:
+    cache: OrderedDict[int, None] = OrderedDict()
+    served = total = 0
+    for record in records:
+        served += reused_tokens(record, reused_blocks(record, cache))
+        total += record.input_length
+        remember(cache, record, capacity)
+    return served / max(total, 1)
+
+
+def bound(records: Sequence[TraceRecord]) -> float:
+    """The share of prompt tokens in blocks an earlier prompt of the window had."""
+    seen: set[int] = set()
+    reused = total = 0
+    for record in records:
+        reused += reused_tokens(record, reused_blocks(record, seen))
+        total += record.input_length
+        seen.update(record.hash_ids)
+    return reused / max(total, 1)
+
+
+def next_turn_chances(
+    records: Sequence[TraceRecord], deepest: int = 6
+) -> list[tuple[int, int, float]]:
+    """(turns so far, requests, the share of them a later request continues), the last row
+    counting every deeper turn. A conversation is named by its second block (the first is the
+    trace's shared one); a later request continues a turn when it holds the turn's last full
+    block (the last one is partial and changes as the history grows)."""
+    depth: dict[int, int] = {}
+    turns: list[int] = []
+    for record in records:
+        ids = record.hash_ids
+        key = ids[1] if len(ids) > 1 else None
+        turn = depth[key] + 1 if key is not None and len(ids) > 2 and key in depth else 1
+        if key is not None:
+            depth[key] = turn
+        turns.append(min(turn, deepest))
+    later: set[tuple[int, int]] = set()
+    counts = [[0, 0] for _ in range(deepest)]
+    for record, turn in zip(reversed(records), reversed(turns), strict=True):
+        ids = record.hash_ids
+        counts[turn - 1][0] += 1
+        counts[turn - 1][1] += len(ids) > 2 and (ids[1], ids[-2]) in later
+        later.update((ids[1], h) for h in ids[1:])
+    return [(i + 1, n, c / n) for i, (n, c) in enumerate(counts) if n]
+
+
+def capacity_tokens() -> int:
+    config = mooncake_config()
+    return config.num_blocks * config.block_size
+
+
+def run(args: argparse.Namespace) -> int:
+    window = parse_window(args.window)
+    path = trace_path(window, args.traces)
+    workload = mooncake_workload(window, traces=args.traces)
+    lines = {f"m{line:06d}": record for line, record in enumerate(read_trace(path))}
+    arrivals = workload.arrivals or [0.0] * len(workload.conversations)
+    reader = PrefixAware(POOL)
+    prompts: list[Prompt] = []
+    for conversation, at in zip(workload.conversations, arrivals, strict=True):
+        messages = conversation.request(0, []).messages
+        features = reader.features(MODEL, functools.partial(canonical_chat, messages))
+        prompts.append(Prompt(lines[conversation.id], features, at))
+    records = [p.record for p in prompts]
+    capacity = capacity_blocks()
+    ceiling = bound(records)
+    print(
+        f"{window}: {len(prompts)} requests at replay time ({RATE_SCALE:g}x), bound {ceiling:.3f}"
+    )
+    fleet = fleet_lru(records, capacity * SIM_REPLICAS)
+    print(f"one LRU the fleet's size: hit/bound {fleet / ceiling:.3f}")
+    print(f"prefix-aware at zero load: hit/bound {replay(prompts, capacity) / ceiling:.3f}")
+    if args.jitter > 0:
+        jittered = [replay(prompts, capacity, args.jitter, s) / ceiling for s in range(args.seeds)]
+        print(
+            f"with {args.jitter:.0%} of new prompts sent at random, {args.seeds} seeds: hit/bound "
+            f"{min(jittered):.3f}-{max(jittered):.3f} (mean {statistics.fmean(jittered):.3f})"
+        )
+    history = [r for r in read_trace(path) if r.timestamp_ms <= records[-1].timestamp_ms]
+    chances = ", ".join(
+        f"{t}{'+' if t == 6 else ''}: {p:.2f} of {n}" for t, n, p in next_turn_chances(history)
+    )
+    print(f"a next turn, by turns so far (the trace up to the window's end): {chances}")
+    return 0
