@@ -13,8 +13,8 @@ measures the same routing on the sims):
 - ``--jitter P --seeds N``: the same, with a share P of the requests no replica holds history
   for sent to a random replica instead, as a queue elsewhere would send them: how far one
   window's figure moves when a few placements change;
-- the chance that a conversation's turn has a next turn, by how many turns it has had (the
-  whole trace up to the window's end): how much a turn's history is worth keeping.
+- the chance that a conversation's turn has a next turn within the window, by how many turns
+  it has had there: how much a turn's history is worth keeping.
 """
 
 from __future__ import annotations
@@ -190,9 +190,8 @@ def run(args: argparse.Namespace) -> int:
             f"with {args.jitter:.0%} of new prompts sent at random, {args.seeds} seeds: hit/bound "
             f"{min(jittered):.3f}-{max(jittered):.3f} (mean {statistics.fmean(jittered):.3f})"
         )
-    history = [r for r in read_trace(path) if r.timestamp_ms <= records[-1].timestamp_ms]
     chances = ", ".join(
-        f"{t}{'+' if t == 6 else ''}: {p:.2f} of {n}" for t, n, p in next_turn_chances(history)
+        f"{t}{'+' if t == 6 else ''}: {p:.2f} of {n}" for t, n, p in next_turn_chances(records)
     )
-    print(f"a next turn, by turns so far (the trace up to the window's end): {chances}")
+    print(f"a next turn within the window, by turns so far: {chances}")
     return 0
