@@ -13,8 +13,9 @@ requests were sent away from a replica holding more of their history, and what t
 ``--set KEY=VALUE`` overrides the gateway pool's policy for the run (``cost.copy_weight=10``),
 so the effect of a routing constant is measured the way it was chosen. ``--runs N`` repeats
 the replay, the targets taking turns going first, and ends with each target's spread over the
-runs (min-max and mean of hit / bound, TTFT p90 and p99), so a difference can be told from
-run-to-run noise. ``--dump DIR`` writes each run's requests as JSON lines. Meant for tuning
+runs (min-max and mean of hit / bound, TTFT p90 and p99) and the difference of the means of
+hit / bound against twice its standard error, so a difference can be told from run-to-run
+noise. ``--dump DIR`` writes each run's requests as JSON lines. Meant for tuning
 windows: acceptance figures come from ``bench compare`` on the report set.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -170,14 +172,18 @@ def figures(measurement: Measurement) -> RunFigures:
 
 
 def spread(runs: Mapping[str, Sequence[RunFigures]]) -> str:
-    """Each target's figures over the runs, min-max (mean), and whether the first target's
-    hit / bound range overlaps each other's: overlapping ranges are a tie within the spread."""
+    """Each target's figures over the runs, min-max (mean), and the first target's hit / bound
+    against each other's: the difference of the means beside twice its standard error (Welch),
+    within which the runs cannot tell the two apart."""
 
     def over(values: Sequence[float], digits: int) -> str:
         return (
             f"{min(values):.{digits}f}-{max(values):.{digits}f} "
             f"(mean {statistics.fmean(values):.{digits}f})"
         )
+
+    def error(values: Sequence[float]) -> float:
+        return statistics.variance(values) / len(values) if len(values) > 1 else math.inf
 
     lines = []
     for label, rows in runs.items():
@@ -191,10 +197,11 @@ def spread(runs: Mapping[str, Sequence[RunFigures]]) -> str:
     for other in others:
         theirs = [r.hit_bound for r in runs[other]]
         gap = statistics.fmean(mine) - statistics.fmean(theirs)
-        apart = min(mine) > max(theirs) or max(mine) < min(theirs)
+        twice = 2 * math.sqrt(error(mine) + error(theirs))
+        verdict = "within it: a tie at this many runs" if abs(gap) <= twice else "beyond it"
         lines.append(
-            f"hit/bound, {first} - {other}: {gap:+.3f} in the means; the ranges "
-            + ("are apart" if apart else "overlap (a tie within the run-to-run spread)")
+            f"hit/bound, {first} - {other}: {gap:+.3f} in the means, twice its standard error "
+            f"{twice:.3f}; {verdict}"
         )
     return "\n".join(lines)
 

@@ -59,15 +59,20 @@ def test_the_spread_over_runs_tells_a_tie_from_a_difference() -> None:
     runs = {
         "gateway": [RunFigures(0.70, 300, 900), RunFigures(0.80, 320, 1000)],
         "close peer": [RunFigures(0.75, 400, 1100), RunFigures(0.78, 420, 1200)],
-        "far peer": [RunFigures(0.60, 400, 1100), RunFigures(0.65, 420, 1200)],
+        "far peer": [RunFigures(0.60, 400, 1100), RunFigures(0.61, 420, 1200)],
     }
     lines = spread(runs).splitlines()
     assert lines[0] == (
         "gateway, 2 runs: hit/bound 0.700-0.800 (mean 0.750); "
         "TTFT p90 300-320 (mean 310) ms, p99 900-1000 (mean 950) ms"
     )
+    # Standard errors: sqrt(0.005 / 2) = 0.05 for the gateway, sqrt(0.00045 / 2) = 0.015 and
+    # sqrt(0.00005 / 2) = 0.005 for the peers.
     assert lines[3] == (
-        "hit/bound, gateway - close peer: -0.015 in the means; "
-        "the ranges overlap (a tie within the run-to-run spread)"
+        "hit/bound, gateway - close peer: -0.015 in the means, twice its standard error 0.104; "
+        "within it: a tie at this many runs"
     )
-    assert lines[4] == "hit/bound, gateway - far peer: +0.125 in the means; the ranges are apart"
+    assert lines[4] == (
+        "hit/bound, gateway - far peer: +0.145 in the means, twice its standard error 0.100; "
+        "beyond it"
+    )
