@@ -68,8 +68,9 @@ class PrefixAware(SelectionPolicy):
         # Digests of another block size or seed match nothing: an index survives a reload only
         # when the fingerprint settings are unchanged.
         self._indexes: dict[str, PrefixIndex] = dict(previous._indexes) if keep and previous else {}
+        same_decay = previous is not None and previous.policy.load == policy.load
         self._turnover: dict[str, DecayedCount] = (
-            dict(previous._turnover) if keep and previous else {}
+            dict(previous._turnover) if same_decay and previous else {}
         )
         same_hot = previous is not None and previous.policy.hot == policy.hot
         self.hot: HotPrefixes = (
