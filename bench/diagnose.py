@@ -145,6 +145,16 @@ def cache_model(
     return CacheModel(chosen * share, best * share, unbounded * share, away, lost * share)
 
 
+def records_by_id(path: Path, workload: PlannedWorkload) -> dict[str, TraceRecord]:
+    """The trace records of the workload's requests, by request id (``m`` and the line)."""
+    wanted = {c.id for c in workload.conversations}
+    return {
+        f"m{line:06d}": record
+        for line, record in enumerate(read_trace(path))
+        if f"m{line:06d}" in wanted
+    }
+
+
 def capacity_blocks() -> int:
     """The sims' KV cache in trace blocks (a trace block is LENGTH_SCALE x 512 tokens)."""
     config = mooncake_config()
@@ -245,12 +255,7 @@ async def _diagnose(args: argparse.Namespace) -> None:
     pool = overrides(args.set)
     workload = dataclasses.replace(workload, gateway_pool=pool)
     targets = [TARGETS[name.strip()] for name in args.targets.split(",")]
-    wanted = {c.id for c in workload.conversations}
-    records = {
-        f"m{line:06d}": record
-        for line, record in enumerate(read_trace(path))
-        if f"m{line:06d}" in wanted
-    }
+    records = records_by_id(path, workload)
     capacity = capacity_blocks()
     print(f"{window}: {len(records)} requests; cache model {capacity} trace blocks per replica")
     if pool:

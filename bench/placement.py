@@ -35,9 +35,16 @@ from bench.compare.mooncake import (
     trace_path,
 )
 from bench.compare.plan import SIM_REPLICAS
-from bench.diagnose import capacity_blocks
+from bench.diagnose import capacity_blocks, records_by_id
 from bench.workloads import CHARS_PER_TOKEN
-from bench.workloads_mooncake import TraceRecord, read_trace, reused_blocks, reused_tokens
+from bench.workloads_mooncake import (
+    TraceRecord,
+    lru_remember,
+    lru_reuse,
+    reused_blocks,
+    reused_tokens,
+    summarise,
+)
 from router_policies.decay import DecayedCount
 from router_policies.decision import Candidate, Decision, PoolSnapshot
 from router_policies.fingerprint import RequestFeatures, canonical_chat
@@ -65,16 +72,6 @@ class Prompt:
     at_s: float
 
 
-def remember(cache: OrderedDict[int, None], record: TraceRecord, capacity: int) -> None:
-    """The record's blocks made the most recent, its first block most of all: the cache
-    evicts a prompt's tail before its head, so what it keeps of a history is a prefix."""
-    for hash_id in reversed(record.hash_ids):
-        cache[hash_id] = None
-        cache.move_to_end(hash_id)
-    while len(cache) > capacity:
-        cache.popitem(last=False)
-
-
 NAMES = tuple(f"r{i}" for i in range(SIM_REPLICAS))
 POOL = PoolPolicy(model=MODEL, replicas=[f"http://{n}:1" for n in NAMES])
 """The gateway's defaults: only the model and the replicas set, as bench compare runs it."""
@@ -82,54 +79,31 @@ POOL = PoolPolicy(model=MODEL, replicas=[f"http://{n}:1" for n in NAMES])
 
 def replay(prompts: Sequence[Prompt], capacity: int, jitter: float = 0.0, seed: int = 0) -> float:
     """The prompt-token share the placements' caches served."""
-    names = NAMES
-    policy_file = POOL
-    policy = PrefixAware(policy_file)
-    rates = default_rates(policy_file)
-    index_blocks = capacity_tokens() * CHARS_PER_TOKEN / policy_file.prefix.block_bytes
-    for name in names:
+    policy = PrefixAware(POOL)
+    rates = default_rates(POOL)
+    index_blocks = capacity_tokens() * CHARS_PER_TOKEN / POOL.prefix.block_bytes
+    for name in NAMES:
         policy.size_index(name, int(index_blocks))
-    recent = {n: DecayedCount(policy_file.load.recent_half_life_s) for n in names}
-    caches: dict[str, OrderedDict[int, None]] = {n: OrderedDict() for n in names}
+    recent = {n: DecayedCount(POOL.load.recent_half_life_s) for n in NAMES}
+    caches: dict[str, OrderedDict[int, None]] = {n: OrderedDict() for n in NAMES}
     rng = random.Random(seed)
     served = total = 0
     for prompt in prompts:
         now = prompt.at_s
-        candidates = tuple(Candidate(n, rates=rates, recent=recent[n].value(now)) for n in names)
+        candidates = tuple(Candidate(n, rates=rates, recent=recent[n].value(now)) for n in NAMES)
         snapshot = PoolSnapshot(candidates, now=now, chars_per_token=CHARS_PER_TOKEN)
         decision = policy.select(prompt.features, snapshot)
         assert decision is not None
         chosen = decision.replica
-        held = {n: reused_blocks(prompt.record, caches[n]) for n in names}
+        held = {n: reused_blocks(prompt.record, caches[n]) for n in NAMES}
         if jitter and max(held.values()) <= 1 and rng.random() < jitter:
-            chosen = rng.choice(names)
+            chosen = rng.choice(NAMES)
         policy.record(prompt.features, Decision(chosen, decision.route), now)
         recent[chosen].add(now)
         served += reused_tokens(prompt.record, held[chosen])
         total += prompt.record.input_length
-        remember(caches[chosen], prompt.record, capacity)
+        lru_remember(caches[chosen], prompt.record, capacity, tail_first=True)
     return served / max(total, 1)
-
-
-def fleet_lru(records: Sequence[TraceRecord], capacity: int) -> float:
-    cache: OrderedDict[int, None] = OrderedDict()
-    served = total = 0
-    for record in records:
-        served += reused_tokens(record, reused_blocks(record, cache))
-        total += record.input_length
-        remember(cache, record, capacity)
-    return served / max(total, 1)
-
-
-def bound(records: Sequence[TraceRecord]) -> float:
-    """The share of prompt tokens in blocks an earlier prompt of the window had."""
-    seen: set[int] = set()
-    reused = total = 0
-    for record in records:
-        reused += reused_tokens(record, reused_blocks(record, seen))
-        total += record.input_length
-        seen.update(record.hash_ids)
-    return reused / max(total, 1)
 
 
 def next_turn_chances(
@@ -167,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     window = parse_window(args.window)
     path = trace_path(window, args.traces)
     workload = mooncake_workload(window, traces=args.traces)
-    lines = {f"m{line:06d}": record for line, record in enumerate(read_trace(path))}
+    lines = records_by_id(path, workload)
     arrivals = workload.arrivals or [0.0] * len(workload.conversations)
     reader = PrefixAware(POOL)
     prompts: list[Prompt] = []
@@ -177,11 +151,11 @@ def run(args: argparse.Namespace) -> int:
         prompts.append(Prompt(lines[conversation.id], features, at))
     records = [p.record for p in prompts]
     capacity = capacity_blocks()
-    ceiling = bound(records)
+    ceiling = summarise(records).token_reuse
     print(
         f"{window}: {len(prompts)} requests at replay time ({RATE_SCALE:g}x), bound {ceiling:.3f}"
     )
-    fleet = fleet_lru(records, capacity * SIM_REPLICAS)
+    fleet = lru_reuse(records, capacity * SIM_REPLICAS, tail_first=True)
     print(f"one LRU the fleet's size: hit/bound {fleet / ceiling:.3f}")
     print(f"prefix-aware at zero load: hit/bound {replay(prompts, capacity) / ceiling:.3f}")
     if args.jitter > 0:

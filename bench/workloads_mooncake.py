@@ -194,24 +194,34 @@ def summarise(records: Iterable[TraceRecord]) -> TraceSummary:
     )
 
 
-def lru_remember(cache: OrderedDict[int, None], record: TraceRecord, capacity_blocks: int) -> None:
+def lru_remember(
+    cache: OrderedDict[int, None],
+    record: TraceRecord,
+    capacity_blocks: int,
+    *,
+    tail_first: bool = False,
+) -> None:
     """The record's blocks made the most recent of ``cache``, then the least recently used
-    evicted down to ``capacity_blocks``."""
-    for hash_id in record.hash_ids:
+    evicted down to ``capacity_blocks``. ``tail_first``: its first block made the most recent
+    of all, so a prompt's tail is evicted before its head and what is kept of a history is a
+    prefix, as vLLM and the sims evict (the default touches the blocks in prompt order)."""
+    for hash_id in reversed(record.hash_ids) if tail_first else record.hash_ids:
         cache[hash_id] = None
         cache.move_to_end(hash_id)
     while len(cache) > capacity_blocks:
         cache.popitem(last=False)
 
 
-def lru_reuse(records: Sequence[TraceRecord], capacity_blocks: int) -> float:
+def lru_reuse(
+    records: Sequence[TraceRecord], capacity_blocks: int, *, tail_first: bool = False
+) -> float:
     """The token share one prefix cache of ``capacity_blocks`` trace blocks, evicting the
     least recently used block, would serve over ``records`` in order.
 
     A fleet of caches that together hold that many blocks reaches this at best when routing
     keeps every prefix where it was last used (a rough ceiling: a real cache evicts from the
-    leaf up, this one by recency alone); the gap to ``token_reuse`` is what finite caches cost,
-    whatever the routing.
+    leaf up, this one by recency alone unless ``tail_first``); the gap to ``token_reuse`` is
+    what finite caches cost, whatever the routing.
     """
     if capacity_blocks < 0:
         raise ValueError("capacity_blocks must be >= 0")
@@ -220,5 +230,5 @@ def lru_reuse(records: Sequence[TraceRecord], capacity_blocks: int) -> float:
     for record in records:
         inputs += record.input_length
         reused += reused_tokens(record, reused_blocks(record, cache))
-        lru_remember(cache, record, capacity_blocks)
+        lru_remember(cache, record, capacity_blocks, tail_first=tail_first)
     return reused / inputs if inputs else 0.0

@@ -1,4 +1,4 @@
-"""`llm-gateway bench placement`: its cache model and the trace's turn statistics."""
+"""`llm-gateway bench placement`: its tail-first cache model and the trace's turn statistics."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections import OrderedDict
 
 import pytest
 
-from bench.placement import bound, fleet_lru, next_turn_chances, remember
-from bench.workloads_mooncake import TraceRecord
+from bench.placement import next_turn_chances
+from bench.workloads_mooncake import TraceRecord, lru_remember, lru_reuse, summarise
 
 
 def record(*hash_ids: int) -> TraceRecord:
@@ -16,19 +16,18 @@ def record(*hash_ids: int) -> TraceRecord:
 
 def test_the_model_evicts_a_prompts_tail_before_its_head() -> None:
     cache: OrderedDict[int, None] = OrderedDict()
-    remember(cache, record(0, 1, 2), capacity=4)
-    remember(cache, record(0, 3), capacity=4)
-    remember(cache, record(4), capacity=4)
+    for prompt in (record(0, 1, 2), record(0, 3), record(4)):
+        lru_remember(cache, prompt, 4, tail_first=True)
     # 2, the first prompt's tail, went; its head 0-1 is still a usable prefix.
     assert list(cache) == [1, 3, 0, 4]
 
 
 def test_one_fleet_sized_lru_serves_what_it_still_holds() -> None:
     turns = [record(0, 1), record(2, 3), record(0, 1, 5)]
-    assert bound(turns) == pytest.approx(2 / 7)
-    assert fleet_lru(turns, capacity=4) == pytest.approx(2 / 7)
+    assert summarise(turns).token_reuse == pytest.approx(2 / 7)
+    assert lru_reuse(turns, 4, tail_first=True) == pytest.approx(2 / 7)
     # Two blocks of room: the second prompt evicts the first, whose next turn starts cold.
-    assert fleet_lru(turns, capacity=2) == 0.0
+    assert lru_reuse(turns, 2, tail_first=True) == 0.0
 
 
 def test_a_turn_counts_as_continued_when_a_later_prompt_holds_its_last_full_block() -> None:
