@@ -13,10 +13,10 @@ holds at most the limit whatever the replica sends.
 
 from __future__ import annotations
 
-import aiohttp
 from aiohttp import web
 
 from gateway.request_body import Endpoint
+from gateway.upstream import UpstreamError, UpstreamResponse
 
 SSE = "text/event-stream"
 JSON = "application/json"
@@ -43,14 +43,13 @@ def stream_whole(endpoint: Endpoint, before_last: bytes, last: bytes) -> bool:
     return endpoint not in _ENDS_WITH_DONE or _DONE in before_last[-len(_DONE) :] + last
 
 
-async def read_head(upstream: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+async def read_head(upstream: UpstreamResponse, limit: int) -> tuple[bytes, bool]:
     """Up to ``limit`` bytes of the answer (a little more: the last read's), and whether that
     is all of it."""
     parts: list[bytes] = []
     size = 0
-    content = upstream.content
     while size <= limit:
-        chunk = await content.readany()
+        chunk = await upstream.readany()
         if not chunk:
             return b"".join(parts), True
         parts.append(chunk)
@@ -58,21 +57,21 @@ async def read_head(upstream: aiohttp.ClientResponse, limit: int) -> tuple[bytes
     return b"".join(parts), False
 
 
-async def relay_rest(response: web.StreamResponse, upstream: aiohttp.ClientResponse) -> bytes:
+async def relay_rest(response: web.StreamResponse, upstream: UpstreamResponse) -> bytes:
     """Writes the rest of the answer as it arrives (the client's pace holds the replica's:
     each write waits for the socket to drain); its last TAIL_BYTES."""
     tail = b""
-    async for chunk in upstream.content.iter_any():
+    while chunk := await upstream.readany():
         await response.write(chunk)
         tail = (tail + chunk)[-TAIL_BYTES:]
     return tail
 
 
-async def drain(upstream: aiohttp.ClientResponse) -> bytes | None:
+async def drain(upstream: UpstreamResponse) -> bytes | None:
     """A failed attempt's answer; None when it is longer than FAILURE_BYTES or broke."""
     try:
         body, whole = await read_head(upstream, FAILURE_BYTES)
-    except (aiohttp.ClientError, TimeoutError):
+    except (UpstreamError, TimeoutError):
         return None
     if not whole:
         upstream.close()  # not worth reading to the end to keep the connection

@@ -39,6 +39,7 @@ from gateway.settings import Settings
 from gateway.shared_state import make_shared_state
 from gateway.shared_state.worker_mesh import MeshPlace
 from gateway.state_backend import choose_backend, limits_problem
+from gateway.upstream import Upstreams
 from router_policies.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -379,7 +380,8 @@ async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIter
             ),
             app[METRICS].ejections,
         )
-        app[FORWARDER] = Forwarder(session, settings, app[METRICS], outliers)
+        upstreams = Upstreams(settings.connect_timeout_s, settings.first_byte_timeout_s)
+        app[FORWARDER] = Forwarder(upstreams, settings, app[METRICS], outliers)
         monitor = ReplicaMonitor(
             lambda: holder.fleet,
             session,
@@ -413,6 +415,7 @@ async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIter
             yield
         finally:
             await stop_tasks((watcher, discovery))
+            await upstreams.close()
             await shared.stop()
             await app[LIMITER].close()
             await monitor.stop()

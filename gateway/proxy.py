@@ -16,9 +16,7 @@ import contextlib
 import logging
 import time
 
-import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
 from prometheus_client import Counter, Histogram
 
 from gateway import answers, headers
@@ -39,6 +37,14 @@ from gateway.replica_state import Dispatch, ReplicaState
 from gateway.routed import CLIENT_CLOSED, Failure, Outcome, Routed
 from gateway.settings import Settings
 from gateway.state import PoolSaturated, PoolState
+from gateway.upstream import (
+    ConnectTimeout,
+    ReplicaDisconnected,
+    ReplicaUnreachable,
+    UpstreamError,
+    UpstreamResponse,
+    Upstreams,
+)
 from gateway.usage import prompt_usage
 
 log = logging.getLogger(__name__)
@@ -55,22 +61,17 @@ SHUTTING_DOWN = 503
 class Forwarder:
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        upstreams: Upstreams,
         settings: Settings,
         metrics: GatewayMetrics,
         outliers: OutlierDetector,
     ) -> None:
-        self._session = session
+        self._upstreams = upstreams
         self._settings = settings
         self._metrics = metrics
         self._outliers = outliers
         self._recorders: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self._ttft: dict[str, Histogram] = {}
-        self._timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=settings.connect_timeout_s,
-            sock_read=settings.first_byte_timeout_s,
-        )
         self.closing = False
         """Set at the drain deadline, just before the requests still in flight are cancelled:
         they end with an error the client can read rather than a cut connection."""
@@ -100,13 +101,15 @@ class Forwarder:
         self, request: web.Request, routed: Routed, outcome: Outcome
     ) -> web.StreamResponse:
         pool = routed.pool
-        out = CIMultiDict({"Content-Type": "application/json", "X-Request-Id": routed.request_id})
-        for name in _FORWARDED_REQUEST_HEADERS:
-            if name in request.headers:
-                out[name] = request.headers[name]
         # Relayed bytes are never re-encoded: ask for plain ones (replicas are near, and the
         # usage figures routing learns from are read from the relayed bytes).
-        out["Accept-Encoding"] = "identity"
+        out = [
+            ("Content-Type", "application/json"),
+            (headers.REQUEST_ID, routed.request_id),
+            ("Accept-Encoding", "identity"),
+        ]
+        sent = request.headers
+        out += [(name, sent[name]) for name in _FORWARDED_REQUEST_HEADERS if name in sent]
         tried: list[str] = []
         failure: Failure | None = None
         for attempt in range(self._settings.retries + 1):
@@ -141,35 +144,30 @@ class Forwarder:
         request: web.Request,
         routed: Routed,
         dispatch: Dispatch,
-        out: CIMultiDict[str],
+        out: list[tuple[str, str]],
         last: bool,
         outcome: Outcome,
     ) -> web.StreamResponse | Failure:
         """One replica's try: the relayed response, or a failure before the first byte."""
         replica = dispatch.replica
         stream = routed.parsed.stream
-        upstream: aiohttp.ClientResponse | None = None
+        upstream: UpstreamResponse | None = None
         first = b""
         try:
             async with asyncio.timeout(self._settings.first_token_timeout_s if stream else None):
-                upstream = await self._session.post(
-                    f"{replica.url}{routed.parsed.endpoint.value}",
-                    data=routed.parsed.raw,
-                    headers=out,
-                    timeout=self._timeout,
-                    compress=None,
-                    auto_decompress=False,
+                upstream = await self._upstreams.post(
+                    replica.url, routed.parsed.endpoint.value, routed.parsed.raw, out
                 )
                 if upstream.content_type == answers.SSE and upstream.status < 400:
                     # Nothing has gone to the client yet: a replica that dies or stalls
                     # before its first chunk is one more failed attempt, not a broken stream.
-                    first = await upstream.content.readany()
+                    first = await upstream.readany()
                     if not first:
-                        raise aiohttp.ServerDisconnectedError("stream ended before its first byte")
-        except (aiohttp.ClientError, TimeoutError) as exc:
+                        raise ReplicaDisconnected("stream ended before its first byte")
+        except (UpstreamError, TimeoutError) as exc:
             if upstream is not None:
                 upstream.close()
-            if isinstance(exc, aiohttp.ClientConnectorError):
+            if isinstance(exc, ReplicaUnreachable):
                 replica.mark_down()
             reason = _failure_reason(exc, stream)
             self._failed(routed.pool, replica, reason)
@@ -219,7 +217,7 @@ class Forwarder:
         request: web.Request,
         routed: Routed,
         dispatch: Dispatch,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         first: bytes,
         outcome: Outcome,
     ) -> web.StreamResponse:
@@ -231,9 +229,9 @@ class Forwarder:
             headers.POOL: routed.pool.name,
             headers.REPLICA: replica.name,
             headers.ROUTE: outcome.route,
-            "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+            "Content-Type": upstream.headers.get("content-type", "application/json"),
         }
-        encoding = upstream.headers.get("Content-Encoding")
+        encoding = upstream.headers.get("content-encoding")
         if encoding is not None:
             out["Content-Encoding"] = encoding  # the bytes are relayed as they came
         clean = False
@@ -261,7 +259,7 @@ class Forwarder:
         routed: Routed,
         dispatch: Dispatch,
         out: dict[str, str],
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         outcome: Outcome,
     ) -> bool:
         """Relays a non-streaming answer (gateway/answers.py); True when it ended cleanly."""
@@ -270,7 +268,7 @@ class Forwarder:
             body, whole = await answers.read_head(
                 upstream, self._settings.max_buffered_answer_bytes
             )
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError) as exc:
             error = ApiError(
                 502, f"The replica failed while answering: {type(exc).__name__}.",
                 type_="server_error", code="upstream_error",
@@ -295,7 +293,7 @@ class Forwarder:
             except ConnectionResetError:
                 outcome.status = CLIENT_CLOSED  # the client left, noticed on a write
                 return False
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (UpstreamError, TimeoutError) as exc:
                 # Part of the body is out and JSON has no in-band error: the client learns of
                 # the failure by the connection being cut short.
                 log.warning("answer from %s broke midway: %r", replica, exc)
@@ -315,7 +313,7 @@ class Forwarder:
         routed: Routed,
         dispatch: Dispatch,
         out: dict[str, str],
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         first: bytes,
         outcome: Outcome,
     ) -> bool:
@@ -323,7 +321,6 @@ class Forwarder:
         response = _StreamWithFirstChunk(status=upstream.status, headers=out)
         response.headers["Cache-Control"] = "no-cache"
         outcome.response = response
-        content = upstream.content
         chunk = last = first
         before_last = b""
         clean = True
@@ -342,8 +339,8 @@ class Forwarder:
                     if routed.on_usage is not None:
                         routed.on_usage(chunk)
                 try:
-                    chunk = await content.readany()
-                except (aiohttp.ClientError, TimeoutError) as exc:
+                    chunk = await upstream.readany()
+                except (UpstreamError, TimeoutError) as exc:
                     log.warning(
                         "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
                     )
@@ -402,7 +399,7 @@ class _StreamWithFirstChunk(web.StreamResponse):
 
 
 def _failure_reason(exc: BaseException, stream: bool) -> str:
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+    if isinstance(exc, ConnectTimeout):
         return "connect timeout"
     if isinstance(exc, TimeoutError):
         return "first-token timeout" if stream else "response timeout"

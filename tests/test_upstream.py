@@ -1,0 +1,214 @@
+"""The relay's HTTP/1.1 client to the replicas: keep-alive reuse, the ends of an answer, and the
+failures the forwarder tells apart, against a raw socket server that answers exactly the bytes
+each test scripts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from gateway import upstream
+from gateway.upstream import (
+    BadAnswer,
+    ReadTimeout,
+    ReplicaDisconnected,
+    ReplicaUnreachable,
+    UpstreamResponse,
+    Upstreams,
+)
+from replica.processes import free_port
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+JSON_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return head + await reader.readexactly(length)
+
+
+@asynccontextmanager
+async def raw_server(script: Script) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server running ``script`` on every connection; yields its URL and a list that counts
+    the connections it accepted."""
+    connections: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await script(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", connections
+    finally:
+        server.close()
+
+
+def answering(*answers: bytes, then_close: bool = False) -> Script:
+    """Answers each request on a connection with the next of ``answers``, in order."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for answer in answers:
+            await read_request(reader)
+            writer.write(answer)
+            await writer.drain()
+        if not then_close:
+            await reader.read()  # until the client closes
+
+    return script
+
+
+async def body_of(response: UpstreamResponse) -> bytes:
+    parts = []
+    while chunk := await response.readany():
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def post(client: Upstreams, url: str) -> UpstreamResponse:
+    return await client.post(url, "/v1/chat/completions", b'{"model": "m"}', [("X-Id", "1")])
+
+
+async def test_requests_reuse_one_keep_alive_connection() -> None:
+    async with raw_server(answering(JSON_OK, JSON_OK, JSON_OK)) as (url, connections):
+        client = Upstreams(1.0, 5.0)
+        for _ in range(3):
+            response = await post(client, url)
+            assert (response.status, response.content_type) == (200, "application/json")
+            assert await body_of(response) == b"{}"
+            response.release()
+        await client.close()
+    assert len(connections) == 1
+
+
+async def test_the_request_carries_the_path_prefix_host_length_and_headers() -> None:
+    seen: list[bytes] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(JSON_OK)
+        await writer.drain()
+
+    async with raw_server(script) as (url, _):
+        client = Upstreams(1.0, 5.0)
+        response = await client.post(
+            f"{url}/prefix/", "/v1/completions", b"{}", [("X-Id", "7"), ("Bad", "a\r\nb")]
+        )
+        response.close()
+    request = seen[0]
+    assert request.startswith(b"POST /prefix/v1/completions HTTP/1.1\r\n")
+    assert f"Host: {url.removeprefix('http://')}\r\n".encode() in request
+    assert b"Content-Length: 2\r\n" in request and b"X-Id: 7\r\n" in request
+    assert b"Bad:" not in request  # a value that would split the header is never sent
+
+
+async def test_a_connection_the_replica_closed_is_replaced_not_failed() -> None:
+    async with raw_server(answering(JSON_OK, then_close=True)) as (url, connections):
+        client = Upstreams(1.0, 5.0)
+        for _ in range(2):
+            response = await post(client, url)
+            assert await body_of(response) == b"{}"
+            response.release()
+            await asyncio.sleep(0.05)  # the close reaches the client
+    assert len(connections) == 2
+
+
+async def test_a_pooled_connection_closed_unnoticed_is_retried_once_on_a_new_one() -> None:
+    async with raw_server(answering(JSON_OK, then_close=True)) as (url, connections):
+        client = Upstreams(1.0, 5.0)
+        response = await post(client, url)
+        assert await body_of(response) == b"{}"
+        conn = response._conn
+        response.release()
+        await asyncio.sleep(0.05)
+        conn.lost = False  # as if the close were still in flight when the request is written
+        response = await post(client, url)
+        assert await body_of(response) == b"{}"
+    assert len(connections) == 2
+
+
+async def test_idle_connections_past_the_replicas_keep_alive_are_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(upstream, "IDLE_S", 0.0)
+    async with raw_server(answering(JSON_OK, JSON_OK)) as (url, connections):
+        client = Upstreams(1.0, 5.0)
+        for _ in range(2):
+            response = await post(client, url)
+            await body_of(response)
+            response.release()
+    assert len(connections) == 2
+
+
+async def test_chunked_and_close_delimited_answers_are_read_whole() -> None:
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n5\r\ndata:\r\n6\r\n [1]\n\n\r\n0\r\n\r\n"
+    )
+    until_close = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{}"
+    async with raw_server(answering(chunked)) as (url, _):
+        response = await post(Upstreams(1.0, 5.0), url)
+        assert response.content_type == "text/event-stream"
+        assert await body_of(response) == b"data: [1]\n\n"
+    async with raw_server(answering(until_close, then_close=True)) as (url, _):
+        response = await post(Upstreams(1.0, 5.0), url)
+        assert await body_of(response) == b"{}"
+
+
+async def test_a_large_answer_arrives_whole_when_read_slowly() -> None:
+    body = bytes(range(256)) * 8192  # 2 MiB: reading pauses and resumes several times
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    async with raw_server(answering(answer)) as (url, _):
+        response = await post(Upstreams(1.0, 5.0), url)
+        parts = []
+        while chunk := await response.readany():
+            parts.append(chunk)
+            await asyncio.sleep(0)
+        assert b"".join(parts) == body
+
+
+async def test_a_replica_that_refuses_is_unreachable() -> None:
+    client = Upstreams(1.0, 5.0)
+    with pytest.raises(ReplicaUnreachable):
+        await post(client, f"http://127.0.0.1:{free_port()}")
+
+
+async def test_a_silent_replica_times_out_before_and_after_its_headers() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()
+
+    async with raw_server(silent) as (url, _):
+        with pytest.raises(ReadTimeout):
+            await post(Upstreams(1.0, 0.2), url)
+    head_only = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{"
+    async with raw_server(answering(head_only)) as (url, _):
+        response = await post(Upstreams(1.0, 0.2), url)
+        assert await response.readany() == b"{"
+        with pytest.raises(TimeoutError):
+            await response.readany()
+
+
+async def test_an_answer_cut_short_or_not_http_is_an_error() -> None:
+    cut = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{"
+    async with raw_server(answering(cut, then_close=True)) as (url, _):
+        response = await post(Upstreams(1.0, 5.0), url)
+        with pytest.raises(ReplicaDisconnected):
+            await body_of(response)
+    async with raw_server(answering(b"SSH-2.0-OpenSSH\r\n\r\n")) as (url, _):
+        with pytest.raises(BadAnswer):
+            await post(Upstreams(1.0, 5.0), url)
