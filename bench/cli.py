@@ -17,6 +17,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.overhead",
         "latency and throughput the gateway adds over a zero-delay replica",
     ),
+    "profile": (
+        "bench.profile",
+        "where the gateway's CPU goes per request (py-spy): a flame graph and the parts' shares",
+    ),
     "tiers": (
         "bench.tier_eval",
         "the tier classifier on the labelled prompt set: ROC AUC, calibrated share",

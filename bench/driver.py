@@ -229,10 +229,13 @@ def chat_body(spec: RequestSpec, model: str, *, stream: bool = True) -> bytes:
     return orjson.dumps(body)
 
 
-def _session(concurrency: int, timeout_s: float) -> aiohttp.ClientSession:
+def _session(
+    concurrency: int, timeout_s: float, headers: Mapping[str, str] | None = None
+) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=concurrency),
         timeout=aiohttp.ClientTimeout(total=timeout_s),
+        headers=headers,
     )
 
 
@@ -326,9 +329,10 @@ async def run_plain(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: bool = False,
     description: str = "requests",
+    headers: Mapping[str, str] | None = None,
 ) -> RunResult:
     """Send ``requests`` copies of one chat body, ``concurrency`` at a time (``stream`` and,
-    when streaming, include_usage are set here)."""
+    when streaming, include_usage are set here), with ``headers`` on each."""
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
     payload = dict(body, stream=stream)
@@ -349,7 +353,7 @@ async def run_plain(
 
     started = time.perf_counter()
     with tqdm(total=requests, desc=description, unit="req", disable=not progress) as bar:
-        async with _session(concurrency, timeout_s) as session:
+        async with _session(concurrency, timeout_s, headers) as session:
             workers = (worker(session, bar) for _ in range(min(concurrency, requests)))
             await asyncio.gather(*workers)
     return RunResult(tuple(results), time.perf_counter() - started, requests)

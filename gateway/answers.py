@@ -13,8 +13,7 @@ holds at most the limit whatever the replica sends.
 
 from __future__ import annotations
 
-from aiohttp import web
-
+from gateway.exchange import Exchange
 from gateway.request_body import Endpoint
 from gateway.upstream import UpstreamError, UpstreamResponse
 
@@ -57,12 +56,12 @@ async def read_head(upstream: UpstreamResponse, limit: int) -> tuple[bytes, bool
     return b"".join(parts), False
 
 
-async def relay_rest(response: web.StreamResponse, upstream: UpstreamResponse) -> bytes:
+async def relay_rest(exchange: Exchange, upstream: UpstreamResponse) -> bytes:
     """Writes the rest of the answer as it arrives (the client's pace holds the replica's:
     each write waits for the socket to drain); its last TAIL_BYTES."""
     tail = b""
     while chunk := await upstream.readany():
-        await response.write(chunk)
+        await exchange.write(chunk)
         tail = (tail + chunk)[-TAIL_BYTES:]
     return tail
 

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import itertools
 import logging
-import os
-import re
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -20,8 +16,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, gene
 from gateway import headers, responses_lookup
 from gateway.adapter_discovery import ROUNDS_PER_SCRAPE, discover_forever
 from gateway.affinity import RoutingMemory
+from gateway.app_keys import (
+    FORWARDER,
+    LIFECYCLE,
+    LIMITER,
+    MEMORY,
+    METRICS,
+    POLICY,
+    SETTINGS,
+    Lifecycle,
+)
 from gateway.background import stop_tasks
+from gateway.completions import complete, count_error, request_id
 from gateway.errors import ApiError
+from gateway.exchange import AiohttpExchange
 from gateway.explain import explain
 from gateway.logs import REQUEST_ID
 from gateway.metrics import NO_POOL, GatewayMetrics
@@ -30,11 +38,9 @@ from gateway.monitor import ProbeSettings, ReplicaMonitor
 from gateway.outlier import OutlierDetector, OutlierSettings
 from gateway.policy_reload import PolicyHolder
 from gateway.proxy import Forwarder
-from gateway.rate_limit import RateLimiter
 from gateway.rate_limit.make import make_limiter
 from gateway.request_body import Endpoint, UnreadBody, parse_request, read_body
 from gateway.resolve import resolve
-from gateway.routed import Routed
 from gateway.settings import Settings
 from gateway.shared_state import make_shared_state
 from gateway.shared_state.worker_mesh import MeshPlace
@@ -44,24 +50,6 @@ from router_policies.schema import Policy
 
 log = logging.getLogger(__name__)
 
-POLICY = web.AppKey("policy", PolicyHolder)
-SETTINGS = web.AppKey("settings", Settings)
-METRICS = web.AppKey("metrics", GatewayMetrics)
-FORWARDER = web.AppKey("forwarder", Forwarder)
-LIMITER = web.AppKey("limiter", RateLimiter)
-MEMORY = web.AppKey("routing_memory", RoutingMemory)
-
-
-class Lifecycle:
-    """What shutdown needs to know: whether it has begun, and which requests are in flight."""
-
-    def __init__(self) -> None:
-        self.draining = False
-        self.inflight: set[asyncio.Task[object]] = set()
-
-
-LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -69,37 +57,11 @@ def _json(data: object, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
 
 
-_ID_PREFIX = secrets.token_hex(6)
-_id_counter = itertools.count(1)
-
-
-def _new_id_prefix() -> None:
-    global _ID_PREFIX
-    _ID_PREFIX = secrets.token_hex(6)
-
-
-# Worker processes (serve --workers) are forked after this import: each needs its own prefix.
-os.register_at_fork(after_in_child=_new_id_prefix)
-
-
-_CLIENT_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
-
-
-def _request_id(request: web.Request) -> str:
-    # A client's own id is kept if it is a plausible one (it goes into logs and headers);
-    # otherwise one is made: unique across processes by the random prefix, within one by the
-    # counter, with no syscall per request, unlike uuid4.
-    sent = request.headers.get(headers.REQUEST_ID)
-    if sent is not None and _CLIENT_ID.fullmatch(sent):
-        return sent
-    return f"{_ID_PREFIX}{next(_id_counter):010x}"
-
-
 @web.middleware
 async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error the gateway answers itself has the OpenAI body, never a stack trace; every
     log line about the request carries its id; shutdown can find the request while it runs."""
-    REQUEST_ID.set(_request_id(request))
+    REQUEST_ID.set(request_id(request.headers))
     task = asyncio.current_task()
     inflight = request.app[LIFECYCLE].inflight
     if task is not None:
@@ -148,8 +110,7 @@ async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamRe
         if request.writer.output_size > 0:
             raise  # a response has started: another one would corrupt the connection
         error = ApiError(500, "Internal gateway error.", type_="server_error")
-    if request.path.startswith(("/v1/", "/tokenize", "/detokenize")):
-        request.app[METRICS].requests.labels(NO_POOL, NO_POOL, str(error.status)).inc()
+    count_error(request.app, request.path, error.status)
     response = error.response({headers.REQUEST_ID: REQUEST_ID.get()})
     if isinstance(error, UnreadBody):
         response.force_close()
@@ -158,46 +119,17 @@ async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamRe
 
 def completion_handler(endpoint: Endpoint) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
+        """A completion request the front handed over (gateway/front.py)."""
         started = time.perf_counter()
-        request_id = REQUEST_ID.get()
-        settings = request.app[SETTINGS]
+        app = request.app
         # One generation of the policy for the whole request, however long it streams.
-        fleet = request.app[POLICY].fleet
-        limiter = request.app[LIMITER]
-        tenant = limiter.authenticate(fleet.policy.limits, request.headers)
-        raw = await read_body(request, settings.body_timeout_s)
-        parsed = parse_request(endpoint, raw, settings.max_json_depth)
-        owner = tenant.name if tenant is not None else None
-        memory = request.app[MEMORY]
-        if parsed.previous_response_id is not None:
-            await responses_lookup.readable_home(
-                memory.responses, parsed.previous_response_id, owner, "previous_response_id"
-            )
-        resolution = resolve(fleet, parsed, request.headers.get(headers.TIER), memory)
-        if resolution.hooks is not None:
-            resolution.hooks.owner = owner
-        admission = None
-        if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
-            admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
-        resolution.pool.arrivals += 1
-        if resolution.tier_router is not None and resolution.verdict is not None:
-            if not resolution.verdict.forced:
-                resolution.tier_router.observe(resolution.verdict)
-        routed = Routed(
-            resolution.parsed,
-            resolution.pool,
-            resolution.features,
-            request_id,
-            started,
-            {**resolution.response_headers(), **(admission.headers if admission else {})},
-            resolution.route,
-            resolution.hooks,
-            on_usage=admission.observe if admission is not None else None,
-        )
-        response = await request.app[FORWARDER].forward(request, routed)
-        if admission is not None:
-            limiter.settle(admission, response.status)
-        return response
+        fleet = app[POLICY].fleet
+        tenant = app[LIMITER].authenticate(fleet.policy.limits, request.headers)
+        raw = await read_body(request, app[SETTINGS].body_timeout_s)
+        exchange = AiohttpExchange(request)
+        await complete(app, fleet, tenant, endpoint, exchange, raw, started)
+        assert exchange.response is not None
+        return exchange.response
 
     return handle
 

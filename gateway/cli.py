@@ -152,10 +152,9 @@ def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default from GATEWAY_PORT: 8080)")
     serve.add_argument(
         "--workers",
-        type=int,
-        help="processes serving the port (SO_REUSEPORT; default from GATEWAY_WORKERS: 1); "
-        "they share routing state through Redis when one is configured, else with each "
-        "other over Unix sockets",
+        help="processes serving the port (SO_REUSEPORT; default from GATEWAY_WORKERS: 1), or "
+        "'auto' for one per usable CPU; they share routing state through Redis when one is "
+        "configured, else with each other over Unix sockets",
     )
     serve.set_defaults(func=_serve)
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import resource
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -105,6 +106,9 @@ class ConnectionGate:
         self._refused = metrics.connections_refused
         self._refused_since_log = 0
         self._last_log = float("-inf")
+        self.front: Callable[[], asyncio.Protocol] | None = None
+        """Serves new connections when set (gateway/front.py), handing them to aiohttp's
+        handler (``handler``) at their first request it does not take."""
         metrics.connections.set_function(lambda: self.open)
 
     def __call__(self) -> asyncio.BaseProtocol:
@@ -112,7 +116,15 @@ class ConnectionGate:
             self._refused.inc()
             self._log_refusal()
             return _Refusal(self._refusal)
+        return self.front() if self.front is not None else self.handler()
+
+    def handler(self) -> asyncio.Protocol:
+        """aiohttp's handler for a connection (counted open from its connection_made)."""
         return _Handler(self, self._server, loop=self._loop, **self._handler_args)
+
+    def count(self, change: int) -> None:
+        """A connection the front serves opened (+1) or closed or was handed over (-1)."""
+        self.open += change
 
     def _log_refusal(self) -> None:
         # A flood of connections must not become a flood of log lines.

@@ -16,7 +16,6 @@ import contextlib
 import logging
 import time
 
-from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from gateway import answers, headers
@@ -31,6 +30,7 @@ from gateway.errors import (
     sse_error,
     upstream_error,
 )
+from gateway.exchange import Exchange
 from gateway.metrics import GatewayMetrics
 from gateway.outlier import OutlierDetector
 from gateway.replica_state import Dispatch, ReplicaState
@@ -76,10 +76,11 @@ class Forwarder:
         """Set at the drain deadline, just before the requests still in flight are cancelled:
         they end with an error the client can read rather than a cut connection."""
 
-    async def forward(self, request: web.Request, routed: Routed) -> web.StreamResponse:
+    async def forward(self, exchange: Exchange, routed: Routed) -> int:
+        """Answers the request through ``exchange``; the status its answer went out with."""
         outcome = Outcome()
         try:
-            return await self._forward(request, routed, outcome)
+            return await self._forward(exchange, routed, outcome)
         except asyncio.CancelledError:
             if not self.closing:
                 raise  # the client left: there is no one to answer
@@ -87,9 +88,11 @@ class Forwarder:
             if task is not None:
                 task.uncancel()
             outcome.status = SHUTTING_DOWN
-            if outcome.response is not None:
-                return outcome.response  # a stream, already ended with an error event
-            return shutting_down().response({headers.REQUEST_ID: routed.request_id})
+            if exchange.started:
+                return outcome.wire  # a stream, already ended with an error event
+            error = shutting_down()
+            await _answer(exchange, {headers.REQUEST_ID: routed.request_id}, error)
+            return error.status
         finally:
             self._record(routed.pool.name, outcome.route, outcome.status, routed.started)
             log.debug(
@@ -97,9 +100,7 @@ class Forwarder:
                 routed.pool.name, outcome.route, (time.perf_counter() - routed.started) * 1e3,
             )  # fmt: skip
 
-    async def _forward(
-        self, request: web.Request, routed: Routed, outcome: Outcome
-    ) -> web.StreamResponse:
+    async def _forward(self, exchange: Exchange, routed: Routed, outcome: Outcome) -> int:
         pool = routed.pool
         # Relayed bytes are never re-encoded: ask for plain ones (replicas are near, and the
         # usage figures routing learns from are read from the relayed bytes).
@@ -108,7 +109,7 @@ class Forwarder:
             (headers.REQUEST_ID, routed.request_id),
             ("Accept-Encoding", "identity"),
         ]
-        sent = request.headers
+        sent = exchange.headers
         out += [(name, sent[name]) for name in _FORWARDED_REQUEST_HEADERS if name in sent]
         tried: list[str] = []
         failure: Failure | None = None
@@ -121,7 +122,8 @@ class Forwarder:
             except PoolSaturated:
                 error = pool_saturated(pool.name, pool.policy.queue_timeout_s)
                 outcome.status = error.status
-                return error.response({headers.REQUEST_ID: routed.request_id})
+                await _answer(exchange, {headers.REQUEST_ID: routed.request_id}, error)
+                return error.status
             if dispatch is None:
                 break
             if attempt:
@@ -129,7 +131,7 @@ class Forwarder:
             tried.append(dispatch.replica.name)
             try:
                 last = attempt == self._settings.retries
-                result = await self._attempt(request, routed, dispatch, out, last, outcome)
+                result = await self._attempt(exchange, routed, dispatch, out, last, outcome)
             finally:
                 # Also on cancellation (the client left while the replica was still silent).
                 pool.end(dispatch)
@@ -137,18 +139,19 @@ class Forwarder:
                 failure = result
                 continue
             return result
-        return self._give_up(routed, failure, outcome)
+        return await self._give_up(exchange, routed, failure, outcome)
 
     async def _attempt(
         self,
-        request: web.Request,
+        exchange: Exchange,
         routed: Routed,
         dispatch: Dispatch,
         out: list[tuple[str, str]],
         last: bool,
         outcome: Outcome,
-    ) -> web.StreamResponse | Failure:
-        """One replica's try: the relayed response, or a failure before the first byte."""
+    ) -> int | Failure:
+        """One replica's try: the relayed answer's status, or a failure before the first
+        byte."""
         replica = dispatch.replica
         stream = routed.parsed.stream
         upstream: UpstreamResponse | None = None
@@ -194,33 +197,35 @@ class Forwarder:
                 return Failure(upstream.status, body, upstream.content_type)
         elif not first:
             self._outliers.success(replica)  # a stream's success is its whole end, below
-        return await self._relay(request, routed, dispatch, upstream, first, outcome)
+        return await self._relay(exchange, routed, dispatch, upstream, first, outcome)
 
     def _failed(self, pool: PoolState, replica: ReplicaState, reason: str) -> None:
         self._outliers.failure(pool, replica, reason, time.monotonic())
 
-    def _give_up(self, routed: Routed, failure: Failure | None, outcome: Outcome) -> web.Response:
+    async def _give_up(
+        self, exchange: Exchange, routed: Routed, failure: Failure | None, outcome: Outcome
+    ) -> int:
         pool = routed.pool
         hdrs = {headers.REQUEST_ID: routed.request_id, headers.POOL: pool.name}
         if failure is None:
             error = no_healthy_replica(pool.name)
             outcome.status = error.status
-            return error.response(hdrs)
+            await _answer(exchange, hdrs, error)
+            return error.status
         outcome.status = failure.status
-        return web.Response(
-            status=failure.status, body=failure.body, content_type=failure.content_type,
-            headers=hdrs,
-        )  # fmt: skip
+        hdrs["Content-Type"] = failure.content_type
+        await exchange.answer(failure.status, hdrs, failure.body)
+        return failure.status
 
     async def _relay(
         self,
-        request: web.Request,
+        exchange: Exchange,
         routed: Routed,
         dispatch: Dispatch,
         upstream: UpstreamResponse,
         first: bytes,
         outcome: Outcome,
-    ) -> web.StreamResponse:
+    ) -> int:
         replica = dispatch.replica
         outcome.route = (routed.route or dispatch.decision.route).value
         out = {
@@ -238,12 +243,11 @@ class Forwarder:
         try:
             if first:
                 clean = await self._relay_stream(
-                    request, routed, dispatch, out, upstream, first, outcome
+                    exchange, routed, dispatch, out, upstream, first, outcome
                 )
             else:
-                clean = await self._relay_body(request, routed, dispatch, out, upstream, outcome)
-            assert outcome.response is not None
-            return outcome.response
+                clean = await self._relay_body(exchange, routed, dispatch, out, upstream, outcome)
+            return outcome.wire
         finally:
             # On a client disconnect (the handler is cancelled) or any error, closing the
             # connection rather than returning it to the pool makes vLLM abort the request
@@ -255,7 +259,7 @@ class Forwarder:
 
     async def _relay_body(
         self,
-        request: web.Request,
+        exchange: Exchange,
         routed: Routed,
         dispatch: Dispatch,
         out: dict[str, str],
@@ -273,23 +277,20 @@ class Forwarder:
                 502, f"The replica failed while answering: {type(exc).__name__}.",
                 type_="server_error", code="upstream_error",
             )  # fmt: skip
-            outcome.response, outcome.status = error.response(out), error.status
+            outcome.status = outcome.wire = error.status
+            await _answer(exchange, out, error)
             return False
         if routed.hooks is not None:
             routed.hooks.answered(replica, upstream.status, body)
-        outcome.status = upstream.status
+        outcome.status = outcome.wire = upstream.status
         if whole:
             tail = body
-            outcome.response = web.Response(status=upstream.status, body=body, headers=out)
+            await exchange.answer(upstream.status, out, body)
         else:
-            response = outcome.response = web.StreamResponse(status=upstream.status, headers=out)
-            if upstream.content_length is not None:
-                response.content_length = upstream.content_length
             try:
-                await response.prepare(request)
-                await response.write(body)
+                await exchange.start(upstream.status, out, body, upstream.content_length)
                 del body
-                tail = await answers.relay_rest(response, upstream)
+                tail = await answers.relay_rest(exchange, upstream)
             except ConnectionResetError:
                 outcome.status = CLIENT_CLOSED  # the client left, noticed on a write
                 return False
@@ -299,7 +300,7 @@ class Forwarder:
                 log.warning("answer from %s broke midway: %r", replica, exc)
                 outcome.status = STREAM_FAILED
                 raise
-            await response.write_eof()
+            await exchange.end()
         usage = prompt_usage(tail)
         if usage is not None:
             routed.pool.observe_usage(dispatch, usage)
@@ -309,7 +310,7 @@ class Forwarder:
 
     async def _relay_stream(
         self,
-        request: web.Request,
+        exchange: Exchange,
         routed: Routed,
         dispatch: Dispatch,
         out: dict[str, str],
@@ -318,16 +319,14 @@ class Forwarder:
         outcome: Outcome,
     ) -> bool:
         """Relays chunk by chunk; True when the replica's stream ended cleanly."""
-        response = _StreamWithFirstChunk(status=upstream.status, headers=out)
-        response.headers["Cache-Control"] = "no-cache"
-        outcome.response = response
+        out["Cache-Control"] = "no-cache"
+        outcome.wire = upstream.status
         chunk = last = first
         before_last = b""
         clean = True
         watch = routed.hooks.answered if routed.hooks is not None else None
         try:
-            await response.prepare(request)
-            await response.write(chunk)
+            await exchange.start(upstream.status, out, chunk)
             self._ttft_of(routed.pool.name).observe(time.perf_counter() - routed.started)
             routed.pool.first_byte(dispatch, time.monotonic() - dispatch.at)
             while chunk:
@@ -345,23 +344,23 @@ class Forwarder:
                         "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
                     )
                     self._failed(routed.pool, dispatch.replica, "stream broke")
-                    await response.write(sse_error(exc))
+                    await exchange.write(sse_error(exc))
                     clean = False
                     break
                 if chunk:
-                    await response.write(chunk)
+                    await exchange.write(chunk)
                     before_last, last = last, chunk
             if clean and not answers.stream_whole(routed.parsed.endpoint, before_last, last):
                 log.warning("stream from %s ended without [DONE]", out[headers.REPLICA])
                 self._failed(routed.pool, dispatch.replica, "stream cut short")
-                await response.write(sse_error(ConnectionResetError("stream ended early")))
+                await exchange.write(sse_error(ConnectionResetError("stream ended early")))
                 clean = False
             elif clean:
                 self._outliers.success(dispatch.replica)
-            await response.write_eof()
+            await exchange.end()
         except asyncio.CancelledError:
             if self.closing:
-                await _end_with(response, shutdown_event())
+                await _end_with(exchange, shutdown_event())
             raise
         except ConnectionResetError:
             outcome.status = CLIENT_CLOSED  # the client left, noticed on a write
@@ -391,13 +390,6 @@ class Forwarder:
         return histogram
 
 
-class _StreamWithFirstChunk(web.StreamResponse):
-    """Sends the headers together with the first chunk rather than in a packet of their own,
-    as aiohttp's own web.Response does: one write fewer before the first token."""
-
-    _send_headers_immediately = False
-
-
 def _failure_reason(exc: BaseException, stream: bool) -> str:
     if isinstance(exc, ConnectTimeout):
         return "connect timeout"
@@ -406,8 +398,12 @@ def _failure_reason(exc: BaseException, stream: bool) -> str:
     return repr(exc)
 
 
-async def _end_with(response: web.StreamResponse, event: bytes) -> None:
+async def _end_with(exchange: Exchange, event: bytes) -> None:
     with contextlib.suppress(Exception):
         async with asyncio.timeout(1.0):
-            await response.write(event)
-            await response.write_eof()
+            await exchange.write(event)
+            await exchange.end()
+
+
+async def _answer(exchange: Exchange, hdrs: dict[str, str], error: ApiError) -> None:
+    await exchange.answer(error.status, error.answer_headers(hdrs), error.body())

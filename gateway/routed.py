@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from aiohttp import web
-
 from gateway.affinity import RouteHooks
 from gateway.metrics import NO_POOL
 from gateway.request_body import ParsedRequest
@@ -50,4 +48,5 @@ class Outcome:
 
     route: str = NO_POOL
     status: int = CLIENT_CLOSED
-    response: web.StreamResponse | None = None
+    wire: int = CLIENT_CLOSED
+    """The status the answer went out with (a stream that failed midway: its 200)."""

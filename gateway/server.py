@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import shutil
@@ -36,8 +37,11 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
-from gateway.app import FORWARDER, LIFECYCLE, METRICS, POLICY, build_app
+from gateway.app import build_app
+from gateway.app_keys import FORWARDER, LIFECYCLE, METRICS, POLICY, SETTINGS
+from gateway.completions import count_error, serve_framed
 from gateway.connections import ConnectionGate, connection_limit
+from gateway.front import Front
 from gateway.settings import Settings
 from gateway.shared_state.worker_mesh import MeshPlace
 from gateway.state_backend import choose_backend
@@ -108,9 +112,7 @@ async def serve(
     await runner.setup()
     assert runner.server is not None
     loop = asyncio.get_running_loop()
-    gate = ConnectionGate(
-        runner.server, connection_limit(settings.max_connections), app[METRICS], **handler_args
-    )
+    gate, front = client_side(app, runner.server, **handler_args)
     try:
         listener = await loop.create_server(
             gate, settings.host, settings.port, backlog=1024, reuse_address=True,
@@ -131,7 +133,7 @@ async def serve(
     loop.add_signal_handler(signal.SIGHUP, app[POLICY].reload)
     try:
         await signalled.wait()
-        await _drain(app, runner, listener, settings, signalled)
+        await _drain(app, runner, front, listener, settings, signalled)
     finally:
         listener.close()
         exit_deadline.start()
@@ -143,6 +145,7 @@ async def serve(
 async def _drain(
     app: web.Application,
     runner: web.AppRunner,
+    front: Front,
     listener: asyncio.AbstractServer,
     settings: Settings,
     signalled: asyncio.Event,
@@ -159,6 +162,7 @@ async def _drain(
     listener.close()
     assert runner.server is not None
     runner.server.pre_shutdown()  # keep-alive connections close after their current response
+    front.pre_shutdown()
     deadline = time.monotonic() + settings.drain_timeout_s
     second_signal = asyncio.ensure_future(signalled.wait())
     try:
@@ -182,6 +186,27 @@ async def _drain(
     for task in left:
         task.cancel()
     await asyncio.wait(left, timeout=_CANCEL_GRACE_S)
+
+
+def client_side(
+    app: web.Application, server: web.Server, **handler_args: Any
+) -> tuple[ConnectionGate, Front]:
+    """The listening socket's protocol factory (``ConnectionGate``), its connections served by
+    the front and handed to aiohttp's ``server`` for what the front does not take."""
+    settings = app[SETTINGS]
+    limit = connection_limit(settings.max_connections)
+    gate = ConnectionGate(server, limit, app[METRICS], **handler_args)
+    front = Front(
+        functools.partial(serve_framed, app),
+        gate.handler,
+        functools.partial(count_error, app),
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_body_bytes=settings.max_body_bytes,
+        on_open=gate.count,
+    )
+    gate.front = front.connection
+    return gate, front
 
 
 def run(settings: Settings, policy: Policy) -> int:

@@ -7,6 +7,8 @@ variable takes precedence: gateway/state_backend.py.
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -86,7 +88,9 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     workers: Annotated[int, Field(ge=1, le=256)] = 1
     """Processes serving one port (SO_REUSEPORT). They share routing state through the Redis
-    backend when one is configured, else with each other over Unix sockets."""
+    backend when one is configured, else with each other over Unix sockets. ``auto``: one per
+    CPU this process may use (its CPU affinity, capped by a cgroup CPU limit, as a container's
+    is): a worker is one event loop, and one loop uses at most one core."""
     redis_url: SecretStr | None = None
     """redis://[:password@]host:port/db: the shared-state backend of several instances
     (gateway/shared_state/). Set, it takes precedence over the policy's `state:` section (the
@@ -102,6 +106,15 @@ class Settings(BaseSettings):
     """An instance's counts expire this long after its last write (a dead instance)."""
     state_timeout_s: Annotated[float, Field(gt=0)] = 0.5
     """A Redis call slower than this counts as Redis down: routing goes on from local state."""
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _auto_workers(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip().isdigit():
+            if value.strip() != "auto":
+                raise ValueError("a number of processes, or 'auto' (one per usable CPU)")
+            return usable_cpus()
+        return value
 
     @field_validator("admin_token", mode="after")
     @classmethod
@@ -130,3 +143,16 @@ class Settings(BaseSettings):
         if self.outlier_max_ejection_s < self.outlier_base_ejection_s:
             raise ValueError("outlier_max_ejection_s must be >= outlier_base_ejection_s")
         return self
+
+
+def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may run on: its affinity, capped by a cgroup v2 CPU quota (a
+    container's CPU limit, which the affinity does not show), at least 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        quota, period = "max", "1"
+    if quota != "max":
+        cpus = min(cpus or 1, math.ceil(int(quota) / int(period)))
+    return max(1, cpus or 1)

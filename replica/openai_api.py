@@ -3,6 +3,7 @@ request-id header. One spelling for the replicas (the simulated one) and the gat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import orjson
@@ -39,9 +40,11 @@ class ApiError(Exception):
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.code, self.param)
 
-    def response(self, headers: dict[str, str] | None = None) -> web.Response:
+    def answer_headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The headers its answer carries, ``headers`` among them."""
+        return {**(headers or {}), "Content-Type": "application/json"}
+
+    def response(self, headers: Mapping[str, str] | None = None) -> web.Response:
         return web.Response(
-            status=self.status,
-            body=self.body(),
-            headers={**(headers or {}), "Content-Type": "application/json"},
+            status=self.status, body=self.body(), headers=self.answer_headers(headers)
         )

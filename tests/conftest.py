@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -16,6 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from bench.launcher import start_gateway
 from gateway.app import build_app
+from gateway.connections import ConnectionGate
+from gateway.server import client_side
 from gateway.settings import Settings
 from replica.processes import ManagedProcess, start_sim_replicas
 from replica.sim.config import SimConfig
@@ -96,9 +98,30 @@ async def in_process_gateway(
     serves. ``settings`` override the fast probes and any other Settings field.
     """
     app = build_app(Settings(**{**FAST_PROBE_SETTINGS, **settings}), parse_policy(dict(policy)))
-    server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
+    server = _GatewayTestServer(app, host="127.0.0.1", handler_cancellation=True)
     async with TestClient(server) as client:
         yield client
+
+
+class _ServedLikeServe(web.AppRunner):
+    """aiohttp's test runner, its connections served as ``serve`` serves them: by the front,
+    which hands aiohttp the requests it does not take (gateway/front.py)."""
+
+    _gate: ConnectionGate | None = None
+
+    @property
+    def server(self) -> web.Server | None:
+        return cast(web.Server, self._gate)  # the listening socket's protocol factory
+
+    async def setup(self) -> None:
+        await super().setup()
+        assert self._server is not None
+        self._gate, _ = client_side(self.app, self._server, access_log=None)
+
+
+class _GatewayTestServer(TestServer):
+    async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
+        return _ServedLikeServe(self.app, **kwargs)
 
 
 async def _alive(_: web.Request) -> web.Response:

@@ -61,3 +61,14 @@ async def wait_for_log(process: ManagedProcess, needle: str, timeout_s: float = 
         if needle in text or time.monotonic() > deadline:
             return text
         await asyncio.sleep(0.05)
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One answer with a Content-Length from a keep-alive connection: status, headers (names
+    lower case), body; the connection stays open for the next."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    fields = {name.lower(): value for name, value in fields.items()}
+    body = await reader.readexactly(int(fields["content-length"]))
+    return int(lines[0].split(" ", 2)[1]), fields, body

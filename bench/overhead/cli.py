@@ -9,6 +9,7 @@ from pathlib import Path
 import uvloop
 
 from bench.overhead.config import (
+    FEW_TOKENS,
     OverheadConfig,
 )
 from bench.overhead.report import format_report, keep_notes
@@ -69,6 +70,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "one-process gateway, its workers sharing with each other and, as a second target, "
         "through Redis (needs a redis-server binary) (default: %(default)s: not)",
     )
+    parser.add_argument(
+        "--no-features",
+        action="store_true",
+        help="leave out the gateway with prefix-aware routing, tiers, a rate limit and Redis "
+        "shared state (measured where a redis-server binary is installed)",
+    )
+    parser.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=defaults.chunk_tokens,
+        help="streamed tokens per request in the per-chunk cells, from a replica pacing its "
+        "tokens; 0 leaves them out (default: %(default)s)",
+    )
     out = parser.add_mutually_exclusive_group()
     out.add_argument(
         "--out",
@@ -83,12 +97,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``llm-gateway bench overhead``; 0 when every request succeeded and every
     installed peer started."""
+    few = FEW_TOKENS + 1
     if min(args.requests, args.concurrency, args.rounds) < 1 or args.unloaded_requests < 0:
         print(
             "error: --requests, --concurrency and --rounds must be at least 1, "
             "--unloaded-requests at least 0",
             file=sys.stderr,
         )
+        return 2
+    if args.chunk_tokens and args.chunk_tokens < few:
+        print(f"error: --chunk-tokens must be 0 or at least {few}", file=sys.stderr)
         return 2
     config = OverheadConfig(
         requests=args.requests,
@@ -100,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         peers_venv=args.peers_venv,
         out=None if args.no_out else args.out,
         workers=args.workers,
+        features=not args.no_features,
+        chunk_tokens=args.chunk_tokens,
     )
     print("Starting a zero-delay simulated replica and the routers...", file=sys.stderr)
     try:

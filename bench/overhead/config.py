@@ -15,6 +15,11 @@ from bench.driver import RequestResult, percentile
 
 MODEL = "sim-model"
 ZERO_DELAY = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
+PACED = {"prefill_s_per_token": 0, "decode_step_s": 0.002, "decode_s_per_seq": 0}
+"""The per-chunk cells' replica: a token every 2 ms, each its own write, so each reaches the
+router as a chunk of its own (with no delay, tokens would merge into fewer, larger reads)."""
+FEW_TOKENS = 8
+"""Completion tokens of the per-chunk cells' short requests."""
 DIRECT = "direct"
 GATEWAY = "gateway"
 PEERS: tuple[peers.PeerKind, ...] = ("vllm-router", "sglang-router")
@@ -45,6 +50,12 @@ class OverheadConfig:
     """Above 1, also this gateway with ``serve --workers N`` as two more targets beside the
     one-process gateway: its workers sharing state with each other (no Redis, the default),
     and through a Redis started for the run."""
+    features: bool = True
+    """Also the gateway with prefix-aware routing, tiers, a rate limit and Redis shared state
+    (bench/overhead/features.py), where a redis-server binary is installed."""
+    chunk_tokens: int = 128
+    """Streamed completion tokens per request in the per-chunk cells (0 leaves them out): a
+    replica that paces its tokens streams them against one with few, through every router."""
 
     @property
     def workers_targets(self) -> tuple[str, str]:
@@ -62,6 +73,9 @@ class OverheadConfig:
             f"--unloaded-requests {self.unloaded_requests}",
             f"--max-tokens {self.max_tokens}",
         ]
+        if not self.features:
+            parts.append("--no-features")
+        parts.append(f"--chunk-tokens {self.chunk_tokens}")
         if not self.peers:
             parts.append("--no-peers")
         elif self.peers_venv is not None:
@@ -87,6 +101,10 @@ class Target:
     url: str | None = None
     pid: int | None = None
     """The router's process (its CPU time is read around its batches); None for direct."""
+    model: str = MODEL
+    """The model its requests name."""
+    api_key: str | None = None
+    """Sent as the bearer key, where the target limits per key."""
     status: str = ""
     """Empty when measured; otherwise what the table shows instead of figures."""
     detail: str = ""
@@ -122,6 +140,11 @@ class Side:
         ttfts = [r.ttft_s for r in self.results if r.ok and r.ttft_s is not None]
         return 1000 * percentile(ttfts, q)
 
+    @property
+    def mean_output_tokens(self) -> float:
+        ok = [r.output_tokens for r in self.results if r.ok]
+        return sum(ok) / len(ok) if ok else math.nan
+
     def cpu_us_per_request(self, cpu_s: float | None) -> float:
         if cpu_s is None or not self.results:
             return math.nan
@@ -142,12 +165,34 @@ class Cell:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkCells:
+    """Streaming through every router from a replica that paces its tokens (one per write, so
+    one per relayed chunk): requests of few tokens and of many, measured alike."""
+
+    few: Cell
+    many: Cell
+
+    def cpu_us_per_chunk(self, name: str) -> float:
+        """The router's CPU per relayed chunk: what a request of many chunks costs beyond
+        one of few, per chunk more (the chunks counted from the answers' usage)."""
+        few, many = self.few.sides.get(name), self.many.sides.get(name)
+        if few is None or many is None:
+            return math.nan
+        extra = many.cpu_us_per_request(many.router_cpu_s) - few.cpu_us_per_request(
+            few.router_cpu_s
+        )
+        chunks = many.mean_output_tokens - few.mean_output_tokens
+        return extra / chunks if chunks > 0 else math.nan
+
+
+@dataclass(frozen=True, slots=True)
 class OverheadResult:
     config: OverheadConfig
     targets: tuple[Target, ...]
     cells: tuple[Cell, ...]
     started: datetime
     machine: str
+    chunks: ChunkCells | None = None
 
     @property
     def failed(self) -> int:

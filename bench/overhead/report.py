@@ -104,7 +104,10 @@ def format_report(result: OverheadResult) -> str:
     config = result.config
     method = (
         "One zero-delay simulated replica (every sim timing 0). In front of that same replica: "
-        "this gateway (one pool, one replica, round-robin) and, when installed, the peer "
+        "this gateway (one pool, one replica, round-robin), the gateway with its features on "
+        "(two prefix-aware pools behind a tier model with the learned classifier, a tenant "
+        "with request and token limits, shared state through Redis; its requests name the "
+        "tier model and carry the tenant's key) and, when installed, the peer "
         "routers vllm-router and sglang-router (`--policy round_robin`, one worker). "
         "The same chat request "
         f"(max_tokens {config.max_tokens}) is sent straight to the replica (direct) and "
@@ -143,7 +146,39 @@ def format_report(result: OverheadResult) -> str:
         "",
         format_comparison(result),
     ]
+    if result.chunks is not None:
+        lines += ["## CPU per relayed chunk", "", CHUNK_METHOD, "", format_chunks(result)]
     return "\n".join(lines)
+
+
+CHUNK_METHOD = (
+    "A second replica paces its tokens (one every 2 ms, each its own write, so each reaches "
+    "the router as a chunk of its own); the gateway and the peers are started anew in front "
+    "of it. Streamed requests of few tokens and of many go through each at the same "
+    "concurrency, interleaved as above; a router's CPU per chunk is what a request of many "
+    "chunks costs it beyond one of few, divided by the chunks more (counted from the answers' "
+    "usage)."
+)
+
+
+def format_chunks(result: OverheadResult) -> str:
+    chunks = result.chunks
+    assert chunks is not None
+    lines = [
+        "| router | tokens per request | CPU us/req, few | CPU us/req, many | CPU us per chunk |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, many in chunks.many.sides.items():
+        few = chunks.few.sides.get(name)
+        if name == DIRECT or few is None:
+            continue
+        lines.append(
+            f"| {name} | {few.mean_output_tokens:.0f} / {many.mean_output_tokens:.0f} | "
+            f"{fmt(few.cpu_us_per_request(few.router_cpu_s), '', 0)} | "
+            f"{fmt(many.cpu_us_per_request(many.router_cpu_s), '', 0)} | "
+            f"{fmt(chunks.cpu_us_per_chunk(name), '', 1)} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _peer_line(target: Target) -> str:

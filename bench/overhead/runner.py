@@ -15,20 +15,31 @@ from bench.host import machine_description, process_cpu_s
 from bench.launcher import start_gateway
 from bench.overhead.config import (
     DIRECT,
+    FEW_TOKENS,
     GATEWAY,
     MODEL,
+    PACED,
     PEER_POLICY,
     PEERS,
     ZERO_DELAY,
     Cell,
+    ChunkCells,
     OverheadConfig,
     OverheadResult,
     Side,
     Target,
 )
+from bench.overhead.features import FEATURES, start_features
 from bench.overhead.report import fmt
 from bench.redis_server import start_redis
-from replica.processes import ManagedProcess, start_sim_replicas
+from replica.processes import ManagedProcess, ProcessStartError, start_sim_replicas
+
+
+def round_robin(replica_url: str) -> dict[str, Any]:
+    """The bare gateway's policy: one pool, one replica, round-robin."""
+    return {
+        "pools": {"bench": {"model": MODEL, "replicas": [replica_url], "policy": "round-robin"}}
+    }
 
 
 def round_order(names: Sequence[str], round_index: int) -> tuple[str, ...]:
@@ -71,13 +82,15 @@ async def _cell(
 
     async def batch(target: Target, requests: int) -> RunResult:
         assert target.url is not None
+        key = target.api_key
         return await run_plain(
             target.url,
-            body,
+            dict(body, model=target.model),
             requests=requests,
             concurrency=concurrency,
             stream=stream,
             timeout_s=timeout_s,
+            headers={"Authorization": f"Bearer {key}"} if key is not None else None,
         )
 
     # Unmeasured warm-up: connections, caches and allocator pools on every path.
@@ -141,15 +154,24 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
         replicas = await start_sim_replicas(1, model=MODEL, **ZERO_DELAY)
         processes += replicas
         replica = replicas[0]
-        policy = {
-            "pools": {"bench": {"model": MODEL, "replicas": [replica.url], "policy": "round-robin"}}
-        }
+        policy = round_robin(replica.url)
         gateway = await start_gateway(policy)
         processes.append(gateway)
         targets = [Target(DIRECT, replica.url), Target(GATEWAY, gateway.url, gateway.pid)]
+        redis = None
+        if config.workers > 1 or config.features:
+            try:
+                redis = await start_redis()
+                processes.append(redis)
+            except ProcessStartError as exc:
+                if config.workers > 1:
+                    raise
+                targets.append(Target(FEATURES, status="not measured", detail=str(exc)))
+        if config.features and redis is not None:
+            features = await start_features(replica.url, redis.url, processes)
+            targets.append(features)
         if config.workers > 1:
-            redis = await start_redis()
-            processes.append(redis)
+            assert redis is not None
             env = {"GATEWAY_WORKERS": str(config.workers)}
             for name, extra in zip(
                 config.workers_targets, ({}, {"GATEWAY_REDIS_URL": redis.url}), strict=True
@@ -180,7 +202,39 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
                 )
                 _progress(cell)
                 cells.append(cell)
+        chunks = await _chunk_cells(config, processes) if config.chunk_tokens else None
     finally:
         # Shielded: after Ctrl-C cancels this task, the children must still be stopped.
         await asyncio.shield(asyncio.gather(*(p.stop() for p in processes), return_exceptions=True))
-    return OverheadResult(config, tuple(targets), tuple(cells), started, machine_description())
+    return OverheadResult(
+        config, tuple(targets), tuple(cells), started, machine_description(), chunks
+    )
+
+
+async def _chunk_cells(config: OverheadConfig, processes: list[ManagedProcess]) -> ChunkCells:
+    """Streaming from a replica that paces its tokens, through the gateway and the peers
+    started anew in front of it: requests of FEW_TOKENS and of ``chunk_tokens``."""
+    [paced] = await start_sim_replicas(1, model=MODEL, **PACED)
+    processes.append(paced)
+    gateway = await start_gateway(round_robin(paced.url))
+    processes.append(gateway)
+    targets = [Target(DIRECT, paced.url), Target(GATEWAY, gateway.url, gateway.pid)]
+    for target, process in await start_peers(config, paced.url):
+        targets.append(target)
+        if process is not None:
+            processes.append(process)
+    requests = max(config.requests // 16, config.concurrency * config.rounds)
+    few, many = [
+        await _cell(
+            targets,
+            paced.pid,
+            dict(config.body(), max_tokens=tokens),
+            stream=True,
+            concurrency=config.concurrency,
+            total=requests,
+            rounds=config.rounds,
+            timeout_s=config.timeout_s,
+        )
+        for tokens in (FEW_TOKENS, config.chunk_tokens)
+    ]
+    return ChunkCells(few, many)

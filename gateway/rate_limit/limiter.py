@@ -16,7 +16,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from aiohttp import web
 from prometheus_client import Counter
 
 from gateway import headers
@@ -59,8 +58,8 @@ class RateLimited(ApiError):
         super().__init__(429, message, type_=kind, code="rate_limit_exceeded")
         self.extra_headers = extra_headers
 
-    def response(self, headers: dict[str, str] | None = None) -> web.Response:
-        return super().response({**self.extra_headers, **(headers or {})})
+    def answer_headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+        return super().answer_headers({**self.extra_headers, **(headers or {})})
 
 
 @dataclass(slots=True)

@@ -1,0 +1,32 @@
+"""What the gateway process keeps on its aiohttp application, by typed key: read by the
+handlers aiohttp serves and by the front's (gateway/front.py) alike."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from gateway.affinity import RoutingMemory
+from gateway.metrics import GatewayMetrics
+from gateway.policy_reload import PolicyHolder
+from gateway.proxy import Forwarder
+from gateway.rate_limit import RateLimiter
+from gateway.settings import Settings
+
+
+class Lifecycle:
+    """What shutdown needs to know: whether it has begun, and which requests are in flight."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.inflight: set[asyncio.Task[object]] = set()
+
+
+POLICY = web.AppKey("policy", PolicyHolder)
+SETTINGS = web.AppKey("settings", Settings)
+METRICS = web.AppKey("metrics", GatewayMetrics)
+FORWARDER = web.AppKey("forwarder", Forwarder)
+LIMITER = web.AppKey("limiter", RateLimiter)
+MEMORY = web.AppKey("routing_memory", RoutingMemory)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)

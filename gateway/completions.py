@@ -1,0 +1,144 @@
+"""Serving a completion request, whichever server framed it: the front (gateway/front.py)
+or aiohttp (gateway/app.py's handler, for the requests the front hands over).
+
+Parse, resolve the pool (tiers, stored responses, adapters), admit (tenant limits), forward;
+and the errors the gateway answers itself, in the OpenAI shape with the request's id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import re
+import secrets
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from gateway import headers, responses_lookup
+from gateway.app_keys import FORWARDER, LIFECYCLE, LIMITER, MEMORY, METRICS, POLICY, SETTINGS
+from gateway.errors import ApiError
+from gateway.exchange import Exchange
+from gateway.front import FrontExchange, Request
+from gateway.logs import REQUEST_ID
+from gateway.metrics import NO_POOL
+from gateway.rate_limit.limiter import Tenant
+from gateway.request_body import Endpoint, parse_request
+from gateway.resolve import resolve
+from gateway.routed import Routed
+from gateway.state import Fleet
+
+log = logging.getLogger(__name__)
+
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+_ID_PREFIX = secrets.token_hex(6)
+_id_counter = itertools.count(1)
+
+
+def _new_id_prefix() -> None:
+    global _ID_PREFIX
+    _ID_PREFIX = secrets.token_hex(6)
+
+
+# Worker processes (serve --workers) are forked after this import: each needs its own prefix.
+os.register_at_fork(after_in_child=_new_id_prefix)
+
+
+def request_id(sent: Mapping[str, str]) -> str:
+    """The client's own id if it is a plausible one (it goes into logs and headers);
+    otherwise one is made: unique across processes by the random prefix, within one by the
+    counter, with no syscall per request, unlike uuid4."""
+    own = sent.get(headers.REQUEST_ID)
+    if own is not None and _CLIENT_ID.fullmatch(own):
+        return own
+    return f"{_ID_PREFIX}{next(_id_counter):010x}"
+
+
+async def complete(
+    app: web.Application,
+    fleet: Fleet,
+    tenant: Tenant | None,
+    endpoint: Endpoint,
+    exchange: Exchange,
+    raw: bytes,
+    started: float,
+) -> None:
+    """Answers the request through ``exchange``; raises ApiError for what it refuses."""
+    settings = app[SETTINGS]
+    parsed = parse_request(endpoint, raw, settings.max_json_depth)
+    owner = tenant.name if tenant is not None else None
+    memory = app[MEMORY]
+    if parsed.previous_response_id is not None:
+        await responses_lookup.readable_home(
+            memory.responses, parsed.previous_response_id, owner, "previous_response_id"
+        )
+    resolution = resolve(fleet, parsed, exchange.headers.get(headers.TIER), memory)
+    if resolution.hooks is not None:
+        resolution.hooks.owner = owner
+    limiter = app[LIMITER]
+    admission = None
+    if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
+        admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
+    resolution.pool.arrivals += 1
+    if resolution.tier_router is not None and resolution.verdict is not None:
+        if not resolution.verdict.forced:
+            resolution.tier_router.observe(resolution.verdict)
+    routed = Routed(
+        resolution.parsed,
+        resolution.pool,
+        resolution.features,
+        REQUEST_ID.get(),
+        started,
+        {**resolution.response_headers(), **(admission.headers if admission else {})},
+        resolution.route,
+        resolution.hooks,
+        on_usage=admission.observe if admission is not None else None,
+    )
+    status = await app[FORWARDER].forward(exchange, routed)
+    if admission is not None:
+        limiter.settle(admission, status)
+
+
+def count_error(app: web.Application, path: str, status: int) -> None:
+    """An error the gateway answered itself on an API path, counted without a pool."""
+    if path.startswith(("/v1/", "/tokenize", "/detokenize")):
+        app[METRICS].requests.labels(NO_POOL, NO_POOL, str(status)).inc()
+
+
+async def serve_framed(app: web.Application, request: Request, exchange: FrontExchange) -> None:
+    """A request the front framed, end to end: what the aiohttp middleware does for the
+    others (the request's id in every log line, shutdown able to find it, errors answered)."""
+    REQUEST_ID.set(request_id(request.headers))
+    task = asyncio.current_task()
+    inflight = app[LIFECYCLE].inflight
+    if task is not None:
+        inflight.add(task)
+    try:
+        fleet = app[POLICY].fleet  # one generation of the policy for the whole request
+        tenant = app[LIMITER].authenticate(fleet.policy.limits, request.headers)
+        await complete(
+            app, fleet, tenant, request.endpoint, exchange, request.body, request.started
+        )
+    except ApiError as error:
+        await _answer(app, request, exchange, error)
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception:
+        log.exception("unhandled error on POST %s", request.endpoint.value)
+        internal = ApiError(500, "Internal gateway error.", type_="server_error")
+        await _answer(app, request, exchange, internal)
+    finally:
+        if task is not None:
+            inflight.discard(task)
+
+
+async def _answer(
+    app: web.Application, request: Request, exchange: FrontExchange, error: ApiError
+) -> None:
+    if exchange.started:
+        raise ConnectionResetError("an answer has started: another would corrupt it")
+    count_error(app, request.endpoint.value, error.status)
+    hdrs = error.answer_headers({headers.REQUEST_ID: REQUEST_ID.get()})
+    await exchange.answer(error.status, hdrs, error.body())

@@ -1,0 +1,132 @@
+"""The front (gateway/front.py): completion requests served at the protocol level, any other
+request handed to aiohttp with the connection's bytes as they came, on one keep-alive
+connection, pipelined or split into small writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+import pytest_asyncio
+
+from gateway import headers
+from tests.conftest import MODEL, GatewayClient, in_process_gateway, in_process_sims
+from tests.hardening import read_answer
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+BODY = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+POST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+)
+GET_MODELS = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def gateway() -> AsyncIterator[GatewayClient]:
+    async with in_process_sims(1) as [replica]:
+        policy = {"pools": {"small": {"model": MODEL, "replicas": [replica]}}}
+        async with in_process_gateway(policy) as client:
+            yield client
+
+
+async def connect(
+    gateway: GatewayClient,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection(gateway.host, gateway.port)
+
+
+async def test_a_completion_is_answered_with_its_length_date_and_routing_headers(
+    gateway: GatewayClient,
+) -> None:
+    reader, writer = await connect(gateway)
+    writer.write(POST)
+    status, fields, body = await read_answer(reader)
+    writer.close()
+    assert status == 200
+    assert orjson.loads(body)["object"] == "chat.completion"
+    assert fields["content-type"].startswith("application/json")
+    assert "date" in fields and fields[headers.REPLICA.lower()]
+    assert fields[headers.REQUEST_ID.lower()]
+
+
+async def test_one_connection_serves_completions_around_a_request_aiohttp_answers(
+    gateway: GatewayClient,
+) -> None:
+    reader, writer = await connect(gateway)
+    answers = []
+    for request in (POST, GET_MODELS, POST):
+        writer.write(request)
+        answers.append(await read_answer(reader))
+    writer.close()
+    assert [status for status, _, _ in answers] == [200, 200, 200]
+    assert orjson.loads(answers[1][2])["object"] == "list"
+    assert orjson.loads(answers[2][2])["object"] == "chat.completion"
+
+
+async def test_pipelined_requests_are_answered_in_order(gateway: GatewayClient) -> None:
+    reader, writer = await connect(gateway)
+    writer.write(POST + POST + GET_MODELS)
+    kinds = [orjson.loads((await read_answer(reader))[2])["object"] for _ in range(3)]
+    writer.close()
+    assert kinds == ["chat.completion", "chat.completion", "list"]
+
+
+async def test_a_request_written_a_few_bytes_at_a_time_is_answered(
+    gateway: GatewayClient,
+) -> None:
+    reader, writer = await connect(gateway)
+    for i in range(0, len(POST), 7):
+        writer.write(POST[i : i + 7])
+        await writer.drain()
+        await asyncio.sleep(0)
+    status, _, body = await read_answer(reader)
+    writer.close()
+    assert status == 200 and orjson.loads(body)["object"] == "chat.completion"
+
+
+async def test_a_chunked_body_and_an_expectation_go_to_aiohttp_and_are_served(
+    gateway: GatewayClient,
+) -> None:
+    chunked = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+    )
+    reader, writer = await connect(gateway)
+    writer.write(chunked)
+    assert (await read_answer(reader))[0] == 200
+    writer.close()
+    reader, writer = await connect(gateway)
+    writer.write(POST.replace(b"Host: x\r\n", b"Host: x\r\nExpect: 100-continue\r\n"))
+    assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert (await read_answer(reader))[0] == 200
+    writer.close()
+
+
+async def test_open_connections_are_counted_once_whoever_serves_them(
+    gateway: GatewayClient,
+) -> None:
+    async def open_now() -> float:
+        async with gateway.get("/metrics") as response:
+            text = await response.text()
+        line = next(x for x in text.splitlines() if x.startswith("gateway_client_connections "))
+        return float(line.split()[1])
+
+    before = await open_now()
+    held = [await connect(gateway) for _ in range(3)]
+    plans = ((POST, 1), (GET_MODELS, 1), (POST + GET_MODELS, 2))  # front, aiohttp, both
+    for (request, answers), (reader, writer) in zip(plans, held, strict=True):
+        writer.write(request)
+        for _ in range(answers):
+            await read_answer(reader)
+    assert await open_now() == before + 3
+    for _, writer in held:
+        writer.close()
+    for _ in range(50):
+        if await open_now() == before:
+            break
+        await asyncio.sleep(0.02)
+    assert await open_now() == before
