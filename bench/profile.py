@@ -38,8 +38,10 @@ from replica.processes import ManagedProcess, start_sim_replicas
 
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("client side: front", ("gateway/front.py",)),
-    ("client side: aiohttp", ("aiohttp/web_", "aiohttp/http_", "aiohttp/base_protocol")),
-    ("replica side", ("gateway/upstream.py",)),
+    # aiohttp's writer and parser serve its client and server alike: their frames count for
+    # the frame that called them.
+    ("client side: aiohttp", ("aiohttp/web_",)),
+    ("replica side", ("gateway/upstream.py", "aiohttp/client", "aiohttp/connector")),
     ("metrics and logs", ("prometheus_client/", "gateway/metrics.py", "logging/")),
     (
         "parsing and routing",
