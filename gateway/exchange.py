@@ -7,7 +7,7 @@ write, or a streamed one whose head leaves with its first chunk.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from aiohttp import web
@@ -37,6 +37,18 @@ class Exchange(Protocol):
 
     async def end(self) -> None:
         """The end of a started answer."""
+
+    @property
+    def direct(self) -> bool:
+        """Whether ``write_nowait`` and ``throttle`` work: a relay may then write each chunk
+        from the replica connection's callback."""
+
+    def write_nowait(self, chunk: bytes) -> None:
+        """More of a started answer, at once; ConnectionResetError when the client has gone."""
+
+    def throttle(self, hooks: tuple[Callable[[], None], Callable[[], None]] | None) -> None:
+        """Calls the first of ``hooks`` when the client's socket is full and the second when
+        it drains, until called with None."""
 
 
 class AiohttpExchange:
@@ -76,6 +88,14 @@ class AiohttpExchange:
     async def end(self) -> None:
         assert self.response is not None
         await self.response.write_eof()
+
+    direct = False  # aiohttp's writes are coroutines
+
+    def write_nowait(self, chunk: bytes) -> None:
+        raise NotImplementedError("aiohttp writes only through `write`")
+
+    def throttle(self, hooks: tuple[Callable[[], None], Callable[[], None]] | None) -> None:
+        raise NotImplementedError("aiohttp writes only through `write`")
 
 
 class _HeadWithFirstChunk(web.StreamResponse):

@@ -147,6 +147,15 @@ class FrontExchange:
             self._conn.write(b"0\r\n\r\n")
         await self._conn.drain()
 
+    direct = True
+
+    def write_nowait(self, chunk: bytes) -> None:
+        if chunk:
+            self._conn.write(_chunk(chunk) if self._chunked else chunk)
+
+    def throttle(self, hooks: tuple[Callable[[], None], Callable[[], None]] | None) -> None:
+        self._conn.throttled = hooks
+
 
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
@@ -168,6 +177,9 @@ class FrontConnection(asyncio.Protocol):
         self._reading_paused = False
         self._closing = False
         self._gone = False
+        self.throttled: tuple[Callable[[], None], Callable[[], None]] | None = None
+        """What stops and restarts the replica writing to this client directly, while the
+        client's socket is full."""
         self._waiting_body: Endpoint | None = None
         """The endpoint of a request whose head is in and body is not (its timer runs)."""
 
@@ -197,9 +209,13 @@ class FrontConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        if self.throttled is not None:
+            self.throttled[0]()
 
     def resume_writing(self) -> None:
         self._paused = False
+        if self.throttled is not None:
+            self.throttled[1]()
         drained = self._drained
         if drained is not None and not drained.done():
             drained.set_result(None)

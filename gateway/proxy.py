@@ -321,35 +321,51 @@ class Forwarder:
         """Relays chunk by chunk; True when the replica's stream ended cleanly."""
         out["Cache-Control"] = "no-cache"
         outcome.wire = upstream.status
-        chunk = last = first
-        before_last = b""
+        before_last = last = b""
         clean = True
         watch = routed.hooks.answered if routed.hooks is not None else None
+
+        def note(chunk: bytes) -> None:
+            """What routing learns from a chunk, once it is on its way to the client."""
+            nonlocal watch, before_last, last
+            if watch is not None and not watch(dispatch.replica.name, upstream.status, chunk):
+                watch = None
+            usage = prompt_usage(chunk)
+            if usage is not None:
+                routed.pool.observe_usage(dispatch, usage)
+                if routed.on_usage is not None:
+                    routed.on_usage(chunk)
+            before_last, last = last, chunk
+
+        def relay(chunk: bytes) -> None:
+            exchange.write_nowait(chunk)
+            note(chunk)
+
         try:
-            await exchange.start(upstream.status, out, chunk)
+            await exchange.start(upstream.status, out, first)
             self._ttft_of(routed.pool.name).observe(time.perf_counter() - routed.started)
             routed.pool.first_byte(dispatch, time.monotonic() - dispatch.at)
-            while chunk:
-                if watch is not None and not watch(dispatch.replica.name, upstream.status, chunk):
-                    watch = None
-                usage = prompt_usage(chunk)
-                if usage is not None:
-                    routed.pool.observe_usage(dispatch, usage)
-                    if routed.on_usage is not None:
-                        routed.on_usage(chunk)
-                try:
-                    chunk = await upstream.readany()
-                except (UpstreamError, TimeoutError) as exc:
-                    log.warning(
-                        "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
-                    )
-                    self._failed(routed.pool, dispatch.replica, "stream broke")
-                    await exchange.write(sse_error(exc))
-                    clean = False
-                    break
-                if chunk:
-                    await exchange.write(chunk)
-                    before_last, last = last, chunk
+            note(first)
+            try:
+                if exchange.direct:
+                    # Each chunk goes out from the replica connection's callback: no task
+                    # wakes per chunk, and a full client socket stops the replica's reads.
+                    exchange.throttle((upstream.pause, upstream.resume))
+                    try:
+                        await upstream.relay(relay)
+                    finally:
+                        exchange.throttle(None)
+                else:
+                    while chunk := await upstream.readany():
+                        await exchange.write(chunk)
+                        note(chunk)
+            except (UpstreamError, TimeoutError) as exc:
+                log.warning(
+                    "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
+                )
+                self._failed(routed.pool, dispatch.replica, "stream broke")
+                await exchange.write(sse_error(exc))
+                clean = False
             if clean and not answers.stream_whole(routed.parsed.endpoint, before_last, last):
                 log.warning("stream from %s ended without [DONE]", out[headers.REPLICA])
                 self._failed(routed.pool, dispatch.replica, "stream cut short")

@@ -16,7 +16,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
@@ -71,8 +71,8 @@ class UpstreamResponse:
     """One answer: its status and headers at once, its body as it arrives."""
 
     __slots__ = (
-        "_buffered", "_chunks", "_conn", "_done", "_error", "_loop", "_paused", "_timeout_s",
-        "_waiter", "content_length", "content_type", "headers", "status",
+        "_buffered", "_chunks", "_conn", "_done", "_error", "_heard", "_loop", "_paused",
+        "_sink", "_timeout_s", "_waiter", "content_length", "content_type", "headers", "status",
     )  # fmt: skip
 
     def __init__(self, conn: _Connection, timeout_s: float) -> None:
@@ -83,8 +83,11 @@ class UpstreamResponse:
         self._buffered = 0
         self._done = False
         self._paused = False
-        self._error: UpstreamError | None = None
+        self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: Callable[[bytes], None] | None = None
+        self._heard = 0.0
+        """When the last bytes came, while a sink takes them."""
         self.status = 0
         self.headers: dict[str, str] = {}
         """Lower-case names; a repeated header keeps its last value."""
@@ -109,6 +112,34 @@ class UpstreamResponse:
             raise self._error
         return b""
 
+    async def relay(self, sink: Callable[[bytes], None]) -> None:
+        """Hands the rest of the body to ``sink`` as it arrives, from the connection's own
+        callback (no task wakes per chunk), until its end; raises what ``readany`` would, or
+        what ``sink`` raised. The read timeout applies to each gap between chunks."""
+        self._sink = sink
+        self._heard = self._loop.time()
+        if self._chunks:
+            self._feed(await self.readany())  # what came with the head, to the sink alike
+        try:
+            while not self._done and self._error is None:
+                await self._wait(idle=True)
+        finally:
+            self._sink = None
+            self.resume()  # a connection goes back to the pool reading
+        if self._error is not None:
+            raise self._error
+
+    def pause(self) -> None:
+        """Stops reading the replica while a sink's client cannot take more."""
+        if self._sink is not None and not self._paused:
+            self._paused = True
+            self._conn.pause()
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            self._conn.resume()
+
     def release(self) -> None:
         """Done with the answer: its connection goes back to the pool if the answer ended
         cleanly and may be reused, else it is closed."""
@@ -123,18 +154,26 @@ class UpstreamResponse:
         cache."""
         self._conn.close()
 
-    async def _wait(self) -> None:
+    async def _wait(self, idle: bool = False) -> None:
+        """Until bytes, the end or an error; ``idle``: until the end or an error, the timeout
+        counted from the last bytes a sink took."""
         waiter = self._waiter = self._loop.create_future()
-        timer = self._loop.call_later(self._timeout_s, self._time_out, waiter)
+        timer = self._loop.call_later(self._timeout_s, self._time_out, waiter, idle)
         try:
             await waiter
         finally:
             timer.cancel()
             self._waiter = None
 
-    def _time_out(self, waiter: asyncio.Future[None]) -> None:
-        if not waiter.done():
-            waiter.set_exception(ReadTimeout(f"no bytes from the replica in {self._timeout_s} s"))
+    def _time_out(self, waiter: asyncio.Future[None], idle: bool) -> None:
+        if waiter.done():
+            return
+        quiet = self._loop.time() - self._heard
+        if idle and quiet < self._timeout_s:
+            # Bytes came meanwhile: one timer per timeout period, not one per chunk.
+            self._loop.call_later(self._timeout_s - quiet, self._time_out, waiter, idle)
+            return
+        waiter.set_exception(ReadTimeout(f"no bytes from the replica in {self._timeout_s} s"))
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -142,6 +181,17 @@ class UpstreamResponse:
             waiter.set_result(None)
 
     def _feed(self, body: bytes) -> None:
+        sink = self._sink
+        if sink is not None:
+            self._heard = self._loop.time()
+            try:
+                sink(body)
+            except Exception as exc:  # the sink's client went away: its relay ends with it
+                self._sink = None
+                self._error = exc
+                self._conn.close()
+                self._wake()
+            return
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > PAUSE_BYTES and not self._paused:

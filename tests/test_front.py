@@ -130,3 +130,31 @@ async def test_open_connections_are_counted_once_whoever_serves_them(
             break
         await asyncio.sleep(0.02)
     assert await open_now() == before
+
+
+async def test_a_long_stream_read_slowly_arrives_whole_and_its_replica_connection_is_reused() -> (
+    None
+):
+    zero = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
+    async with (
+        in_process_sims(1, **zero) as [replica],
+        in_process_gateway({"pools": {"p": {"model": MODEL, "replicas": [replica]}}}) as gw,
+    ):
+        body = orjson.dumps(
+            {"model": MODEL, "stream": True, "max_tokens": 4000,
+             "messages": [{"role": "user", "content": "hi"}]}
+        )  # fmt: skip
+        request = POST.replace(b"%d\r\n\r\n" % len(BODY), b"%d\r\n\r\n" % len(body))
+        reader, writer = await connect(gw)
+        writer.write(request.replace(BODY, body))
+        await asyncio.sleep(0.5)  # ~600 KB of events pile up against an unread socket
+        raw = b""
+        while not raw.endswith(b"0\r\n\r\n"):
+            raw += await reader.read(4096)
+            await asyncio.sleep(0)
+        writer.close()
+        assert raw.count(b"data: ") > 4000 and b"data: [DONE]" in raw
+        # The replica connection went back to the pool reading, not paused by the slow client.
+        async with asyncio.timeout(5):
+            async with gw.post("/v1/chat/completions", data=BODY) as answer:
+                assert answer.status == 200

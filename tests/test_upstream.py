@@ -212,3 +212,45 @@ async def test_an_answer_cut_short_or_not_http_is_an_error() -> None:
     async with raw_server(answering(b"SSH-2.0-OpenSSH\r\n\r\n")) as (url, _):
         with pytest.raises(BadAnswer):
             await post(Upstreams(1.0, 5.0), url)
+
+
+async def test_a_relay_hands_each_piece_to_its_sink_and_leaves_the_connection_reading() -> None:
+    body = b"data: 1\n\ndata: [DONE]\n\n"
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
+
+    async def head_then_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(2):
+            await read_request(reader)
+            writer.write(head)
+            await asyncio.sleep(0.05)  # the body comes while the relay runs
+            writer.write(body)
+        await reader.read()
+
+    async with raw_server(head_then_body) as (url, connections):
+        client = Upstreams(1.0, 0.5)
+        response = await post(client, url)
+        seen: list[bytes] = []
+
+        def slow_client(piece: bytes) -> None:
+            seen.append(piece)
+            response.pause()  # as a full client socket would, here on the last piece
+
+        await response.relay(slow_client)
+        response.release()
+        assert b"".join(seen) == body
+        again = await post(client, url)  # the same connection: paused, it would time out
+        assert await body_of(again) == body
+    assert len(connections) == 1
+
+
+async def test_a_relay_ends_with_what_its_sink_raised_and_closes_the_connection() -> None:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
+    async with raw_server(answering(head)) as (url, _):
+        response = await post(Upstreams(1.0, 5.0), url)
+
+        def gone(piece: bytes) -> None:
+            raise ConnectionResetError("the client closed the connection")
+
+        with pytest.raises(ConnectionResetError):
+            await response.relay(gone)
+        assert response._conn.lost
