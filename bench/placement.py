@@ -8,8 +8,9 @@ blocks per replica that evicts a prompt's last blocks first, as vLLM and the sim
 placement alone decides is then told apart from what load and timing add (``bench diagnose``
 measures the same routing on the sims):
 
-- hit / bound of the policy's placements, and of one LRU cache the fleet's size (what the
-  peers' cache_aware routing reaches on these windows: docs/benchmarks.md);
+- hit / bound of the policy's placements, of the peers' cache_aware rule's (best match above
+  0.3 of the prompt, else the smallest tree) and of one LRU cache the fleet's size (what the
+  peers reach on the sims on these windows: docs/benchmarks.md);
 - ``--jitter P --seeds N``: the same, with a share P of the requests no replica holds history
   for sent to a random replica instead, as a queue elsewhere would send them: how far one
   window's figure moves when a few placements change;
@@ -106,6 +107,34 @@ def replay(prompts: Sequence[Prompt], capacity: int, jitter: float = 0.0, seed: 
     return served / max(total, 1)
 
 
+CACHE_THRESHOLD = 0.3
+"""vllm-router's and sglang-router's default cache_threshold (their router_args.py)."""
+
+
+def cache_aware_replay(prompts: Sequence[Prompt], capacity: int) -> float:
+    """The peers' cache_aware rule at zero load, against the same cache model: a prompt whose
+    longest match on some replica's tree is more than CACHE_THRESHOLD of it goes to that
+    replica, any other to the replica whose tree is smallest (the trees hold every block sent
+    there, unevicted, as theirs do within minutes). Their load check never fires at zero
+    load. The prompt-token share the placements' caches served."""
+    trees: dict[str, set[int]] = {n: set() for n in NAMES}
+    caches: dict[str, OrderedDict[int, None]] = {n: OrderedDict() for n in NAMES}
+    served = total = 0
+    for prompt in prompts:
+        record = prompt.record
+        matched = {n: reused_tokens(record, reused_blocks(record, trees[n])) for n in NAMES}
+        best = max(NAMES, key=lambda n: matched[n])
+        if matched[best] > CACHE_THRESHOLD * record.input_length:
+            chosen = best
+        else:
+            chosen = min(NAMES, key=lambda n: len(trees[n]))
+        served += reused_tokens(record, reused_blocks(record, caches[chosen]))
+        total += record.input_length
+        lru_remember(caches[chosen], record, capacity, tail_first=True)
+        trees[chosen].update(record.hash_ids)
+    return served / max(total, 1)
+
+
 def next_turn_chances(
     records: Sequence[TraceRecord], deepest: int = 6
 ) -> list[tuple[int, int, float]]:
@@ -158,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     fleet = lru_reuse(records, capacity * SIM_REPLICAS, tail_first=True)
     print(f"one LRU the fleet's size: hit/bound {fleet / ceiling:.3f}")
     print(f"prefix-aware at zero load: hit/bound {replay(prompts, capacity) / ceiling:.3f}")
+    peers = cache_aware_replay(prompts, capacity) / ceiling
+    print(f"the peers' cache_aware rule at zero load: hit/bound {peers:.3f}")
     if args.jitter > 0:
         jittered = [replay(prompts, capacity, args.jitter, s) / ceiling for s in range(args.seeds)]
         print(

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import cast
 
 import pytest
 
-from bench.placement import next_turn_chances
+from bench.placement import Prompt, cache_aware_replay, next_turn_chances
 from bench.workloads_mooncake import TraceRecord, lru_remember, lru_reuse, summarise
+from router_policies.fingerprint import RequestFeatures
 
 
 def record(*hash_ids: int) -> TraceRecord:
@@ -37,3 +39,16 @@ def test_a_turn_counts_as_continued_when_a_later_prompt_holds_its_last_full_bloc
         record(0, 10, 11, 12),  # conversation 10, turn 2: not continued
     ]
     assert next_turn_chances(trace) == [(1, 2, 0.5), (2, 1, 0.0)]
+
+
+def test_the_peers_rule_follows_a_match_above_its_threshold_else_the_smallest_tree() -> None:
+    def prompts(*records: TraceRecord) -> list[Prompt]:
+        return [Prompt(r, cast(RequestFeatures, None), float(i)) for i, r in enumerate(records)]
+
+    # Three new conversations fill three replicas' trees one each (smallest tree first); the
+    # first's next turn matches 2 of its 3 blocks (above 0.3) and goes home: served.
+    continued = prompts(record(1, 2), record(3, 4), record(5, 6), record(1, 2, 7))
+    assert cache_aware_replay(continued, 64) == pytest.approx(2 / 9)
+    # A prompt matching 1 block of 4 (0.25, below 0.3) goes to the smallest tree instead: cold.
+    weak = prompts(record(1, 2), record(3, 4), record(1, 8, 9, 10))
+    assert cache_aware_replay(weak, 64) == 0.0
