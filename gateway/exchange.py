@@ -56,6 +56,7 @@ class AiohttpExchange:
     streamed one written through its StreamResponse."""
 
     __slots__ = ("_request", "response")
+    direct = False  # aiohttp's writes are coroutines
 
     def __init__(self, request: web.Request) -> None:
         self._request = request
@@ -88,8 +89,6 @@ class AiohttpExchange:
     async def end(self) -> None:
         assert self.response is not None
         await self.response.write_eof()
-
-    direct = False  # aiohttp's writes are coroutines
 
     def write_nowait(self, chunk: bytes) -> None:
         raise NotImplementedError("aiohttp writes only through `write`")

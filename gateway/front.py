@@ -105,6 +105,7 @@ class FrontExchange:
     """The answer to a request the front framed, written to its connection's transport."""
 
     __slots__ = ("_chunked", "_conn", "_started", "headers")
+    direct = True  # a relay may write each chunk from the replica connection's callback
 
     def __init__(self, conn: FrontConnection, headers: CIMultiDictProxy[str]) -> None:
         self._conn = conn
@@ -138,16 +139,13 @@ class FrontExchange:
         await conn.drain()
 
     async def write(self, chunk: bytes) -> None:
-        if chunk:
-            self._conn.write(_chunk(chunk) if self._chunked else chunk)
-            await self._conn.drain()
+        self.write_nowait(chunk)
+        await self._conn.drain()
 
     async def end(self) -> None:
         if self._chunked:
             self._conn.write(b"0\r\n\r\n")
         await self._conn.drain()
-
-    direct = True
 
     def write_nowait(self, chunk: bytes) -> None:
         if chunk:
