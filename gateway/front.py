@@ -278,6 +278,8 @@ class FrontConnection(asyncio.Protocol):
             CIMultiDict((n.decode("latin-1"), v.decode("latin-1")) for n, v in head.fields)
         )
         request = Request(endpoint, headers, body, parser.should_keep_alive())
+        if not request.keep_alive:
+            self._closing = True  # the answer says so, and the connection closes after it
         self._task = self._loop.create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:

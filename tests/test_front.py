@@ -158,3 +158,15 @@ async def test_a_long_stream_read_slowly_arrives_whole_and_its_replica_connectio
         async with asyncio.timeout(5):
             async with gw.post("/v1/chat/completions", data=BODY) as answer:
                 assert answer.status == 200
+
+
+async def test_a_client_asking_to_close_gets_its_answer_then_the_close(
+    gateway: GatewayClient,
+) -> None:
+    reader, writer = await connect(gateway)
+    writer.write(POST.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"))
+    status, fields, _ = await read_answer(reader)
+    assert (status, fields.get("connection")) == (200, "close")
+    async with asyncio.timeout(5):
+        assert await reader.read() == b""  # closed by the gateway
+    writer.close()
