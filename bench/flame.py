@@ -8,7 +8,7 @@ left out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 LOOP_RUN = "Runner.run (asyncio/runners.py"
@@ -33,15 +33,20 @@ class StackNode:
         self.children: dict[str, StackNode] = {}
 
 
+def above_loop(stack: Iterable[str]) -> list[str]:
+    """A sample's frames above the event loop's run (all of them if it has none)."""
+    frames = list(stack)
+    for i, frame in enumerate(frames):
+        if frame.startswith(LOOP_RUN):
+            return frames[i + 1 :]
+    return frames
+
+
 def stack_tree(stacks: Mapping[tuple[str, ...], int]) -> StackNode:
     """The samples as a tree of frames, from the first frame above the event loop's run."""
     root = StackNode()
     for stack, samples in stacks.items():
-        frames = list(stack)
-        for i, frame in enumerate(frames):
-            if frame.startswith(LOOP_RUN):
-                frames = frames[i + 1 :] or [IN_LOOP]
-                break
+        frames = above_loop(stack) or [IN_LOOP]
         root.samples += samples
         node = root
         for frame in frames:

@@ -29,7 +29,7 @@ from pathlib import Path
 import uvloop
 
 from bench.driver import run_plain
-from bench.flame import LOOP_RUN, draw
+from bench.flame import above_loop, draw
 from bench.host import process_cpu_s
 from bench.launcher import start_gateway
 from bench.overhead.config import MODEL, ZERO_DELAY, OverheadConfig
@@ -93,12 +93,7 @@ class Profile:
 
 def part_of(stack: Iterable[str]) -> str:
     """The part of the innermost frame that belongs to one, above the event loop's run."""
-    frames = list(stack)
-    for i, frame in enumerate(frames):
-        if frame.startswith(LOOP_RUN):
-            del frames[: i + 1]
-            break
-    for frame in reversed(frames):
+    for frame in reversed(above_loop(stack)):
         for name, paths in PARTS:
             if any(path in frame for path in paths):
                 return name

@@ -28,7 +28,7 @@ from gateway.app_keys import (
 )
 from gateway.background import stop_tasks
 from gateway.completions import complete, count_error, request_id
-from gateway.errors import ApiError
+from gateway.errors import ApiError, internal_error
 from gateway.exchange import AiohttpExchange
 from gateway.explain import explain
 from gateway.logs import REQUEST_ID
@@ -109,7 +109,7 @@ async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamRe
         log.exception("unhandled error on %s %s", request.method, request.path)
         if request.writer.output_size > 0:
             raise  # a response has started: another one would corrupt the connection
-        error = ApiError(500, "Internal gateway error.", type_="server_error")
+        error = internal_error()
     count_error(request.app, request.path, error.status)
     response = error.response({headers.REQUEST_ID: REQUEST_ID.get()})
     if isinstance(error, UnreadBody):

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from gateway import headers, responses_lookup
 from gateway.app_keys import FORWARDER, LIFECYCLE, LIMITER, MEMORY, METRICS, POLICY, SETTINGS
-from gateway.errors import ApiError
+from gateway.errors import ApiError, internal_error
 from gateway.exchange import Exchange
 from gateway.front import FrontExchange, Request
 from gateway.logs import REQUEST_ID
@@ -123,12 +123,11 @@ async def serve_framed(app: web.Application, request: Request, exchange: FrontEx
         )
     except ApiError as error:
         await _answer(app, request, exchange, error)
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise
+    except ConnectionResetError:
+        raise  # the client is gone, or an answer broke off: the front closes the connection
     except Exception:
         log.exception("unhandled error on POST %s", request.endpoint.value)
-        internal = ApiError(500, "Internal gateway error.", type_="server_error")
-        await _answer(app, request, exchange, internal)
+        await _answer(app, request, exchange, internal_error())
     finally:
         if task is not None:
             inflight.discard(task)

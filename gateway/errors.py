@@ -17,6 +17,11 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
+def internal_error() -> ApiError:
+    """What a bug in the gateway answers: never its stack trace."""
+    return ApiError(500, "Internal gateway error.", type_="server_error")
+
+
 def no_healthy_replica(pool: str) -> ApiError:
     return ApiError(
         503,

@@ -16,7 +16,6 @@ the rest of that connection: its answers, errors included, are the same as ever.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from email.utils import formatdate
@@ -26,15 +25,11 @@ from typing import cast
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.errors import ApiError
-from gateway.request_body import Endpoint
-
-log = logging.getLogger(__name__)
+from gateway.request_body import Endpoint, body_late
 
 _ENDPOINTS = {endpoint.value.encode(): endpoint for endpoint in Endpoint}
 MAX_HEAD_BYTES = 16 * 1024
 """A request head longer than this is aiohttp's to judge (its own limits answer 431)."""
-_JSON = {"Content-Type": "application/json"}
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
 _HANDED_OVER = frozenset((b"expect", b"transfer-encoding", b"content-encoding"))
 """Request headers that send a request to aiohttp: what they ask for is its to do."""
@@ -43,15 +38,12 @@ _HANDED_OVER = frozenset((b"expect", b"transfer-encoding", b"content-encoding"))
 class Request:
     """A completion request the front framed: its endpoint, headers and body."""
 
-    __slots__ = ("body", "endpoint", "headers", "keep_alive", "started")
+    __slots__ = ("body", "endpoint", "headers", "started")
 
-    def __init__(
-        self, endpoint: Endpoint, headers: CIMultiDictProxy[str], body: bytes, keep_alive: bool
-    ) -> None:
+    def __init__(self, endpoint: Endpoint, headers: CIMultiDictProxy[str], body: bytes) -> None:
         self.endpoint = endpoint
         self.headers = headers
         self.body = body
-        self.keep_alive = keep_alive
         self.started = time.perf_counter()
 
 
@@ -118,24 +110,23 @@ class FrontExchange:
         return self._started
 
     async def answer(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
-        conn = self._conn
-        framing = b"Content-Length: %d\r\n%s" % (len(body), conn.close_line())
-        self._started = True
-        conn.write(response_head(status, headers, framing) + body)
-        await conn.drain()
+        await self._head(status, headers, b"Content-Length: %d\r\n" % len(body), body)
 
     async def start(
         self, status: int, headers: Mapping[str, str], first: bytes, length: int | None = None
     ) -> None:
-        conn = self._conn
-        if length is None:
-            self._chunked = True
-            framing = b"Transfer-Encoding: chunked\r\n" + conn.close_line()
-            first = _chunk(first)
+        if length is not None:
+            await self._head(status, headers, b"Content-Length: %d\r\n" % length, first)
         else:
-            framing = b"Content-Length: %d\r\n%s" % (length, conn.close_line())
+            self._chunked = True
+            await self._head(status, headers, b"Transfer-Encoding: chunked\r\n", _chunk(first))
+
+    async def _head(
+        self, status: int, headers: Mapping[str, str], framing: bytes, body: bytes
+    ) -> None:
+        conn = self._conn
         self._started = True
-        conn.write(response_head(status, headers, framing) + first)
+        conn.write(response_head(status, headers, framing + conn.close_line()) + body)
         await conn.drain()
 
     async def write(self, chunk: bytes) -> None:
@@ -277,9 +268,9 @@ class FrontConnection(asyncio.Protocol):
         headers = CIMultiDictProxy(
             CIMultiDict((n.decode("latin-1"), v.decode("latin-1")) for n, v in head.fields)
         )
-        request = Request(endpoint, headers, body, parser.should_keep_alive())
-        if not request.keep_alive:
+        if not parser.should_keep_alive():
             self._closing = True  # the answer says so, and the connection closes after it
+        request = Request(endpoint, headers, body)
         self._task = self._loop.create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:
@@ -294,7 +285,7 @@ class FrontConnection(asyncio.Protocol):
             raise
         finally:
             self._task = None
-        if not request.keep_alive or self._closing or self._front.draining:
+        if self._closing or self._front.draining:
             self._transport.close()
             return
         if self._reading_paused:
@@ -335,15 +326,12 @@ class FrontConnection(asyncio.Protocol):
         """The body did not arrive within the body timeout of its head: a 408, and the
         connection closes (what is left of the body cannot be told from a next request)."""
         self._timer = None
-        timeout_s = self._front.body_timeout_s
-        error = ApiError(
-            408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout"
-        )
+        error = body_late(self._front.body_timeout_s)
         if self._waiting_body is not None:
             self._front.count_error(self._waiting_body.value, error.status)
         body = error.body()
         framing = b"Content-Length: %d\r\nConnection: close\r\n" % len(body)
-        self._transport.write(response_head(408, _JSON, framing) + body)
+        self._transport.write(response_head(error.status, error.answer_headers(), framing) + body)
         self._transport.close()
 
 

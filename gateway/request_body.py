@@ -92,16 +92,20 @@ class UnreadBody(ApiError):
     connection (aiohttp would otherwise try to read on, and fail again, and log it)."""
 
 
+def body_late(timeout_s: float) -> UnreadBody:
+    """A body that did not arrive within ``timeout_s`` of its request's head."""
+    return UnreadBody(
+        408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout"
+    )
+
+
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The body, decoded per its Content-Encoding, within `timeout_s` of the headers."""
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()
     except TimeoutError:
-        error = UnreadBody(
-            408, f"The request body did not arrive within {timeout_s:g} s.",
-            code="request_timeout",
-        )  # fmt: skip
+        error = body_late(timeout_s)
     except ConnectionResetError:
         # The client left mid-body: nobody reads the answer, but the request is counted.
         error = UnreadBody(499, "The client closed the connection.", code="client_closed")

@@ -148,11 +148,14 @@ class Settings(BaseSettings):
 def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     """CPUs this process may run on: its affinity, capped by a cgroup v2 CPU quota (a
     container's CPU limit, which the affinity does not show), at least 1."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if hasattr(os, "sched_getaffinity"):
+        cpus = len(os.sched_getaffinity(0))
+    else:
+        cpus = os.cpu_count() or 1
     try:
         quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, math.ceil(int(quota) / int(period)))
     except (OSError, ValueError):
-        quota, period = "max", "1"
-    if quota != "max":
-        cpus = min(cpus or 1, math.ceil(int(quota) / int(period)))
-    return max(1, cpus or 1)
+        pass  # no cgroup v2 CPU limit to read: the affinity alone
+    return max(1, cpus)

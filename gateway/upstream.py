@@ -104,9 +104,7 @@ class UpstreamResponse:
             data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
             chunks.clear()
             self._buffered = 0
-            if self._paused:
-                self._paused = False
-                self._conn.resume()
+            self.resume()
             return data
         if self._error is not None:
             raise self._error
@@ -131,9 +129,8 @@ class UpstreamResponse:
 
     def pause(self) -> None:
         """Stops reading the replica while a sink's client cannot take more."""
-        if self._sink is not None and not self._paused:
-            self._paused = True
-            self._conn.pause()
+        if self._sink is not None:
+            self._hold()
 
     def resume(self) -> None:
         if self._paused:
@@ -194,10 +191,14 @@ class UpstreamResponse:
             return
         self._chunks.append(body)
         self._buffered += len(body)
-        if self._buffered > PAUSE_BYTES and not self._paused:
+        if self._buffered > PAUSE_BYTES:
+            self._hold()
+        self._wake()
+
+    def _hold(self) -> None:
+        if not self._paused:
             self._paused = True
             self._conn.pause()
-        self._wake()
 
     def _finish(self) -> None:
         self._done = True

@@ -255,7 +255,9 @@ async def test_tiny_run_with_the_features_target_and_the_chunk_cells(tmp_path: P
     many = result.chunks.many.sides[GATEWAY]
     assert many.mean_output_tokens == 24
     if many.router_cpu_s is not None:
-        assert result.chunks.cpu_us_per_chunk(GATEWAY) > 0
+        # Computed from both cells' CPU readings (its sign is noise at this size; the
+        # arithmetic is the pure test's above).
+        assert math.isfinite(result.chunks.cpu_us_per_chunk(GATEWAY))
     report = format_report(result)
     assert f"| non-streaming | 4 | {FEATURES} | " in report
     assert "## CPU per relayed chunk" in report and "| gateway | 8 / 24 |" in report

@@ -138,6 +138,19 @@ async def start_peers(
     return started
 
 
+async def _peers(
+    config: OverheadConfig, replica_url: str, processes: list[ManagedProcess]
+) -> list[Target]:
+    """The peers as targets in front of ``replica_url``; the processes started join
+    ``processes``."""
+    targets = []
+    for target, process in await start_peers(config, replica_url):
+        targets.append(target)
+        if process is not None:
+            processes.append(process)
+    return targets
+
+
 def _progress(cell: Cell) -> None:
     figures = ", ".join(
         f"{name} {side.req_per_s:.0f} req/s p50 {fmt(side.latency_ms(50))} ms"
@@ -180,10 +193,7 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
                 processes.append(workers)
                 # The parent's CPU figure sums its descendants: every worker.
                 targets.append(Target(name, workers.url, workers.pid))
-        for target, process in await start_peers(config, replica.url):
-            targets.append(target)
-            if process is not None:
-                processes.append(process)
+        targets += await _peers(config, replica.url, processes)
         plan = [(config.concurrency, config.requests)]
         if config.unloaded_requests and config.concurrency != 1:
             plan.append((1, config.unloaded_requests))
@@ -219,10 +229,7 @@ async def _chunk_cells(config: OverheadConfig, processes: list[ManagedProcess]) 
     gateway = await start_gateway(round_robin(paced.url))
     processes.append(gateway)
     targets = [Target(DIRECT, paced.url), Target(GATEWAY, gateway.url, gateway.pid)]
-    for target, process in await start_peers(config, paced.url):
-        targets.append(target)
-        if process is not None:
-            processes.append(process)
+    targets += await _peers(config, paced.url, processes)
     requests = max(config.requests // 16, config.concurrency * config.rounds)
     few, many = [
         await _cell(
