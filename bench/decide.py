@@ -22,7 +22,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import uvloop
+
+from bench import decide_tokens
 from bench.compare.code_state import code_revision
+from replica.vllm_cpu.tiny_model import default_dir
 from router_policies.cost.ttft import ReplicaLoad
 from router_policies.decision import Candidate, PoolSnapshot
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures, canonical_chat
@@ -155,6 +159,21 @@ def format_report(timings: list[Timing], repeats: int) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=2000, help="per row (default: %(default)s)")
     parser.add_argument(
+        "--tokens",
+        action="store_true",
+        help="also time what routing on KV-cache events adds: a request's /tokenize round trip "
+        "(a simulated replica), tokenizing in-process, keying and matching its token blocks",
+    )
+    parser.add_argument(
+        "--vllm", action="store_true", help="with --tokens: time a real vLLM CPU replica's too"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=default_dir("tiny") / "tokenizer.json",
+        help="with --tokens: the tokenizer.json timed in-process (default: the tiny model's)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path("docs"), help="folder of decision-time.md (default: docs)"
     )
     parser.add_argument("--no-out", action="store_true", help="print only")
@@ -165,6 +184,13 @@ def run(args: argparse.Namespace) -> int:
         measure(replicas, size, case, args.repeats) for replicas in REPLICAS for case, size in SIZES
     ]
     report = format_report(timings, args.repeats)
+    if args.tokens:
+
+        async def tokens(vllm_url: str | None) -> list[decide_tokens.TokenTiming]:
+            return await decide_tokens.measure(20, vllm_url, "tiny-llama", args.tokenizer)
+
+        rows = uvloop.run(decide_tokens.with_vllm(tokens) if args.vllm else tokens(None))
+        report += "\n" + "\n".join(decide_tokens.format_table(rows)) + "\n"
     print(report)
     if not args.no_out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,14 @@ from bench.compare.mooncake import (
     trace_path,
 )
 from bench.compare.plan import SIM_MODEL, SIM_REPLICAS, PlannedWorkload
-from bench.compare.results import PREFIX_AWARE, SGLANG_CA, VLLM_CA, Measurement, Target
+from bench.compare.results import (
+    ESTIMATE_TARGET,
+    PREFIX_AWARE,
+    SGLANG_CA,
+    VLLM_CA,
+    Measurement,
+    Target,
+)
 from bench.compare.runner import SIM_TIMEOUT_S, measure, stop_all, warm_up
 from bench.driver import RequestResult, RunResult, percentile
 from bench.workloads_mooncake import (
@@ -56,14 +63,16 @@ from bench.workloads_mooncake import (
     reused_blocks,
     reused_tokens,
 )
-from replica.processes import start_sim_replicas
+from replica.processes import LOCAL_KV_EVENTS, start_sim_replicas
 
 TARGETS: dict[str, Target] = {
     "prefix-aware": PREFIX_AWARE,
+    "prefix-aware-estimate": ESTIMATE_TARGET,
     "vllm-router": VLLM_CA,
     "sglang-router": SGLANG_CA,
 }
-"""The gateway's prefix-aware routing and the peers' cache_aware policies."""
+"""The gateway's prefix-aware routing (on the replicas' KV events, or on its estimate alone)
+and the peers' cache_aware policies."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -260,7 +269,9 @@ async def _diagnose(args: argparse.Namespace) -> None:
     print(f"{window}: {len(records)} requests; cache model {capacity} trace blocks per replica")
     if pool:
         print(f"gateway pool settings: {json.dumps(pool)}")
-    replicas = await start_sim_replicas(SIM_REPLICAS, model=SIM_MODEL, **MOONCAKE_SIM)
+    replicas = await start_sim_replicas(
+        SIM_REPLICAS, model=SIM_MODEL, **MOONCAKE_SIM, kv_events_config=LOCAL_KV_EVENTS
+    )
     live = list(replicas)
     urls = [r.url for r in replicas]
     try:

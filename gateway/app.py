@@ -24,6 +24,7 @@ from gateway.app_keys import (
     METRICS,
     POLICY,
     SETTINGS,
+    TOKEN_KEYS,
     Lifecycle,
 )
 from gateway.background import stop_tasks
@@ -31,6 +32,7 @@ from gateway.completions import complete, count_error, request_id
 from gateway.errors import ApiError, internal_error
 from gateway.exchange import AiohttpExchange
 from gateway.explain import explain
+from gateway.kv_events import KvEventSubscriptions
 from gateway.logs import REQUEST_ID
 from gateway.metrics import NO_POOL, GatewayMetrics
 from gateway.models_list import model_card, model_list
@@ -45,6 +47,7 @@ from gateway.settings import Settings
 from gateway.shared_state import make_shared_state
 from gateway.shared_state.worker_mesh import MeshPlace
 from gateway.state_backend import choose_backend, limits_problem
+from gateway.tokenize import TokenKeys
 from gateway.upstream import Upstreams
 from router_policies.schema import Policy
 
@@ -220,7 +223,10 @@ async def admin_route(request: web.Request) -> web.Response:
     # As a dispatch would: a stored response's replica, or an adapter's warm replicas.
     hooks = resolution.hooks
     exclude = hooks.exclude(resolution.pool.replicas, [], 0) if hooks is not None else ()
-    decision = resolution.pool.decide(resolution.features, exclude, explain=True)
+    features = resolution.features
+    if resolution.pool.events_on:
+        features = await request.app[TOKEN_KEYS].attach(resolution.pool, parsed, features)
+    decision = resolution.pool.decide(features, exclude, explain=True)
     tier = None
     if resolution.verdict is not None:
         verdict = resolution.verdict
@@ -326,6 +332,9 @@ async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIter
             ),
         )
         await monitor.start()
+        app[TOKEN_KEYS] = TokenKeys(session)
+        kv_events = KvEventSubscriptions(lambda: holder.fleet)
+        await kv_events.start()
         # Chosen once: the backend cannot change under a running process (a reload keeps it).
         backend = choose_backend(settings, holder.fleet.policy)
         log.info("shared state: %s", backend.describe())
@@ -350,4 +359,5 @@ async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIter
             await upstreams.close()
             await shared.stop()
             await app[LIMITER].close()
+            await kv_events.stop()
             await monitor.stop()

@@ -13,6 +13,7 @@ from gateway.policy_reload import PolicyHolder
 from gateway.proxy import Forwarder
 from gateway.rate_limit import RateLimiter
 from gateway.settings import Settings
+from gateway.tokenize import TokenKeys
 
 
 class Lifecycle:
@@ -30,3 +31,4 @@ FORWARDER = web.AppKey("forwarder", Forwarder)
 LIMITER = web.AppKey("limiter", RateLimiter)
 MEMORY = web.AppKey("routing_memory", RoutingMemory)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+TOKEN_KEYS = web.AppKey("token_keys", TokenKeys)

@@ -18,7 +18,16 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from gateway import headers, responses_lookup
-from gateway.app_keys import FORWARDER, LIFECYCLE, LIMITER, MEMORY, METRICS, POLICY, SETTINGS
+from gateway.app_keys import (
+    FORWARDER,
+    LIFECYCLE,
+    LIMITER,
+    MEMORY,
+    METRICS,
+    POLICY,
+    SETTINGS,
+    TOKEN_KEYS,
+)  # fmt: skip
 from gateway.errors import ApiError, internal_error
 from gateway.exchange import Exchange
 from gateway.front import FrontExchange, Request
@@ -85,10 +94,13 @@ async def complete(
     if resolution.tier_router is not None and resolution.verdict is not None:
         if not resolution.verdict.forced:
             resolution.tier_router.observe(resolution.verdict)
+    features = resolution.features
+    if resolution.pool.events_on:
+        features = await app[TOKEN_KEYS].attach(resolution.pool, parsed, features)
     routed = Routed(
         resolution.parsed,
         resolution.pool,
-        resolution.features,
+        features,
         REQUEST_ID.get(),
         started,
         {**resolution.response_headers(), **(admission.headers if admission else {})},

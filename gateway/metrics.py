@@ -10,7 +10,12 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from gateway.state import Fleet
@@ -47,6 +52,9 @@ TENANT_TOKENS = "gateway_tenant_tokens"  # exposed as gateway_tenant_tokens_tota
 TENANT_RATE_LIMITED = "gateway_tenant_rate_limited"  # gateway_tenant_rate_limited_total
 RATE_LIMIT_BACKEND_ERRORS = "gateway_rate_limit_backend_errors"  # ..._errors_total
 WORKERS_REPLACED = "gateway_workers_replaced"  # exposed as gateway_workers_replaced_total
+REPLICA_KV_EVENTS_EXACT = "gateway_replica_kv_events_exact"
+REPLICA_KV_EVENT_GAPS = "gateway_replica_kv_event_gaps"  # exposed as ..._gaps_total
+PREFIX_CACHED_TOKENS_ERROR = "gateway_prefix_cached_tokens_error"
 
 _LAG_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 5.0)
 
@@ -177,6 +185,38 @@ class FleetCollector(Collector):
             gateway_waiting, queue, healthy_count, pool_kv, arrivals, arrival_rate, capacity,
             desired, raw_desired, threshold,
         )  # fmt: skip
+        yield from _kv_event_families(fleet, now)
+
+
+def _kv_event_families(fleet: Fleet, now: float) -> Iterator[Metric]:
+    exact = GaugeMetricFamily(
+        REPLICA_KV_EVENTS_EXACT,
+        "1 while routing reads the replica's KV-cache events, 0 while it falls back to the "
+        "estimate (no event yet, a lost message, a stall); absent for replicas that publish none.",
+        labels=["pool", "replica"],
+    )
+    gaps = CounterMetricFamily(
+        REPLICA_KV_EVENT_GAPS,
+        "KV-event messages from the replica lost beyond what its replay endpoint could fill.",
+        labels=["pool", "replica"],
+    )
+    error = SummaryMetricFamily(
+        PREFIX_CACHED_TOKENS_ERROR,
+        "|predicted - reported| cached prompt tokens of the replica a request went to, by the "
+        "source of the prediction (events, estimate); sum/count is the mean absolute error.",
+        labels=["pool", "source"],
+    )
+    for pool in fleet.pools.values():
+        for replica in pool.replicas.values():
+            if replica.kv_events is not None:
+                labels = [pool.name, replica.name]
+                exact.add_metric(labels, 1.0 if replica.kv_events.exact(now) else 0.0)
+                gaps.add_metric(labels, replica.kv_events.gaps)
+        errors = pool.prediction_errors
+        for source, count in errors.counts.items():
+            if count:
+                error.add_metric([pool.name, source], count, errors.sums[source])
+    yield from (exact, gaps, error)
 
 
 class GatewayMetrics:

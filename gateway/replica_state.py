@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from gateway.kv_event_stream import EventStream
 from gateway.outlier import Outlier
 from router_policies.batch_slots import BatchSlots
 from router_policies.cost.rates import RateLearner
@@ -64,6 +65,8 @@ class ReplicaState:
     probed: bool = False
     outlier: Outlier = field(default_factory=Outlier)
     """Passive health from real requests (gateway/outlier.py)."""
+    kv_events: EventStream | None = None
+    """Its KV-cache event stream, where it publishes one and the policy reads it."""
 
     def __post_init__(self) -> None:
         self.name = self.name or urlsplit(self.url).netloc
@@ -96,6 +99,11 @@ class ReplicaState:
     def available(self, now: float) -> bool:
         """Routable: passes health checks and is not ejected for failing requests."""
         return self.healthy and not self.outlier.ejected(now)
+
+    def exact_events(self, now: float) -> EventStream | None:
+        """Its event stream, while routing can trust it."""
+        events = self.kv_events
+        return events if events is not None and events.exact(now) else None
 
     def mark_down(self) -> None:
         """A refused connection is proof enough: stop sending here until probes succeed again."""
@@ -136,3 +144,7 @@ class Dispatch:
     """Dispatch to the replica's first byte, once streamed."""
     uncached_tokens: float | None = None
     """Prompt tokens the replica really prefilled, once its usage says (else the prediction)."""
+    exact_cached: int | None = None
+    """Prompt tokens its KV-cache events said the replica holds (None: not known exactly)."""
+    estimated_cached: float | None = None
+    """Prompt tokens the estimate said it holds (None: the policy keeps no index)."""

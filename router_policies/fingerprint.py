@@ -37,6 +37,11 @@ class RequestFeatures:
     system prompt, so prompts that only share a boilerplate opening get different homes."""
     lead_bytes: int = 0
     """Bytes of the shared lead (system and developer messages, tools), capped like the hash."""
+    token_keys: tuple[int, ...] = ()
+    """Keys of the prompt's whole token blocks (router_policies/engine_blocks.py), where it was
+    tokenized to be matched against replicas' KV-cache events; empty otherwise."""
+    prompt_tokens: int = 0
+    """The prompt's length in tokens, where it was tokenized (0 otherwise)."""
 
     @property
     def home_key(self) -> int:

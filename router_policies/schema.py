@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from router_policies.block_layout import BlockLayout
+from router_policies.kv_events_settings import EventEndpoint, KvEventsSettings, PrefixSource
 from router_policies.redis_url import checked as checked_redis_url
 from router_policies.redis_url import mask as mask_redis_url
 from router_policies.yaml_locations import line_of
@@ -63,6 +64,11 @@ class PrefixSettings(_Strict):
     chars_per_token: Annotated[float, Field(gt=0)] = 4.0
     """Bytes of prompt per model token until the replicas' reported usage teaches the real
     figure (real BPE tokenizers pack 2-4)."""
+    source: PrefixSource = PrefixSource.AUTO
+    """What the router believes each replica holds: its engine's KV-cache events where it
+    publishes them (auto), only them (events), or only the estimate. Events cost one
+    /tokenize round trip per request and are exact; see docs/policy.md."""
+    events: KvEventsSettings = KvEventsSettings()
 
     @property
     def layout(self) -> BlockLayout:
@@ -214,6 +220,27 @@ class PoolPolicy(_Strict):
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("a replica is listed twice")
         return cleaned
+
+    @model_validator(mode="after")
+    def _events_published(self) -> PoolPolicy:
+        events = self.prefix.events
+        if self.prefix.source is PrefixSource.EVENTS:
+            silent = [url for url in self.replicas if events.endpoint_for(url) is None]
+            if silent:
+                raise ValueError(
+                    f"prefix.source is events, but no KV-event endpoint is set for {silent}: "
+                    "set prefix.events.port or prefix.events.endpoints"
+                )
+        unknown = sorted(set(events.endpoints) - set(self.replicas))
+        if unknown:
+            raise ValueError(f"prefix.events.endpoints names replicas not in the pool: {unknown}")
+        return self
+
+    def events_endpoint(self, url: str) -> EventEndpoint | None:
+        """Where replica ``url`` publishes KV-cache events, if routing reads them."""
+        if self.prefix.source is PrefixSource.ESTIMATE:
+            return None
+        return self.prefix.events.endpoint_for(url)
 
 
 class TierClassifierName(StrEnum):

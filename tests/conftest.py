@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.launcher import start_gateway
 from gateway.app import build_app
@@ -171,3 +172,12 @@ def chat(system: str, user: str, **extra: Any) -> dict[str, Any]:
         "max_tokens": 8,
         **extra,
     }
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of sample ``name`` with ``labels`` in Prometheus exposition ``text``."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None

@@ -11,7 +11,6 @@ import orjson
 import pytest
 from aiohttp import web
 from openai import APIError, AsyncOpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import headers
 from replica.processes import ManagedProcess, sim_replica_argv
@@ -21,17 +20,10 @@ from tests.conftest import (
     chat,
     fake_replica,
     get_text,
+    metric,
     running_gateway,
     running_sims,
 )
-
-
-def metric(text: str, name: str, **labels: str) -> float | None:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return None
 
 
 async def eventually(check, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.launcher import start_gateway
 from gateway import headers
 from gateway.scrape import parse_engine_stats
-from replica.processes import ManagedProcess
+from replica.processes import ManagedProcess, kv_event_endpoints
 from replica.vllm_cpu.fleet import start_vllm_cpu_replicas, vllm_cpu_available
 from replica.vllm_cpu.tiny_model import default_dir
 from replica.vllm_launch import CPU_BLOCK_SIZE, CPU_NUM_BLOCKS
@@ -77,6 +78,10 @@ async def fleet() -> AsyncIterator[RealFleet]:
                     "model": SERVED,
                     "replicas": [r.url for r in replicas],
                     "policy": "prefix-aware",
+                    # The engines publish KV-cache events (the launch recipe): route on them.
+                    "prefix": {
+                        "events": {"endpoints": kv_event_endpoints(r.url for r in replicas)}
+                    },
                 }
             }
         }
@@ -395,3 +400,54 @@ async def test_responses_streamed_and_followed_up_on_the_same_replica(fleet: Rea
             assert follow.parse().previous_response_id == previous
             if replica is not None:
                 assert follow.headers[headers.REPLICA] == replica
+
+
+async def test_kv_events_predict_each_requests_cached_tokens_within_a_block(
+    fleet: RealFleet,
+) -> None:
+    """What the gateway predicted each request would find cached, against the cached_tokens
+    vLLM reported for it: from the engines' KV-cache events, and from the estimate beside it."""
+
+    async def errors() -> dict[str, tuple[float, float]]:
+        samples = await metric_samples(fleet.gateway)
+        out = {}
+        for source in ("events", "estimate"):
+            total = [v for n, lab, v in samples if n.endswith("error_sum") and lab["source"] == source]  # fmt: skip
+            count = [v for n, lab, v in samples if n.endswith("error_count") and lab["source"] == source]  # fmt: skip
+            out[source] = (sum(total), sum(count))
+        return out
+
+    before = await errors()
+    rng = random.Random(7)
+    words = ("cache", "block", "token", "replica", "route", "prefix", "engine", "queue")
+    async with fleet.client() as client:
+        for conversation in range(6):
+            opening = " ".join(rng.choice(words) for _ in range(250 + 40 * conversation))
+            messages: list[dict[str, str]] = [{"role": "user", "content": opening}]
+            for turn in range(3):
+                completion = await client.chat.completions.create(
+                    model=SERVED,
+                    messages=messages,
+                    max_tokens=8,
+                    temperature=0,  # type: ignore[arg-type]
+                )
+                answer = completion.choices[0].message.content or ""
+                messages += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": f"Turn {turn}: and then?"},
+                ]
+                await asyncio.sleep(0.3)  # the engine's events for this step reach the gateway
+    after = await errors()
+    (events_sum, events_n), (estimate_sum, estimate_n) = (
+        tuple(a - b for a, b in zip(after[s], before[s], strict=True))
+        for s in ("events", "estimate")
+    )
+    assert events_n >= 12, after  # most requests were predicted from events
+    events_mae = events_sum / events_n
+    estimate_mae = estimate_sum / max(estimate_n, 1)
+    print(
+        f"cached-token prediction, mean absolute error: events {events_mae:.1f} tokens over the "
+        f"{events_n:.0f} requests held somewhere (tokenized), estimate {estimate_mae:.1f} "
+        f"tokens over all {estimate_n:.0f} (KV block {CPU_BLOCK_SIZE} tokens)"
+    )
+    assert events_mae <= CPU_BLOCK_SIZE, (events_mae, estimate_mae)

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from replica import vllm_launch as launch
-from replica.processes import free_port
+from replica.processes import free_port, kv_events_endpoint
 from replica.vllm_cpu import fleet
 from replica.vllm_cpu.tiny_model import SIZES, default_dir, has_model
 from replica.vllm_launch import (
@@ -51,6 +51,8 @@ def test_gpu_small_profile_renders_the_production_flags() -> None:
     assert "--enforce-eager" not in argv  # CUDA graphs stay on
     assert "--tensor-parallel-size" not in argv
     assert "--quantization" not in argv
+    events = json.loads(option(argv, "--kv-events-config"))
+    assert events["enable_kv_cache_events"] and events["endpoint"] == "tcp://*:5557"
 
 
 def test_gpu_large_profile_splits_70b_over_two_gpus() -> None:
@@ -163,8 +165,14 @@ def test_fleet_replicas_use_the_recipe_with_their_own_core() -> None:
     venv = Path("/opt/venv")
     argv, env = fleet.replica_argv_env(9005, 1, Path("/models/tiny"), "tiny", venv, "bfloat16")
     assert argv == render(
-        cpu_dev_profile("/models/tiny", "tiny", port=9005, core=1, python="/opt/venv/bin/python")
-    )
+        cpu_dev_profile(
+            "/models/tiny", "tiny", port=9005, core=1, python="/opt/venv/bin/python",
+            kv_events_endpoint=kv_events_endpoint(9005),
+        )
+    )  # fmt: skip
+    # Events on an ipc:// socket: vLLM binds it (a tcp://127.0.0.1 endpoint it would connect
+    # to), and only this machine reaches it.
+    assert json.loads(option(argv, "--kv-events-config"))["endpoint"].startswith("ipc://")
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     argv, _ = fleet.replica_argv_env(9005, 1, Path("/models/tiny"), "tiny", venv)
     assert option(argv, "--dtype") == cpu_dtype(fleet.host_cpu_flags())
@@ -241,6 +249,8 @@ for case in json.loads(sys.argv[1]):
         config = engine.create_engine_config()
         result["config_block_size"] = config.cache_config.block_size
         result["config_prefix_caching"] = config.cache_config.enable_prefix_caching
+    events = engine.kv_events_config
+    result["kv_events"] = events.endpoint if events and events.enable_kv_cache_events else None
     results.append(result)
 print(json.dumps(results))
 """
@@ -269,8 +279,11 @@ def test_vllms_own_parser_accepts_every_rendered_profile() -> None:
     profiles = [
         gpu_small_profile(),
         gpu_large_profile(),
-        cpu_dev_profile(str(model_dir), "tiny-llama", port=9001, core=0, python=str(python)),
-    ]
+        cpu_dev_profile(
+            str(model_dir), "tiny-llama", port=9001, core=0, python=str(python),
+            kv_events_endpoint=kv_events_endpoint(9001),
+        ),
+    ]  # fmt: skip
     cases = [
         {
             "argv": _server_args(render(p)),
@@ -310,6 +323,7 @@ def test_vllms_own_parser_accepts_every_rendered_profile() -> None:
             assert seen["gpu_memory_utilization"] == profile.gpu_memory_utilization
         if profile.enable_chunked_prefill:
             assert seen["enable_chunked_prefill"] is True
+        assert seen["kv_events"] == profile.kv_events_endpoint
     cpu = parsed[2]
     assert (cpu["block_size"], cpu["num_gpu_blocks_override"], cpu["max_model_len"]) == (
         32,

@@ -166,6 +166,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-peers", action="store_true", help="gateway targets only")
     parser.add_argument(
+        "--estimate",
+        action="store_true",
+        help="also run prefix-aware on its estimate alone, the replicas' KV-cache events "
+        "unread (what the events are worth)",
+    )
+    parser.add_argument(
         "--window",
         action="append",
         type=parse_window,
@@ -202,6 +208,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         seeds=args.seeds,
         install=not args.no_install,
         peers=not args.no_peers,
+        estimate=args.estimate,
         progress=not args.no_progress,
     )
     try:

@@ -26,7 +26,7 @@ from bench.compare.results import (
     Target,
 )
 from bench.compare.runner import REAL_TIMEOUT_S, SIM_TIMEOUT_S, run_fleet
-from replica.processes import ManagedProcess, start_sim_replicas
+from replica.processes import LOCAL_KV_EVENTS, ManagedProcess, start_sim_replicas
 from replica.sim.config import SimConfig
 
 
@@ -79,7 +79,7 @@ async def run_sim_fleet(
     )
     return await run_fleet(
         fleet,
-        lambda: start_sim_replicas(replicas, model=SIM_MODEL),
+        lambda: start_sim_replicas(replicas, model=SIM_MODEL, kv_events_config=LOCAL_KV_EVENTS),
         SIM_MODEL,
         workloads,
         timeout_s=timeout_s,

@@ -23,8 +23,10 @@ METHOD = [
     "- Targets run one after another on the same replica processes. Each target's router is "
     "started fresh for each workload (no routing state carries over) and stopped after it. "
     "The gateway runs `llm-gateway serve` with a one-pool policy file where only `policy` is "
-    "set (every other value is the default); the peers run with the flags of TOOLS.md and "
-    "their own defaults (bench/peers/).",
+    "set, and `prefix.events.endpoints`, where each replica publishes its KV-cache events "
+    "(every replica here does: vLLM with `--kv-events-config`, the simulated ones in vLLM's "
+    "wire format); every other value is the default. The peers run with the flags of "
+    "TOOLS.md and their own defaults (bench/peers/); neither reads KV events.",
     "- Before each target: wait until no replica runs or queues a request and two scrapes "
     "0.3 s apart agree, POST /reset_prefix_cache to every replica, then check again that the "
     "counters stand still. No target inherits a warm cache.",

@@ -34,12 +34,15 @@ class Target:
     objective_s: float | None = None
     """The TTFT objective the gateway's pool is told (``cost.ttft_objective_s``); None: none.
     The peers take no such setting, so a like-for-like comparison gives it to no target."""
+    source: str | None = None
+    """The gateway pool's ``prefix.source`` (None: the default, events where published)."""
 
     @property
     def label(self) -> str:
         name = "gateway" if self.kind == "gateway" else self.kind
         told = f" (objective {self.objective_s:g} s)" if self.objective_s is not None else ""
-        return f"{name} {self.policy}{told}"
+        source = f" ({self.source})" if self.source is not None else ""
+        return f"{name} {self.policy}{told}{source}"
 
     @property
     def is_peer(self) -> bool:
@@ -52,6 +55,8 @@ ROUND_ROBIN = Target("gateway", "round-robin")
 VLLM_RR = Target("vllm-router", "round_robin")
 VLLM_CA = Target("vllm-router", "cache_aware")
 SGLANG_CA = Target("sglang-router", "cache_aware")
+ESTIMATE_TARGET = Target("gateway", "prefix-aware", source="estimate")
+"""prefix-aware on its estimate alone, the replicas' KV events unread (bench compare --estimate)."""
 GATEWAY_TARGETS = (PREFIX_AWARE, LEAST_LOADED, ROUND_ROBIN)
 PEER_TARGETS = (VLLM_RR, VLLM_CA, SGLANG_CA)
 CACHE_AWARE_PEERS = (VLLM_CA, SGLANG_CA)

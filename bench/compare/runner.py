@@ -30,7 +30,12 @@ from bench.replica_counters import (
     reset_and_verify,
     wait_quiet,
 )
-from replica.processes import ManagedProcess, start_sim_replicas
+from replica.processes import (
+    LOCAL_KV_EVENTS,
+    ManagedProcess,
+    kv_event_endpoints,
+    start_sim_replicas,
+)
 
 CONCURRENCY_CAP = 1024
 """The driver's bound on requests in flight: far above what any run reaches, so load stays
@@ -46,6 +51,11 @@ async def start_target(
     the gateway's pool."""
     if target.kind == "gateway":
         settings = {"model": model, "replicas": list(urls), "policy": target.policy, **(pool or {})}
+        # Every fleet here publishes KV-cache events (run_fleet's replicas are started so).
+        prefix = {**settings.get("prefix", {}), "events": {"endpoints": kv_event_endpoints(urls)}}
+        if target.source is not None:
+            prefix["source"] = target.source
+        settings["prefix"] = prefix
         if target.objective_s is not None:
             cost = {**settings.get("cost", {}), "ttft_objective_s": target.objective_s}
             settings["cost"] = cost
@@ -252,7 +262,9 @@ async def run_sim_variant(
     )
     return await run_fleet(
         fleet,
-        lambda: start_sim_replicas(replicas, model=SIM_MODEL, **variant.sim_settings),
+        lambda: start_sim_replicas(
+            replicas, model=SIM_MODEL, **variant.sim_settings, kv_events_config=LOCAL_KV_EVENTS
+        ),
         SIM_MODEL,
         workloads,
         timeout_s=SIM_TIMEOUT_S,

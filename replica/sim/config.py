@@ -48,6 +48,11 @@ class SimConfig(BaseModel):
         "name=path pairs (or bare names), separated by spaces or commas",
     )
     embedding_dim: int = Field(32, ge=1, description="length of /v1/embeddings vectors")
+    kv_events_config: str = Field(
+        "",
+        description="publish KV-cache events as vLLM's --kv-events-config does: its JSON, "
+        'e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557"}\'',
+    )
 
     def adapters(self) -> dict[str, str]:
         """Adapter name -> its path, as /v1/models lists it (a bare name is its own path)."""

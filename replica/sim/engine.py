@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from replica.sim.config import SimConfig
 from replica.sim.kv_cache import Allocation, KVCache
-from replica.sim.tokenizer import output_token, prompt_hash
+from replica.sim.kv_events import EventPublisher, KvEventsConfig
+from replica.sim.tokenizer import adapter_salt, output_token, prompt_hash
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,11 @@ class Engine:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.kv_cache = KVCache(config.num_blocks, config.block_size)
+        events = KvEventsConfig.parse(config.kv_events_config)
+        self._publisher = EventPublisher(events) if events is not None else None
+        if self._publisher is not None:
+            self.kv_cache.events = []
+        self._adapters = {adapter_salt(config.model, name): name for name in config.adapters()}
         self.stats = EngineStats()
         self._waiting: deque[SimRequest] = deque()
         self._running: list[SimRequest] = []
@@ -190,7 +196,15 @@ class Engine:
         self._wakeup.set()
 
     def reset_prefix_cache(self) -> int:
-        return self.kv_cache.reset()
+        dropped = self.kv_cache.reset()
+        self._publish()
+        return dropped
+
+    def _publish(self) -> None:
+        events = self.kv_cache.events
+        if events and self._publisher is not None:
+            self._publisher.publish(events[:])
+            events.clear()
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every queued and running request to finish."""
@@ -209,6 +223,9 @@ class Engine:
             self._task = None
         for request in [*self._running, *self._waiting]:
             self.abort(request)
+        if self._publisher is not None:
+            await self._publisher.close()
+            self._publisher = None
 
     def _ensure_loop(self) -> None:
         if self._task is None or self._task.done():
@@ -228,6 +245,7 @@ class Engine:
         self._step_end = time.monotonic()
         while True:
             self._admit()
+            self._publish()
             if not self._running:
                 # Idle (or, impossibly, blocked with nothing running): sleep until submit/abort.
                 if not self._waiting:
@@ -237,13 +255,15 @@ class Engine:
                 self._step_end = time.monotonic()
                 continue
             await self._step()
+            self._publish()
 
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self.config.max_num_seqs:
             request = self._waiting[0]
             allocation = self.kv_cache.lookup_and_allocate(
-                request.prompt_tokens, request.max_tokens, request.salt
-            )
+                request.prompt_tokens, request.max_tokens, request.salt,
+                self._adapters.get(request.salt) if request.salt else None,
+            )  # fmt: skip
             if allocation is None:
                 break  # FCFS: the head waits for blocks, nobody overtakes it
             self._waiting.popleft()

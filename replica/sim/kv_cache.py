@@ -10,9 +10,11 @@ until an allocation needs the space, then the least recently used one is evicted
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import xxhash
 
+from replica.sim.kv_events import ALL_BLOCKS_CLEARED, block_removed, block_stored
 from replica.sim.tokenizer import token_bytes
 
 _TOKEN_WIDTH = 8  # bytes per token id in token_bytes()
@@ -41,6 +43,9 @@ class Allocation:
     num_cached_tokens: int
     num_committed_blocks: int = 0
     freed: bool = field(default=False)
+    tokens: Sequence[int] = ()
+    """The prompt (kept only while KV events are on: a stored block's event carries them)."""
+    lora_name: str | None = None
 
 
 class KVCache:
@@ -55,12 +60,14 @@ class KVCache:
         # Unpinned blocks: those holding nothing are handed out before any cached one is evicted.
         self._empty: list[int] = list(range(num_blocks - 1, -1, -1))
         self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self.events: list[dict[str, Any]] | None = None
+        """What changed since the engine last published (None: KV events are off)."""
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def lookup_and_allocate(
-        self, tokens: Sequence[int], extra_tokens: int, salt: int = 0
+        self, tokens: Sequence[int], extra_tokens: int, salt: int = 0, lora_name: str | None = None
     ) -> Allocation | None:
         """Pin the cached prefix of ``tokens`` and allocate the rest of prompt + extra_tokens.
 
@@ -85,6 +92,8 @@ class KVCache:
             num_hit_blocks=len(hits),
             num_cached_tokens=len(hits) * self.block_size,
             num_committed_blocks=len(hits),
+            tokens=tokens if self.events is not None else (),
+            lora_name=lora_name,
         )
 
     def cached_prefix_tokens(self, tokens: Sequence[int]) -> int:
@@ -111,6 +120,8 @@ class KVCache:
             old_hash = self._hash[block_id]
             if old_hash is not None and self._cached.get(old_hash) == block_id:
                 del self._cached[old_hash]
+                if self.events is not None:
+                    self.events.append(block_removed([old_hash]))
             self._hash[block_id] = None
         self._ref[block_id] = 1
         return block_id
@@ -126,6 +137,7 @@ class KVCache:
         done = len(allocation.prompt_hashes)
         if num_computed_tokens is not None:
             done = min(done, num_computed_tokens // self.block_size)
+        stored: list[int] = []
         for i in range(allocation.num_committed_blocks, done):
             block_hash = allocation.prompt_hashes[i]
             # A concurrent request may have committed the same content first: keep that one.
@@ -133,7 +145,26 @@ class KVCache:
                 block_id = allocation.block_ids[i]
                 self._cached[block_hash] = block_id
                 self._hash[block_id] = block_hash
+                stored.append(i)
         allocation.num_committed_blocks = max(allocation.num_committed_blocks, done)
+        if stored and self.events is not None:
+            self._note_stored(allocation, stored)
+
+    def _note_stored(self, allocation: Allocation, stored: list[int]) -> None:
+        """One BlockStored per run of consecutive new blocks, as vLLM reports them."""
+        size, hashes = self.block_size, allocation.prompt_hashes
+        assert self.events is not None
+        start = prev = stored[0]
+        for i in [*stored[1:], -1]:
+            if i == prev + 1:
+                prev = i
+                continue
+            parent = hashes[start - 1] if start else None
+            tokens = allocation.tokens[start * size : (prev + 1) * size]
+            self.events.append(
+                block_stored(hashes[start : prev + 1], parent, tokens, size, allocation.lora_name)
+            )
+            start = prev = i
 
     def free(self, allocation: Allocation) -> None:
         """Unpin a request's blocks; cached ones stay findable until evicted. Idempotent."""
@@ -168,4 +199,6 @@ class KVCache:
         self._cached.clear()
         self._empty.extend(reversed(self._evictable))
         self._evictable.clear()
+        if self.events is not None:
+            self.events.append(ALL_BLOCKS_CLEARED)
         return dropped

@@ -14,7 +14,13 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from replica.processes import ManagedProcess, python_check, start_all, start_on_free_port
+from replica.processes import (
+    ManagedProcess,
+    kv_events_endpoint,
+    python_check,
+    start_all,
+    start_on_free_port,
+)
 from replica.vllm_cpu.tiny_model import default_dir, has_model
 from replica.vllm_launch import CPU_HOST, cpu_dev_profile, cpu_dtype, environment, render
 
@@ -157,10 +163,12 @@ def replica_argv_env(
     served_model_name: str,
     venv: Path,
     dtype: str | None = None,
+    kv_events: bool = True,
 ) -> tuple[list[str], dict[str, str]]:
     """One CPU replica's command line and extra environment, from the launch recipe.
 
-    With no ``dtype``, the one this host runs fastest (bf16 only where its matmul is native).
+    With no ``dtype``, the one this host runs fastest (bf16 only where its matmul is native);
+    ``kv_events``: it publishes KV-cache events at kv_events_endpoint(port).
     """
     profile = cpu_dev_profile(
         str(model_dir),
@@ -169,6 +177,7 @@ def replica_argv_env(
         core=core,
         python=str(venv_python(venv)),
         dtype=dtype or cpu_dtype(host_cpu_flags()),
+        kv_events_endpoint=kv_events_endpoint(port) if kv_events else None,
     )
     return render(profile), environment(profile)
 
@@ -181,9 +190,12 @@ def _build(
     venv: Path,
     keep_log: bool,
     dtype: str | None,
+    kv_events: bool,
 ) -> Callable[[int], VllmCpuReplica]:
     def build(port: int) -> VllmCpuReplica:
-        argv, env = replica_argv_env(port, core, model_dir, served_model_name, venv, dtype)
+        argv, env = replica_argv_env(
+            port, core, model_dir, served_model_name, venv, dtype, kv_events
+        )
         return VllmCpuReplica(
             argv, f"http://{CPU_HOST}:{port}", env=env, name=f"vllm-cpu-{index}", keep_log=keep_log
         )
@@ -201,6 +213,7 @@ async def start_vllm_cpu_replicas(
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
     keep_logs: bool = False,
     dtype: str | None = None,
+    kv_events: bool = True,
 ) -> list[ManagedProcess]:
     """Start ``n`` real vLLM CPU replicas at once, replica i on core ``cores[i]`` (default i).
 
@@ -208,6 +221,7 @@ async def start_vllm_cpu_replicas(
     ProcessStartError (with the failing replica's log tail). Each logs to a file of its own
     (``process.log_path``), removed after a clean stop unless ``keep_logs``. Stop each with
     ``await process.stop()``. ``dtype`` None picks the host's fastest (see replica_argv_env).
+    ``kv_events``: each publishes KV-cache events (replica.processes.kv_event_endpoints).
     """
     model_dir = (model_dir or default_dir("tiny")).resolve()
     venv = venv or default_venv()
@@ -223,7 +237,7 @@ async def start_vllm_cpu_replicas(
 
     return await start_all(
         start_on_free_port(
-            _build(i, core, model_dir, served_model_name, venv, keep_logs, dtype),
+            _build(i, core, model_dir, served_model_name, venv, keep_logs, dtype, kv_events),
             start,
             host=CPU_HOST,
         )

@@ -49,6 +49,10 @@ class SelectionPolicy:
     def record(self, request: RequestFeatures, decision: Decision, now: float) -> None:
         """Called once the request is dispatched where ``decision`` says."""
 
+    def estimated_cached_bytes(self, replica: str, request: RequestFeatures) -> int:
+        """Bytes of the request's prompt the policy's own index says the replica holds."""
+        return 0
+
     def size_index(self, replica: str, blocks: int) -> None:
         """The replica's KV cache holds about ``blocks`` fingerprint blocks."""
 

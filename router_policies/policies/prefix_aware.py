@@ -87,6 +87,9 @@ class PrefixAware(SelectionPolicy):
         index = self._indexes.get(replica)
         return index.match_length(request.block_hashes) if index is not None else 0
 
+    def estimated_cached_bytes(self, replica: str, request: RequestFeatures) -> int:
+        return min(self.layout.end(self.matched_blocks(replica, request)), request.hashed_bytes)
+
     def record(self, request: RequestFeatures, decision: Decision, now: float) -> None:
         index = self._index(decision.replica)
         added = index.insert(request.block_hashes)
@@ -122,6 +125,10 @@ class PrefixAware(SelectionPolicy):
         total = request.hashed_bytes
         blocks = [self.matched_blocks(c.name, request) for c in candidates]
         matched = [min(self.layout.end(b), total) for b in blocks]
+        for i, c in enumerate(candidates):
+            if c.held_bytes is not None:
+                matched[i] = min(c.held_bytes, total)
+                blocks[i] = self.layout.blocks_within(matched[i])
         spread_homes = self._spread_homes(request, snapshot, matched) if has_home else set()
         per_token_bytes = snapshot.chars_per_token
         prompt_tokens = total / per_token_bytes

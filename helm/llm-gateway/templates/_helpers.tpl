@@ -121,6 +121,7 @@ args: {{ toYaml $args | nindent 2 }}
 env: {{ toYaml ($p.env | default dict) | nindent 2 }}
 port: {{ int $p.port }}
 tensorParallelSize: {{ int $p.tensorParallelSize }}
+kvEventsPort: {{ $p.kvEventsPort | default 0 | int }}
 servedModelName: {{ $served | quote }}
 managed: {{ $managed }}
 urls: {{ toYaml $urls | nindent 2 }}
@@ -135,6 +136,9 @@ urls: {{ toYaml $urls | nindent 2 }}
 {{- $launch := include "llm-gateway.launch" (list $root $name $pool) | fromYaml -}}
 {{- $autoscale := dict "min_replicas" (int $pool.autoscaling.minReplicas) "max_replicas" (int $pool.autoscaling.maxReplicas) -}}
 {{- $entry := dict "model" $launch.servedModelName "replicas" $launch.urls "tensor_parallel_size" $launch.tensorParallelSize "autoscale" $autoscale -}}
+{{- if and $launch.managed $launch.kvEventsPort -}}
+{{- $_ := set $entry "prefix" (dict "events" (dict "port" (int $launch.kvEventsPort))) -}}
+{{- end -}}
 {{- $_ := set $pools $name (mergeOverwrite $entry (deepCopy ($pool.policy | default dict))) -}}
 {{- end -}}
 {{- $policy := dict "pools" $pools -}}

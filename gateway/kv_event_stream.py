@@ -1,0 +1,216 @@
+"""One replica's KV-cache event stream (vLLM's ``--kv-events-config``): the subscription, its
+sequence numbers and replay, and whether what it built can be trusted right now.
+
+The wire format is vLLM's (``vllm/distributed/kv_events.py``; replica/sim/kv_events.py speaks
+it too): ``(topic, seq, payload)`` messages, ``seq`` 8 bytes big-endian, ``payload`` a msgpack
+``[ts, events, data_parallel_rank]`` whose events are maps tagged by ``type``. The stream is
+exact while its sequence has no hole. A hole the replay endpoint cannot fill, or a replica
+that computed new blocks without reporting them for ``stall_s``, sends routing back to the
+estimate for that replica (one log line, a metric); a hole clears what was built, and after
+``resync_s`` of a clean stream it is exact again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from router_policies.block_layout import BlockLayout
+from router_policies.engine_blocks import EngineBlocks, cached_tokens, leading, root_key
+from router_policies.fingerprint import RequestFeatures
+
+log = logging.getLogger(__name__)
+
+_END_SEQ = -1
+_REPLAY_TIMEOUT_S = 1.0
+_GPU_MEDIA = frozenset((None, "GPU", "gpu"))
+"""Blocks in the engine's own cache; offloaded copies (CPU, storage) are not prefix hits."""
+
+
+class EventStream:
+    """What one replica's engine holds, as its events say, and whether to believe it now."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        replay: str | None = None,
+        topic: str = "",
+        stall_s: float = 5.0,
+        resync_s: float = 30.0,
+    ) -> None:
+        self.endpoint = endpoint
+        self.replay = replay
+        self.topic = topic
+        self.stall_s = stall_s
+        self.resync_s = resync_s
+        self.blocks = EngineBlocks()
+        self.next_seq: int | None = None
+        """The sequence number expected next (None before the first message)."""
+        self.lost_until = 0.0
+        """Monotonic time until which a hole's aftermath keeps the stream inexact."""
+        self.expect_since: float | None = None
+        """When the replica first computed blocks it has not reported yet."""
+        self.gaps = 0
+        """Holes the replay could not fill (a metric's count)."""
+        self.inflight: Counter[int] = Counter()
+        """Fingerprint blocks of the requests in flight here: the engine stores their blocks
+        once it has prefilled them, and until its events say so, a request sharing their
+        prefix must still find them here."""
+        self._decode = msgspec.msgpack.Decoder().decode
+
+    def exact(self, now: float) -> bool:
+        if self.next_seq is None or now < self.lost_until:
+            return False
+        return self.expect_since is None or now - self.expect_since < self.stall_s
+
+    def cached(self, request: RequestFeatures) -> int:
+        """Tokens of ``request`` its engine would reuse (needs the request's token keys)."""
+        matched = self.blocks.match(request.token_keys)
+        return cached_tokens(matched, request.prompt_tokens, self.blocks.block_size)
+
+    def held_bytes(self, request: RequestFeatures, layout: BlockLayout) -> int:
+        """Bytes of the (tokenized) request's canonical prompt the engine holds, by its
+        events, or is prefilling for requests in flight here, by their fingerprints."""
+        held = 0
+        if request.prompt_tokens:
+            held = self.cached(request) * request.hashed_bytes // request.prompt_tokens
+        if self.inflight:
+            inflight = leading(request.block_hashes, self.inflight)
+            held = max(held, min(layout.end(inflight), request.hashed_bytes))
+        return held
+
+    def dispatched(self, request: RequestFeatures, now: float) -> int | None:
+        """A request sent here: in flight until it ends; the tokens the events say the engine
+        holds of it (None where it was not tokenized or the stream is not exact)."""
+        self.inflight.update(request.block_hashes)
+        return self.cached(request) if request.token_keys and self.exact(now) else None
+
+    def ended(self, request: RequestFeatures, uncached_tokens: float, now: float) -> None:
+        inflight = self.inflight
+        inflight.subtract(request.block_hashes)
+        for key in request.block_hashes:
+            if inflight[key] <= 0:
+                del inflight[key]
+        if uncached_tokens >= 2 * self.blocks.block_size:
+            self.expect(now)  # it computed whole new blocks: their events are due
+
+    def expect(self, now: float) -> None:
+        """The replica computed whole new blocks: their events are due."""
+        if self.expect_since is None:
+            self.expect_since = now
+
+    def reset(self) -> None:
+        """The replica went down: it may come back with an empty cache and a new sequence."""
+        self.blocks.clear()
+        self.next_seq = None
+        self.expect_since = None
+
+    def apply(self, seq: int, payload: bytes) -> None:
+        if self.next_seq is not None and seq < self.next_seq:
+            # The publisher started over (the engine restarted): its cache is new.
+            self.blocks.clear()
+        self.next_seq = seq + 1
+        self.expect_since = None
+        _ts, events, *_ = self._decode(payload)
+        blocks = self.blocks
+        for event in events:
+            kind = event.get("type")
+            if kind == "BlockStored":
+                if event.get("medium") in _GPU_MEDIA and not event.get("group_idx"):
+                    _stored(blocks, event)
+            elif kind == "BlockRemoved":
+                if event.get("medium") in _GPU_MEDIA and not event.get("group_idx"):
+                    blocks.removed(event["block_hashes"])
+            elif kind == "AllBlocksCleared":
+                blocks.clear()
+
+    def lost(self, now: float, replica: str) -> None:
+        """A hole nothing could fill: what was built may hold evicted blocks."""
+        self.blocks.clear()
+        self.gaps += 1
+        self.lost_until = now + self.resync_s
+        log.warning(
+            "KV events of replica %s lost a message: routing there on the estimate for %.0f s",
+            replica, self.resync_s,
+        )  # fmt: skip
+
+    async def run(self, replica: str) -> None:
+        """Subscribes until cancelled."""
+        ctx = zmq.asyncio.Context.instance()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+        sub.connect(self.endpoint)
+        try:
+            while True:
+                frames = await sub.recv_multipart()
+                if len(frames) != 3:
+                    continue
+                seq = int.from_bytes(frames[1], "big", signed=True)
+                expected = self.next_seq
+                if expected is not None and seq > expected:
+                    if not await self._replay(ctx, expected, seq):
+                        self.lost(time.monotonic(), replica)
+                elif expected is None and seq > 0 and self.replay:
+                    # Joined mid-stream: what the replay still buffers tells what came before.
+                    self.next_seq = 0
+                    await self._replay(ctx, 0, seq)
+                self.apply(seq, frames[2])
+        finally:
+            sub.close(linger=0)
+
+    async def _replay(self, ctx: zmq.asyncio.Context, first: int, until: int) -> bool:
+        """Fills the hole [first, until) from the replay endpoint; whether it did."""
+        if not self.replay:
+            return False
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(self.replay)
+        filled = first
+        try:
+            await sock.send_multipart((b"", first.to_bytes(8, "big")))
+            while True:
+                frames = await asyncio.wait_for(sock.recv_multipart(), _REPLAY_TIMEOUT_S)
+                if len(frames) != 4:
+                    continue
+                seq = int.from_bytes(frames[2], "big", signed=True)
+                if seq == _END_SEQ:
+                    break
+                if filled <= seq < until and seq == filled:
+                    self.apply(seq, frames[3])
+                    filled = seq + 1
+        except TimeoutError:
+            pass
+        finally:
+            sock.close(linger=0)
+        return filled >= until
+
+
+def _stored(blocks: EngineBlocks, event: dict[str, Any]) -> None:
+    lora = event.get("lora_name")
+    extra: Sequence[Any] | None = event.get("extra_keys")
+    hashes = event["block_hashes"]
+    salt = None
+    keyable = None
+    if extra:
+        keyable = []
+        for i, keys in enumerate(extra[: len(hashes)]):
+            items = list(keys or ())
+            if lora is not None and items and items[0] == lora:
+                items = items[1:]
+            strings = [k for k in items if isinstance(k, str)]
+            # An image's or an embedding's key is not in the tokens: nothing matches it.
+            keyable.append(len(strings) == len(items))
+            if i == 0 and strings:
+                salt = strings[0]
+    root = root_key(lora, salt)
+    blocks.stored(
+        hashes, event.get("parent_block_hash"), event["token_ids"], event["block_size"], root,
+        keyable,
+    )  # fmt: skip

@@ -1,0 +1,73 @@
+"""Subscriptions to the replicas' KV-cache events: one stream task per replica that publishes
+(prefix.source auto or events, an endpoint configured), reconciled with the fleet every
+second, so a policy reload or a replica's restart is picked up without restarting the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from gateway.background import stop_tasks
+from gateway.kv_event_stream import EventStream
+from gateway.replica_state import ReplicaState
+from gateway.state import Fleet
+
+log = logging.getLogger(__name__)
+
+_RECONCILE_S = 1.0
+
+
+class KvEventSubscriptions:
+    def __init__(self, current: Callable[[], Fleet]) -> None:
+        self._current = current
+        self._tasks: dict[int, tuple[ReplicaState, asyncio.Task[None]]] = {}
+        self._loop: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.reconcile()
+        self._loop = asyncio.create_task(self._every_second(), name="KV event subscriptions")
+
+    async def stop(self) -> None:
+        tasks = [task for _, task in self._tasks.values()]
+        if self._loop is not None:
+            tasks.append(self._loop)
+        await stop_tasks(tasks)
+        self._tasks.clear()
+
+    async def _every_second(self) -> None:
+        while True:
+            await asyncio.sleep(_RECONCILE_S)
+            self.reconcile()
+
+    def reconcile(self) -> None:
+        wanted: set[int] = set()
+        for pool, replica in self._current().replicas():
+            where = pool.policy.events_endpoint(replica.url)
+            if where is None:
+                replica.kv_events = None
+                continue
+            settings = pool.policy.prefix.events
+            stream = replica.kv_events
+            if stream is None or (stream.endpoint, stream.replay, stream.topic) != (
+                where.endpoint,
+                where.replay,
+                settings.topic,
+            ):
+                stream = replica.kv_events = EventStream(
+                    where.endpoint, where.replay, settings.topic
+                )
+            stream.stall_s, stream.resync_s = settings.stall_s, settings.resync_s
+            if not replica.healthy and stream.next_seq is not None:
+                log.info("replica %s is down: its KV-event index starts over", replica.name)
+                stream.reset()
+            wanted.add(id(stream))
+            if id(stream) not in self._tasks:
+                task = asyncio.create_task(
+                    stream.run(replica.name), name=f"KV events of {replica.name}"
+                )
+                self._tasks[id(stream)] = (replica, task)
+        for key in [k for k in self._tasks if k not in wanted]:
+            _, task = self._tasks.pop(key)
+            task.cancel()

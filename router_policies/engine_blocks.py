@@ -1,0 +1,125 @@
+"""What one replica's engine holds, exactly: the blocks its KV-cache events say it stored and
+has not evicted (vLLM's ``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``).
+
+The engine's own block hashes depend on its hash function and a per-process seed, so they are
+not recomputed here: each stored block is re-keyed by its token ids, chained through its parent
+(the first block seeded by the adapter and cache salt, which the engine keys its blocks by too),
+and a request's tokens are keyed the same way (``token_block_keys``) to be matched against it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Container, Hashable, Sequence
+
+import xxhash
+
+EngineHash = Hashable
+"""An engine's block hash as its events carry it (vLLM: bytes or int)."""
+
+
+def root_key(lora_name: str | None, cache_salt: str | None) -> int:
+    """Seed of a chain's first block: engines never share blocks across adapters or salts."""
+    return xxhash.xxh3_64_intdigest(f"{lora_name or ''}\x00{cache_salt or ''}".encode())
+
+
+def token_block_keys(tokens: Sequence[int], block_size: int, root: int) -> tuple[int, ...]:
+    """Chained keys of the full blocks of ``tokens``: key i identifies blocks 0..i."""
+    data = array("q", tokens).tobytes()
+    stride = block_size * 8
+    digest = xxhash.xxh3_64_intdigest
+    keys: list[int] = []
+    prev = root
+    for start in range(0, (len(tokens) // block_size) * stride, stride):
+        prev = digest(data[start : start + stride], prev)
+        keys.append(prev)
+    return tuple(keys)
+
+
+def leading(keys: Sequence[int], held: Container[int]) -> int:
+    """How many of ``keys``, from the first, are in ``held``. A scan, not a bisection: an
+    engine's cache need not stay prefix-closed."""
+    for i, key in enumerate(keys):
+        if key not in held:
+            return i
+    return len(keys)
+
+
+def cached_tokens(matched_blocks: int, prompt_tokens: int, block_size: int) -> int:
+    """Tokens an engine reuses for a prompt whose first ``matched_blocks`` it holds: whole
+    blocks, short of the last prompt token, which it always recomputes for its logits."""
+    usable = max(prompt_tokens - 1, 0) // block_size if block_size else 0
+    return min(matched_blocks, usable) * block_size
+
+
+class EngineBlocks:
+    """The blocks one engine holds, keyed by their tokens (see the module docstring)."""
+
+    __slots__ = ("_copies", "_key", "block_size")
+
+    def __init__(self) -> None:
+        self._key: dict[EngineHash, int | None] = {}
+        """Engine hash -> our key; None for a block that cannot be keyed (its parent came before
+        the gateway listened, or it holds images): its descendants cannot be keyed either."""
+        self._copies: dict[int, int] = {}
+        """Our key -> how many of the engine's blocks hold it (an engine may compute one
+        content twice, in two concurrent requests, and evicts the copies one at a time)."""
+        self.block_size = 0
+        """Tokens per block, from the events (0 until the first one)."""
+
+    def __len__(self) -> int:
+        return len(self._copies)
+
+    def stored(
+        self,
+        hashes: Sequence[EngineHash],
+        parent: EngineHash | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        root: int,
+        keyable: Sequence[bool] | None = None,
+    ) -> None:
+        """Blocks the engine stored, in chain order; ``keyable[i]`` False for a block whose
+        engine key holds more than its tokens (an image's): no request's tokens match it."""
+        self.block_size = block_size
+        prev = root if parent is None else self._key.get(parent)
+        digest = xxhash.xxh3_64_intdigest
+        data = array("q", token_ids).tobytes()
+        stride = block_size * 8
+        for i, engine_hash in enumerate(hashes):
+            if prev is not None and (keyable is None or keyable[i]):
+                prev = digest(data[i * stride : (i + 1) * stride], prev)
+            else:
+                prev = None
+            if engine_hash in self._key:
+                # A second copy of a block already held: the same content, the same key.
+                self._count(self._key[engine_hash], 1)
+                continue
+            self._key[engine_hash] = prev
+            self._count(prev, 1)
+
+    def removed(self, hashes: Sequence[EngineHash]) -> None:
+        for engine_hash in hashes:
+            if engine_hash not in self._key:
+                continue
+            key = self._key[engine_hash]
+            if key is None or self._count(key, -1) == 0:
+                del self._key[engine_hash]
+
+    def clear(self) -> None:
+        self._key.clear()
+        self._copies.clear()
+
+    def match(self, keys: Sequence[int]) -> int:
+        """Leading blocks of a request (its ``token_block_keys``) the engine holds."""
+        return leading(keys, self._copies)
+
+    def _count(self, key: int | None, delta: int) -> int:
+        if key is None:
+            return 0
+        left = self._copies.get(key, 0) + delta
+        if left > 0:
+            self._copies[key] = left
+        else:
+            self._copies.pop(key, None)
+        return left

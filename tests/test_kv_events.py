@@ -1,0 +1,294 @@
+"""Routing on what each engine says it holds: vLLM's KV-cache events (BlockStored, BlockRemoved,
+AllBlocksCleared over ZeroMQ), published by the simulated replica in vLLM's wire format and
+read by the gateway, with the estimate as the fallback whenever the stream cannot be trusted."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+from openai import AsyncOpenAI
+from pydantic import ValidationError
+
+from gateway.kv_event_stream import EventStream
+from gateway.request_body import Endpoint, parse_request
+from gateway.state import PoolState
+from gateway.tokenize import TokenKeys, worth_tokenizing
+from replica.processes import free_port
+from replica.sim.kv_events import (
+    ALL_BLOCKS_CLEARED,
+    EventPublisher,
+    KvEventsConfig,
+    block_removed,
+    block_stored,
+)
+from router_policies.block_layout import BlockLayout
+from router_policies.decision import Decision, Route
+from router_policies.engine_blocks import EngineBlocks, cached_tokens, root_key, token_block_keys
+from router_policies.fingerprint import CanonicalPrompt, fingerprint
+from router_policies.schema import parse_policy
+from tests.conftest import MODEL, in_process_gateway, in_process_sims, metric, pool_policy
+
+ROOT = root_key(None, None)
+TOKENS = list(range(1000, 1064))  # four blocks of 16
+
+
+def stored_chain(blocks: EngineBlocks, tokens: list[int], first_hash: int = 1) -> list[int]:
+    """Stores ``tokens`` as one chain of 16-token blocks; returns the engine hashes used."""
+    hashes = list(range(first_hash, first_hash + len(tokens) // 16))
+    blocks.stored(hashes, None, tokens, 16, ROOT)
+    return hashes
+
+
+def payload(*events: dict[str, Any]) -> bytes:
+    return msgspec.msgpack.encode([time.time(), list(events), 0])
+
+
+class TestEngineBlocks:
+    def test_a_stored_chain_matches_the_requests_token_blocks(self) -> None:
+        blocks = EngineBlocks()
+        stored_chain(blocks, TOKENS)
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 4
+        longer = TOKENS + list(range(5000, 5032))
+        assert blocks.match(token_block_keys(longer, 16, ROOT)) == 4
+        other = [7, *TOKENS[1:]]
+        assert blocks.match(token_block_keys(other, 16, ROOT)) == 0
+
+    def test_a_removed_block_ends_the_match_there(self) -> None:
+        blocks = EngineBlocks()
+        hashes = stored_chain(blocks, TOKENS)
+        blocks.removed([hashes[2]])
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 2
+
+    def test_a_block_stored_twice_is_held_until_both_copies_go(self) -> None:
+        blocks = EngineBlocks()
+        hashes = stored_chain(blocks, TOKENS)
+        stored_chain(blocks, TOKENS)
+        blocks.removed([hashes[0]])
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 4
+        blocks.removed([hashes[0]])
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+
+    def test_children_of_a_block_stored_before_the_gateway_listened_cannot_be_keyed(self) -> None:
+        blocks = EngineBlocks()
+        blocks.stored([2, 3], 1, TOKENS[16:48], 16, ROOT)  # parent 1 never seen
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+        assert len(blocks) == 0
+
+    def test_an_adapters_blocks_match_only_that_adapter(self) -> None:
+        blocks = EngineBlocks()
+        blocks.stored([1, 2], None, TOKENS[:32], 16, root_key("sql-lora", None))
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+        assert blocks.match(token_block_keys(TOKENS, 16, root_key("sql-lora", None))) == 2
+
+    def test_the_engine_never_reuses_the_prompts_last_token(self) -> None:
+        assert cached_tokens(4, 64, 16) == 48  # 63 tokens reusable: 3 whole blocks
+        assert cached_tokens(4, 65, 16) == 64
+        assert cached_tokens(2, 65, 16) == 32
+
+
+class TestEventStream:
+    def test_events_in_vllms_wire_format_build_the_index(self) -> None:
+        stream = EventStream("tcp://unused")
+        stream.apply(0, payload(block_stored([1, 2, 3, 4], None, TOKENS, 16, None)))
+        stream.apply(1, payload(block_removed([4])))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 3
+        stream.apply(2, payload(ALL_BLOCKS_CLEARED))
+        assert len(stream.blocks) == 0
+
+    def test_a_cache_salt_in_the_extra_keys_seeds_the_chain(self) -> None:
+        stream = EventStream("tcp://unused")
+        event = block_stored([1, 2], None, TOKENS[:32], 16, None)
+        event["extra_keys"] = [["tenant-a"], None]
+        stream.apply(0, payload(event))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, root_key(None, "tenant-a"))) == 2
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+
+    def test_exact_from_the_first_message_on(self) -> None:
+        stream = EventStream("tcp://unused")
+        assert not stream.exact(time.monotonic())
+        stream.apply(0, payload())
+        assert stream.exact(time.monotonic())
+
+    def test_a_lost_message_falls_back_to_the_estimate_for_resync_s(self) -> None:
+        stream = EventStream("tcp://unused", resync_s=30.0)
+        stream.apply(0, payload(block_stored([1], None, TOKENS[:16], 16, None)))
+        now = time.monotonic()
+        stream.lost(now, "replica")
+        assert not stream.exact(now + 29.0)
+        assert stream.exact(now + 31.0)
+        assert len(stream.blocks) == 0 and stream.gaps == 1
+
+    def test_a_replica_silent_about_blocks_it_computed_stalls_after_stall_s(self) -> None:
+        stream = EventStream("tcp://unused", stall_s=5.0)
+        stream.apply(0, payload())
+        now = time.monotonic()
+        stream.expect(now)
+        assert stream.exact(now + 4.0)
+        assert not stream.exact(now + 6.0)
+        stream.apply(1, payload())
+        assert stream.exact(now + 6.0)
+
+    def test_a_sequence_that_starts_over_is_a_restarted_engine(self) -> None:
+        stream = EventStream("tcp://unused")
+        stream.apply(5, payload(block_stored([1], None, TOKENS[:16], 16, None)))
+        stream.apply(0, payload())
+        assert len(stream.blocks) == 0
+
+
+async def test_a_subscriber_joining_late_is_replayed_what_it_missed() -> None:
+    pub, replay = free_port(), free_port()
+    publisher = EventPublisher(
+        KvEventsConfig(
+            enable_kv_cache_events=True,
+            endpoint=f"tcp://127.0.0.1:{pub}",
+            replay_endpoint=f"tcp://127.0.0.1:{replay}",
+        )
+    )
+    stream = EventStream(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
+    task = asyncio.create_task(stream.run("replica"))
+    try:
+        publisher.publish([block_stored([1, 2], None, TOKENS[:32], 16, None)])
+        publisher.publish([block_stored([3], 2, TOKENS[32:48], 16, None)])
+        # The subscription may miss these (ZeroMQ's slow joiner); the replay must not.
+        deadline = time.monotonic() + 10
+        while stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) < 4:
+            assert time.monotonic() < deadline, "replayed blocks never arrived"
+            publisher.publish([block_stored([4], 3, TOKENS[48:64], 16, None)])
+            await asyncio.sleep(0.1)
+        assert stream.gaps == 0
+    finally:
+        task.cancel()
+        await publisher.close()
+
+
+def test_a_request_in_flight_counts_as_held_where_it_went_until_its_blocks_are_stored() -> None:
+    stream = EventStream("tcp://unused")
+    layout = BlockLayout(128, 16)
+    prompt = fingerprint("m", b"x" * 4096, layout, 4096)
+    request = replace(prompt, token_keys=(1, 2), prompt_tokens=1024)
+    assert stream.held_bytes(request, layout) == 0
+    assert stream.dispatched(request, time.monotonic()) is None  # no event yet: not exact
+    assert stream.held_bytes(request, layout) == 4096
+    stream.ended(request, 0.0, time.monotonic())
+    assert stream.held_bytes(request, layout) == 0 and not stream.inflight
+
+
+async def test_a_failed_tokenize_leaves_the_request_on_the_estimate() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    policy = parse_policy(pool_policy([url], prefix={"events": {"port": free_port()}}))
+    pool = PoolState("small", policy.pools["small"])
+    (replica,) = pool.replicas.values()
+    replica.kv_events = stream = EventStream("tcp://unused")
+    stream.apply(0, payload(block_stored([1], None, TOKENS[:16], 16, None)))
+    features = pool.router.features(MODEL, lambda: CanonicalPrompt(b"y" * 2048))
+    pool.end(pool.begin(Decision(replica.name, Route.PREFIX_HOME), features))
+    assert worth_tokenizing(pool, features, time.monotonic()) == 16  # held: worth asking
+    parsed = parse_request(Endpoint.COMPLETIONS, b'{"model": "sim-model", "prompt": "y"}', 64)
+    async with aiohttp.ClientSession() as session:
+        attached = await TokenKeys(session).attach(pool, parsed, features)
+    assert attached is features
+
+
+def events_config(port: int, replay: int | None = None) -> str:
+    config: dict[str, Any] = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}"}
+    if replay is not None:
+        config["replay_endpoint"] = f"tcp://127.0.0.1:{replay}"
+    return msgspec.json.encode(config).decode()
+
+
+def conversation(turns: int) -> list[list[dict[str, str]]]:
+    """Each turn's messages: one long opening question, then short follow-ups."""
+    messages = [{"role": "user", "content": "Explain the cache in detail. " * 60}]
+    out = []
+    for turn in range(turns):
+        out.append(list(messages))
+        messages += [
+            {"role": "assistant", "content": f"Answer {turn}. " * 20},
+            {"role": "user", "content": f"Follow-up {turn}: go on."},
+        ]
+    return out
+
+
+async def test_a_gateway_routes_on_the_sims_events_and_predicts_their_cache_exactly() -> None:
+    ports = [free_port(), free_port()]
+    async with (
+        in_process_sims(1, kv_events_config=events_config(ports[0])) as first,
+        in_process_sims(1, kv_events_config=events_config(ports[1])) as second,
+    ):
+        urls = first + second
+        endpoints = {u: {"endpoint": f"tcp://127.0.0.1:{p}"} for u, p in zip(urls, ports, strict=True)}  # fmt: skip
+        policy = pool_policy(urls, prefix={"source": "events", "events": {"endpoints": endpoints}})
+        async with in_process_gateway(policy) as gateway:
+            client = AsyncOpenAI(base_url=f"{gateway.make_url('/v1')}", api_key="x", max_retries=0)
+            replicas = []
+            for messages in conversation(4):
+                answer = await client.chat.completions.with_raw_response.create(
+                    model=MODEL,
+                    messages=messages,
+                    max_tokens=8,  # type: ignore[arg-type]
+                )
+                replicas.append(answer.headers["x-gateway-replica"])
+                await asyncio.sleep(0.2)  # the step's events reach the gateway
+            assert len(set(replicas)) == 1, replicas
+            text = await (await gateway.get("/metrics")).text()
+    assert metric(text, "gateway_replica_kv_events_exact", replica=replicas[0]) == 1.0
+    labels = {"pool": "small", "source": "events"}
+    # The first turn, held nowhere, is not tokenized: only the three follow-ups are predicted.
+    assert metric(text, "gateway_prefix_cached_tokens_error_count", **labels) == 3.0
+    assert metric(text, "gateway_prefix_cached_tokens_error_sum", **labels) == 0.0
+    estimate = metric(text, "gateway_prefix_cached_tokens_error_count", source="estimate")
+    assert estimate == 4.0  # printed beside it: the estimate's error on the same requests
+
+
+async def test_a_replica_whose_events_never_come_is_routed_on_the_estimate() -> None:
+    silent = free_port()  # nothing publishes there
+    async with in_process_sims(2) as urls:
+        endpoints = {urls[0]: {"endpoint": f"tcp://127.0.0.1:{silent}"}}
+        policy = pool_policy(urls, prefix={"events": {"endpoints": endpoints}})
+        async with in_process_gateway(policy) as gateway:
+            client = AsyncOpenAI(base_url=f"{gateway.make_url('/v1')}", api_key="x", max_retries=0)
+            replicas = set()
+            for messages in conversation(3):
+                answer = await client.chat.completions.with_raw_response.create(
+                    model=MODEL,
+                    messages=messages,
+                    max_tokens=8,  # type: ignore[arg-type]
+                )
+                replicas.add(answer.headers["x-gateway-replica"])
+            text = await (await gateway.get("/metrics")).text()
+    assert len(replicas) == 1  # the estimate still keeps the conversation home
+    assert metric(text, "gateway_replica_kv_events_exact", pool="small") == 0.0
+    assert metric(text, "gateway_prefix_cached_tokens_error_count", source="events") is None
+
+
+class TestPolicy:
+    def test_events_only_needs_an_endpoint_for_every_replica(self) -> None:
+        urls = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+        with pytest.raises(ValidationError, match="no KV-event endpoint"):
+            parse_policy(pool_policy(urls, prefix={"source": "events"}))
+        policy = parse_policy(pool_policy(urls, prefix={"source": "events", "events": {"port": 5557}}))  # fmt: skip
+        where = policy.pools["small"].events_endpoint(urls[1])
+        assert where is not None and where.endpoint == "tcp://10.0.0.2:5557"
+
+    def test_the_estimate_reads_no_events_even_where_they_are_published(self) -> None:
+        urls = ["http://10.0.0.1:8000"]
+        policy = parse_policy(pool_policy(urls, prefix={"source": "estimate", "events": {"port": 5557}}))  # fmt: skip
+        assert policy.pools["small"].events_endpoint(urls[0]) is None
+
+    def test_endpoints_for_replicas_not_in_the_pool_are_refused(self) -> None:
+        endpoints = {"http://10.9.9.9:8000": {"endpoint": "tcp://10.9.9.9:5557"}}
+        with pytest.raises(ValidationError, match="not in the pool"):
+            parse_policy(pool_policy(["http://10.0.0.1:8000"], prefix={"events": {"endpoints": endpoints}}))  # fmt: skip
+
+
+def test_the_sim_publishes_nothing_unless_asked() -> None:
+    assert KvEventsConfig.parse("") is None
+    assert KvEventsConfig.parse('{"enable_kv_cache_events": false}') is None
+    with pytest.raises(ValueError, match="unknown publisher"):
+        KvEventsConfig.parse('{"enable_kv_cache_events": true, "publisher": "kafka"}')
