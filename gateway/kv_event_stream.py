@@ -60,6 +60,9 @@ class EventStream:
         """When the replica first computed blocks it has not reported yet."""
         self.gaps = 0
         """Holes the replay could not fill (a metric's count)."""
+        self.last_event_at = 0.0
+        self.was_exact = False
+        """What routing read at the last look (a change is logged once)."""
         self.inflight: Counter[int] = Counter()
         """Fingerprint blocks of the requests in flight here: the engine stores their blocks
         once it has prefilled them, and until its events say so, a request sharing their
@@ -93,14 +96,18 @@ class EventStream:
         self.inflight.update(request.block_hashes)
         return self.cached(request) if request.token_keys and self.exact(now) else None
 
-    def ended(self, request: RequestFeatures, uncached_tokens: float, now: float) -> None:
+    def ended(
+        self, request: RequestFeatures, uncached_tokens: float, dispatched_at: float, now: float
+    ) -> None:
+        """The request ended. If it computed whole new blocks and no event came since it was
+        sent, their events are overdue: the stream stalls after ``stall_s`` more."""
         inflight = self.inflight
         inflight.subtract(request.block_hashes)
         for key in request.block_hashes:
             if inflight[key] <= 0:
                 del inflight[key]
-        if uncached_tokens >= 2 * self.blocks.block_size:
-            self.expect(now)  # it computed whole new blocks: their events are due
+        if uncached_tokens >= 2 * self.blocks.block_size and self.last_event_at < dispatched_at:
+            self.expect(now)
 
     def expect(self, now: float) -> None:
         """The replica computed whole new blocks: their events are due."""
@@ -119,6 +126,7 @@ class EventStream:
             self.blocks.clear()
         self.next_seq = seq + 1
         self.expect_since = None
+        self.last_event_at = time.monotonic()
         _ts, events, *_ = self._decode(payload)
         blocks = self.blocks
         for event in events:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from gateway.background import stop_tasks
@@ -62,6 +63,13 @@ class KvEventSubscriptions:
             if not replica.healthy and stream.next_seq is not None:
                 log.info("replica %s is down: its KV-event index starts over", replica.name)
                 stream.reset()
+            exact = stream.exact(time.monotonic())
+            if exact != stream.was_exact:
+                stream.was_exact = exact
+                log.info(
+                    "replica %s: routing on its %s", replica.name,
+                    "KV-cache events" if exact else "estimate (its event stream is not whole)",
+                )  # fmt: skip
             wanted.add(id(stream))
             if id(stream) not in self._tasks:
                 task = asyncio.create_task(

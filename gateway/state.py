@@ -313,7 +313,7 @@ class PoolState:
         if own is None:
             own = dispatch.decision.uncached_tokens
         if replica.kv_events is not None:
-            replica.kv_events.ended(dispatch.request, own, now)
+            replica.kv_events.ended(dispatch.request, own, dispatch.at, now)
         # Streamed, its decode time tells its output length (capacity estimate).
         self.workload.observe(own, held if dispatch.ttft_s is not None else None, dispatch.running)
         if dispatch.ttft_s is not None and self.policy.cost.learn:

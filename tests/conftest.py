@@ -130,10 +130,13 @@ async def _alive(_: web.Request) -> web.Response:
 
 
 @contextlib.asynccontextmanager
-async def fake_replica(chat_handler: Handler) -> AsyncIterator[str]:
-    """A tiny misbehaving upstream with a passing health check, on the test's own event loop."""
+async def fake_replica(
+    chat_handler: Handler, path: str = "/v1/chat/completions"
+) -> AsyncIterator[str]:
+    """A tiny misbehaving upstream with a passing health check, on the test's own event loop:
+    ``chat_handler`` answers POSTs to ``path``."""
     app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat_handler)
+    app.router.add_post(path, chat_handler)
     app.router.add_get("/health", _alive)
     runner = web.AppRunner(app)
     await runner.setup()

@@ -5,6 +5,7 @@ read by the gateway, with the estimate as the fallback whenever the stream canno
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from dataclasses import replace
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
+from aiohttp import web
 from openai import AsyncOpenAI
 from pydantic import ValidationError
 
@@ -27,12 +29,20 @@ from replica.sim.kv_events import (
     block_removed,
     block_stored,
 )
+from replica.vllm_cpu.fleet import venv_python
 from router_policies.block_layout import BlockLayout
 from router_policies.decision import Decision, Route
 from router_policies.engine_blocks import EngineBlocks, cached_tokens, root_key, token_block_keys
-from router_policies.fingerprint import CanonicalPrompt, fingerprint
+from router_policies.fingerprint import CanonicalPrompt, RequestFeatures, fingerprint
 from router_policies.schema import parse_policy
-from tests.conftest import MODEL, in_process_gateway, in_process_sims, metric, pool_policy
+from tests.conftest import (
+    MODEL,
+    fake_replica,
+    in_process_gateway,
+    in_process_sims,
+    metric,
+    pool_policy,
+)
 
 ROOT = root_key(None, None)
 TOKENS = list(range(1000, 1064))  # four blocks of 16
@@ -175,13 +185,36 @@ def test_a_request_in_flight_counts_as_held_where_it_went_until_its_blocks_are_s
     assert stream.held_bytes(request, layout) == 0
     assert stream.dispatched(request, time.monotonic()) is None  # no event yet: not exact
     assert stream.held_bytes(request, layout) == 4096
-    stream.ended(request, 0.0, time.monotonic())
+    stream.ended(request, 0.0, time.monotonic(), time.monotonic())
     assert stream.held_bytes(request, layout) == 0 and not stream.inflight
 
 
-async def test_a_failed_tokenize_leaves_the_request_on_the_estimate() -> None:
-    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    policy = parse_policy(pool_policy([url], prefix={"events": {"port": free_port()}}))
+def test_a_replica_that_computed_two_blocks_and_reported_nothing_since_owes_events() -> None:
+    stream = EventStream("tcp://unused", stall_s=5.0)
+    stream.apply(0, payload(block_stored([1], None, TOKENS[:16], 16, None)))  # blocks of 16
+    request = fingerprint("m", b"z" * 512, BlockLayout(128, 16), 4096)
+    sent = time.monotonic() + 1  # after the last event
+    stream.dispatched(request, sent)
+    stream.ended(request, 31.0, sent, sent)  # less than two blocks: maybe nothing to store
+    assert stream.exact(sent + 60)
+    stream.dispatched(request, sent)
+    stream.ended(request, 32.0, sent, sent)
+    assert not stream.exact(sent + 6)
+
+
+def test_a_replica_idle_after_reporting_its_last_requests_blocks_stays_exact() -> None:
+    stream = EventStream("tcp://unused", stall_s=5.0)
+    request = fingerprint("m", b"z" * 512, BlockLayout(128, 16), 4096)
+    sent = time.monotonic() - 1
+    stream.dispatched(request, sent)
+    stream.apply(0, payload(block_stored([1, 2], None, TOKENS[:32], 16, None)))  # its blocks
+    stream.ended(request, 32.0, sent, time.monotonic())
+    assert stream.exact(time.monotonic() + 60)
+
+
+def held_pool(url: str, **events: Any) -> tuple[PoolState, RequestFeatures]:
+    """A pool whose one replica at ``url`` reads a live event stream and was sent a prompt."""
+    policy = parse_policy(pool_policy([url], prefix={"events": {"port": free_port(), **events}}))
     pool = PoolState("small", policy.pools["small"])
     (replica,) = pool.replicas.values()
     replica.kv_events = stream = EventStream("tcp://unused")
@@ -189,10 +222,29 @@ async def test_a_failed_tokenize_leaves_the_request_on_the_estimate() -> None:
     features = pool.router.features(MODEL, lambda: CanonicalPrompt(b"y" * 2048))
     pool.end(pool.begin(Decision(replica.name, Route.PREFIX_HOME), features))
     assert worth_tokenizing(pool, features, time.monotonic()) == 16  # held: worth asking
-    parsed = parse_request(Endpoint.COMPLETIONS, b'{"model": "sim-model", "prompt": "y"}', 64)
+    return pool, features
+
+
+COMPLETION = parse_request(Endpoint.COMPLETIONS, b'{"model": "sim-model", "prompt": "y"}', 64)
+
+
+async def test_a_failed_tokenize_leaves_the_request_on_the_estimate() -> None:
+    pool, features = held_pool(f"http://127.0.0.1:{free_port()}")  # nothing listens there
     async with aiohttp.ClientSession() as session:
-        attached = await TokenKeys(session).attach(pool, parsed, features)
-    assert attached is features
+        assert await TokenKeys(session).attach(pool, COMPLETION, features) is features
+
+
+async def test_a_tokenize_slower_than_its_timeout_leaves_the_request_on_the_estimate() -> None:
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({"count": 1, "tokens": [1]})
+
+    async with fake_replica(slow, "/tokenize") as url:
+        pool, features = held_pool(url, tokenize_timeout_s=0.2)
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as session:
+            assert await TokenKeys(session).attach(pool, COMPLETION, features) is features
+        assert time.monotonic() - started < 2
 
 
 def events_config(port: int, replay: int | None = None) -> str:
@@ -244,6 +296,48 @@ async def test_a_gateway_routes_on_the_sims_events_and_predicts_their_cache_exac
     assert metric(text, "gateway_prefix_cached_tokens_error_sum", **labels) == 0.0
     estimate = metric(text, "gateway_prefix_cached_tokens_error_count", source="estimate")
     assert estimate == 4.0  # printed beside it: the estimate's error on the same requests
+
+
+async def test_every_gateway_instance_subscribes_so_each_reads_the_events_without_redis() -> None:
+    port = free_port()
+    async with in_process_sims(1, kv_events_config=events_config(port)) as urls:
+        endpoints = {urls[0]: {"endpoint": f"tcp://127.0.0.1:{port}"}}
+        policy = pool_policy(urls, prefix={"source": "events", "events": {"endpoints": endpoints}})
+        async with in_process_gateway(policy) as first, in_process_gateway(policy) as second:
+            client = AsyncOpenAI(base_url=f"{first.make_url('/v1')}", api_key="x", max_retries=0)
+            await client.chat.completions.create(
+                model=MODEL,
+                messages=conversation(1)[0],
+                max_tokens=4,  # type: ignore[arg-type]
+            )
+            await asyncio.sleep(0.3)
+            # The request went through the first instance only; the second saw its blocks too.
+            text = await (await second.get("/metrics")).text()
+    assert metric(text, "gateway_replica_kv_events_exact", replica=urls[0].split("//")[1]) == 1.0
+
+
+VLLM_DECODES = r"""
+import sys, msgspec
+from vllm.distributed.kv_events import KVEventBatch, BlockStored, BlockRemoved, AllBlocksCleared
+batch = msgspec.msgpack.Decoder(KVEventBatch).decode(sys.stdin.buffer.read())
+print(",".join(type(e).__name__ for e in batch.events), batch.events[0].token_ids[:2])
+"""
+
+
+def test_vllms_own_decoder_reads_the_sims_events() -> None:
+    python = venv_python()
+    if not python.is_file():
+        pytest.skip(f"no vllm-cpu virtualenv at {python.parent.parent} (replica/vllm_cpu/install.sh)")  # fmt: skip
+    sent = payload(
+        block_stored([1, 2], None, TOKENS[:32], 16, "sql-lora"), block_removed([1]), ALL_BLOCKS_CLEARED
+    )  # fmt: skip
+    result = subprocess.run(
+        [str(python), "-c", VLLM_DECODES], input=sent, capture_output=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.decode().strip().splitlines()[-1] == (
+        "BlockStored,BlockRemoved,AllBlocksCleared [1000, 1001]"
+    )
 
 
 async def test_a_replica_whose_events_never_come_is_routed_on_the_estimate() -> None:
