@@ -28,7 +28,8 @@ import pytest
 import yaml
 
 from bench.launcher import start_gateway
-from replica import vllm_launch_helm
+from gateway import metrics as gateway_metrics
+from replica import vllm_launch_helm, vllm_metrics
 from replica.processes import ManagedProcess, free_port
 from replica.vllm_launch import (
     VllmProfile,
@@ -199,7 +200,11 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "autoscaling-hpa": ("autoscaling.mode=hpa",),
     "autoscaling-keda": ("autoscaling.mode=keda",),
     "autoscaling-none": ("autoscaling.mode=none",),
-    "service-monitor": ("serviceMonitor.enabled=true", "prometheusRule.enabled=true"),
+    "service-monitor": (
+        "serviceMonitor.enabled=true",
+        "prometheusRule.enabled=true",
+        "grafanaDashboard.enabled=true",
+    ),
     "redis": ("redis.enabled=true",),
     "one-pool": ("pools.large.enabled=false",),
     "everything": (
@@ -644,6 +649,56 @@ def test_crd_models_reject_broken_scaled_objects(tools: Tools, render_chart: Ren
     wrong_type, misspelt = check_crds(tools, broken)
     assert "minReplicaCount" in wrong_type
     assert "does not know" in misspelt
+
+
+# --- Grafana dashboard --------------------------------------------------------------------------
+
+DASHBOARD = CHART / "grafana" / "llm-gateway.json"
+_SERIES = re.compile(r"\b(gateway_[a-z_]+|vllm:[a-z_:]+)")
+
+
+def dashboard_exprs() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+
+
+def exposed_series() -> set[str]:
+    """Every sample name the gateway and the engines expose (counters with _total, histograms
+    and summaries with their parts), from the modules that name them."""
+    names = {v for k, v in vars(gateway_metrics).items() if k.isupper() and isinstance(v, str)}
+    names |= {v for k, v in vars(vllm_metrics).items() if k.isupper() and isinstance(v, str)}
+    parts = ("", "_total", "_bucket", "_sum", "_count")
+    return {name + part for name in names for part in parts}
+
+
+def test_the_dashboard_plots_only_series_that_exist() -> None:
+    used = {name for expr in dashboard_exprs() for name in _SERIES.findall(expr)}
+    assert used and used <= exposed_series(), used - exposed_series()
+    # The autoscaling signal, TTFT and the routes are what an operator opens it for.
+    assert {"gateway_pool_desired_replicas", "gateway_ttft_seconds_bucket"} <= used
+    assert "gateway_requests_total" in used
+
+
+def test_promtool_parses_every_dashboard_query(tools: Tools, tmp_path: Path) -> None:
+    # Grafana's variables, as it substitutes them, so that promtool reads plain PromQL.
+    exprs = [e.replace("$__rate_interval", "5m").replace("$pool", ".*") for e in dashboard_exprs()]
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query{i}", "expr": e} for i, e in enumerate(exprs)
+    ]}]}  # fmt: skip
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    done = run([tools.need("promtool"), "check", "rules", path])
+    assert done.returncode == 0, done.stdout + done.stderr
+    path.write_text(yaml.safe_dump(rules).replace("sum by", "sum byy", 1))
+    assert run([tools.need("promtool"), "check", "rules", path]).returncode != 0
+
+
+def test_the_chart_ships_the_dashboard_file_for_grafanas_sidecar(render_chart: Render) -> None:
+    assert not [d for d in render_chart() if d["metadata"]["name"].endswith("-dashboard")]
+    docs = render_chart("grafanaDashboard.enabled=true")
+    config = one(docs, "ConfigMap", f"{RELEASE}-llm-gateway-dashboard")
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(config["data"]["llm-gateway.json"]) == json.loads(DASHBOARD.read_text())
 
 
 # --- Prometheus rules ---------------------------------------------------------------------------
