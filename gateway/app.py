@@ -28,6 +28,7 @@ from gateway.app_keys import (
     Lifecycle,
 )
 from gateway.background import stop_tasks
+from gateway.client_hints import with_client_hints
 from gateway.completions import complete, count_error, request_id
 from gateway.errors import ApiError, internal_error
 from gateway.exchange import AiohttpExchange
@@ -223,9 +224,12 @@ async def admin_route(request: web.Request) -> web.Response:
     # As a dispatch would: a stored response's replica, or an adapter's warm replicas.
     hooks = resolution.hooks
     exclude = hooks.exclude(resolution.pool.replicas, [], 0) if hooks is not None else ()
-    features = resolution.features
-    if resolution.pool.events_on:
-        features = await request.app[TOKEN_KEYS].attach(resolution.pool, parsed, features)
+    pool = resolution.pool
+    features = with_client_hints(
+        resolution.features, parsed.body, request.headers, pool.policy.session
+    )
+    if pool.events_on:
+        features = await request.app[TOKEN_KEYS].attach(pool, parsed, features)
     decision = resolution.pool.decide(features, exclude, explain=True)
     tier = None
     if resolution.verdict is not None:

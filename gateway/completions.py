@@ -28,6 +28,7 @@ from gateway.app_keys import (
     SETTINGS,
     TOKEN_KEYS,
 )  # fmt: skip
+from gateway.client_hints import with_client_hints
 from gateway.errors import ApiError, internal_error
 from gateway.exchange import Exchange
 from gateway.front import FrontExchange, Request
@@ -84,22 +85,26 @@ async def complete(
             memory.responses, parsed.previous_response_id, owner, "previous_response_id"
         )
     resolution = resolve(fleet, parsed, exchange.headers.get(headers.TIER), memory)
+    pool = resolution.pool
+    # Before the limits and the demand counts: a malformed hint is the client's error.
+    features = with_client_hints(
+        resolution.features, parsed.body, exchange.headers, pool.policy.session
+    )
     if resolution.hooks is not None:
         resolution.hooks.owner = owner
     limiter = app[LIMITER]
     admission = None
     if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
         admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
-    resolution.pool.arrivals += 1
+    pool.arrivals += 1
     if resolution.tier_router is not None and resolution.verdict is not None:
         if not resolution.verdict.forced:
             resolution.tier_router.observe(resolution.verdict)
-    features = resolution.features
-    if resolution.pool.events_on:
-        features = await app[TOKEN_KEYS].attach(resolution.pool, parsed, features)
+    if pool.events_on:
+        features = await app[TOKEN_KEYS].attach(pool, parsed, features)
     routed = Routed(
         resolution.parsed,
-        resolution.pool,
+        pool,
         features,
         REQUEST_ID.get(),
         started,

@@ -19,6 +19,8 @@ __all__ = [
     "ROUTE",
     "TIER",
     "TIER_SCORE",
+    "TTFT_OBJECTIVE",
+    "TTFT_OBJECTIVE_LLMD",
 ]
 POOL: Final = "x-gateway-pool"
 REPLICA: Final = "x-gateway-replica"
@@ -26,6 +28,10 @@ ROUTE: Final = "x-gateway-route"
 TIER: Final = "x-gateway-tier"
 """The tier a classified request was given; as a request header, a tier to force (if allowed)."""
 TIER_SCORE: Final = "x-gateway-tier-score"
+TTFT_OBJECTIVE: Final = "x-gateway-ttft-objective-ms"
+"""A request's own TTFT objective in milliseconds (the pool's cost.ttft_objective_s otherwise)."""
+TTFT_OBJECTIVE_LLMD: Final = "x-llm-d-slo-ttft-ms"
+"""llm-d's name for the same, read when the gateway's own is absent."""
 
 # Per-tenant rate limits (gateway/rate_limit/), spelled as OpenAI sends them: on every answer
 # to a tenant with limits, 429s included; reset is a duration ("1s", "6m0s", "20ms").

@@ -79,12 +79,20 @@ class EventStream:
         matched = self.blocks.match(request.token_keys)
         return cached_tokens(matched, request.prompt_tokens, self.blocks.block_size)
 
-    def held_bytes(self, request: RequestFeatures, layout: BlockLayout) -> int:
+    def held_bytes(self, request: RequestFeatures, layout: BlockLayout, estimated: int) -> int:
         """Bytes of the (tokenized) request's canonical prompt the engine holds, by its
-        events, or is prefilling for requests in flight here, by their fingerprints."""
+        events, or is prefilling for requests in flight here, by their fingerprints;
+        ``estimated``: what the estimate says it holds."""
         held = 0
         if request.prompt_tokens:
-            held = self.cached(request) * request.hashed_bytes // request.prompt_tokens
+            per_token = request.hashed_bytes / request.prompt_tokens
+            held = int(self.cached(request) * per_token)
+            # Tokens map onto the canonical text only roughly (the chat template's own tokens,
+            # whole blocks, the last token always recomputed): within two blocks of the
+            # estimate, the engine holds what the estimate believes, to its finer alignment
+            # (a hot prefix's holders are those holding all of its lead).
+            if held + 2 * self.blocks.block_size * per_token >= estimated:
+                held = max(held, estimated)
         if self.inflight:
             inflight = leading(request.block_hashes, self.inflight)
             held = max(held, min(layout.end(inflight), request.hashed_bytes))

@@ -191,7 +191,8 @@ class PoolState:
         events = replica.exact_events(now)
         if events is None or features is None:
             return None
-        return events.held_bytes(features, self.policy.prefix.layout)
+        estimated = self.router.estimated_cached_bytes(replica.name, features)
+        return events.held_bytes(features, self.policy.prefix.layout, estimated)
 
     def decide(
         self, features: RequestFeatures, exclude: Iterable[str] = (), *, explain: bool = False

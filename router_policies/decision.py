@@ -23,6 +23,9 @@ class Route(StrEnum):
     LATE = "late"
     """Every replica was predicted to miss the pool's TTFT objective: sent to the one already
     furthest behind, so the others stay within it."""
+    SESSION = "session"
+    """The replica the client's session (x-session-id, prompt_cache_key, user) last went to,
+    not predicted slower than a cold start elsewhere."""
     OVERFLOW = "overflow"
     """A tiered request sent to the other pool because its own was saturated."""
 

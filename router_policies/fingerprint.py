@@ -42,6 +42,10 @@ class RequestFeatures:
     tokenized to be matched against replicas' KV-cache events; empty otherwise."""
     prompt_tokens: int = 0
     """The prompt's length in tokens, where it was tokenized (0 otherwise)."""
+    session: str = ""
+    """The conversation the client named (router_policies/sessions.py); "" for none."""
+    ttft_objective_s: float | None = None
+    """The request's own TTFT objective, where the client set one (it replaces the pool's)."""
 
     @property
     def home_key(self) -> int:

@@ -27,6 +27,7 @@ from router_policies.block_layout import BlockLayout
 from router_policies.kv_events_settings import EventEndpoint, KvEventsSettings, PrefixSource
 from router_policies.redis_url import checked as checked_redis_url
 from router_policies.redis_url import mask as mask_redis_url
+from router_policies.session_settings import SessionSettings
 from router_policies.yaml_locations import line_of
 
 
@@ -64,10 +65,11 @@ class PrefixSettings(_Strict):
     chars_per_token: Annotated[float, Field(gt=0)] = 4.0
     """Bytes of prompt per model token until the replicas' reported usage teaches the real
     figure (real BPE tokenizers pack 2-4)."""
-    source: PrefixSource = PrefixSource.AUTO
-    """What the router believes each replica holds: its engine's KV-cache events where it
-    publishes them (auto), only them (events), or only the estimate. Events cost one
-    /tokenize round trip per request and are exact; see docs/policy.md."""
+    source: PrefixSource = PrefixSource.ESTIMATE
+    """What the router believes each replica holds: only the estimate (default), its
+    engine's KV-cache events where it publishes them (auto), or only them (events). Events are
+    exact and keep more of Mooncake's cache, but in the benchmark they let multi-round
+    conversations pile onto fewer replicas (docs/benchmarks.md): opt-in until that is fixed."""
     events: KvEventsSettings = KvEventsSettings()
 
     @property
@@ -207,6 +209,7 @@ class PoolPolicy(_Strict):
     cost: CostSettings = CostSettings()
     load: LoadSettings = LoadSettings()
     hot: HotPrefixSettings = HotPrefixSettings()
+    session: SessionSettings = SessionSettings()
     autoscale: AutoscaleSettings = AutoscaleSettings()
 
     @field_validator("replicas")

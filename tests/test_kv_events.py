@@ -182,11 +182,11 @@ def test_a_request_in_flight_counts_as_held_where_it_went_until_its_blocks_are_s
     layout = BlockLayout(128, 16)
     prompt = fingerprint("m", b"x" * 4096, layout, 4096)
     request = replace(prompt, token_keys=(1, 2), prompt_tokens=1024)
-    assert stream.held_bytes(request, layout) == 0
+    assert stream.held_bytes(request, layout, 0) == 0
     assert stream.dispatched(request, time.monotonic()) is None  # no event yet: not exact
-    assert stream.held_bytes(request, layout) == 4096
+    assert stream.held_bytes(request, layout, 0) == 4096
     stream.ended(request, 0.0, time.monotonic(), time.monotonic())
-    assert stream.held_bytes(request, layout) == 0 and not stream.inflight
+    assert stream.held_bytes(request, layout, 0) == 0 and not stream.inflight
 
 
 def test_a_replica_that_computed_two_blocks_and_reported_nothing_since_owes_events() -> None:
@@ -214,7 +214,8 @@ def test_a_replica_idle_after_reporting_its_last_requests_blocks_stays_exact() -
 
 def held_pool(url: str, **events: Any) -> tuple[PoolState, RequestFeatures]:
     """A pool whose one replica at ``url`` reads a live event stream and was sent a prompt."""
-    policy = parse_policy(pool_policy([url], prefix={"events": {"port": free_port(), **events}}))
+    prefix = {"source": "auto", "events": {"port": free_port(), **events}}
+    policy = parse_policy(pool_policy([url], prefix=prefix))
     pool = PoolState("small", policy.pools["small"])
     (replica,) = pool.replicas.values()
     replica.kv_events = stream = EventStream("tcp://unused")
@@ -344,7 +345,7 @@ async def test_a_replica_whose_events_never_come_is_routed_on_the_estimate() -> 
     silent = free_port()  # nothing publishes there
     async with in_process_sims(2) as urls:
         endpoints = {urls[0]: {"endpoint": f"tcp://127.0.0.1:{silent}"}}
-        policy = pool_policy(urls, prefix={"events": {"endpoints": endpoints}})
+        policy = pool_policy(urls, prefix={"source": "auto", "events": {"endpoints": endpoints}})
         async with in_process_gateway(policy) as gateway:
             client = AsyncOpenAI(base_url=f"{gateway.make_url('/v1')}", api_key="x", max_retries=0)
             replicas = set()
@@ -370,10 +371,12 @@ class TestPolicy:
         where = policy.pools["small"].events_endpoint(urls[1])
         assert where is not None and where.endpoint == "tcp://10.0.0.2:5557"
 
-    def test_the_estimate_reads_no_events_even_where_they_are_published(self) -> None:
+    def test_the_estimate_the_default_reads_no_events_even_where_they_are_published(self) -> None:
         urls = ["http://10.0.0.1:8000"]
-        policy = parse_policy(pool_policy(urls, prefix={"source": "estimate", "events": {"port": 5557}}))  # fmt: skip
+        policy = parse_policy(pool_policy(urls, prefix={"events": {"port": 5557}}))
         assert policy.pools["small"].events_endpoint(urls[0]) is None
+        policy = parse_policy(pool_policy(urls, prefix={"source": "auto", "events": {"port": 5557}}))  # fmt: skip
+        assert policy.pools["small"].events_endpoint(urls[0]) is not None
 
     def test_endpoints_for_replicas_not_in_the_pool_are_refused(self) -> None:
         endpoints = {"http://10.9.9.9:8000": {"endpoint": "tcp://10.9.9.9:5557"}}

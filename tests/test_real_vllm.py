@@ -80,7 +80,8 @@ async def fleet() -> AsyncIterator[RealFleet]:
                     "policy": "prefix-aware",
                     # The engines publish KV-cache events (the launch recipe): route on them.
                     "prefix": {
-                        "events": {"endpoints": kv_event_endpoints(r.url for r in replicas)}
+                        "source": "events",
+                        "events": {"endpoints": kv_event_endpoints(r.url for r in replicas)},
                     },
                 }
             }

@@ -166,10 +166,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-peers", action="store_true", help="gateway targets only")
     parser.add_argument(
-        "--estimate",
+        "--events",
         action="store_true",
-        help="also run prefix-aware on its estimate alone, the replicas' KV-cache events "
-        "unread (what the events are worth)",
+        help="also run prefix-aware on the replicas' KV-cache events (prefix.source: events; "
+        "what they are worth)",
     )
     parser.add_argument(
         "--window",
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         seeds=args.seeds,
         install=not args.no_install,
         peers=not args.no_peers,
-        estimate=args.estimate,
+        events=args.events,
         progress=not args.no_progress,
     )
     try:

@@ -25,8 +25,9 @@ METHOD = [
     "The gateway runs `llm-gateway serve` with a one-pool policy file where only `policy` is "
     "set, and `prefix.events.endpoints`, where each replica publishes its KV-cache events "
     "(every replica here does: vLLM with `--kv-events-config`, the simulated ones in vLLM's "
-    "wire format); every other value is the default. The peers run with the flags of "
-    "TOOLS.md and their own defaults (bench/peers/); neither reads KV events.",
+    "wire format), read only by a target told `prefix.source` (`--events`); every other "
+    "value is the default. The peers run with the flags of TOOLS.md and their own defaults "
+    "(bench/peers/); neither reads KV events.",
     "- Before each target: wait until no replica runs or queues a request and two scrapes "
     "0.3 s apart agree, POST /reset_prefix_cache to every replica, then check again that the "
     "counters stand still. No target inherits a warm cache.",

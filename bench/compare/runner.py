@@ -51,7 +51,8 @@ async def start_target(
     the gateway's pool."""
     if target.kind == "gateway":
         settings = {"model": model, "replicas": list(urls), "policy": target.policy, **(pool or {})}
-        # Every fleet here publishes KV-cache events (run_fleet's replicas are started so).
+        # Every fleet here publishes KV-cache events (run_fleet's replicas are started so): a
+        # target told prefix.source auto or events reads them.
         prefix = {**settings.get("prefix", {}), "events": {"endpoints": kv_event_endpoints(urls)}}
         if target.source is not None:
             prefix["source"] = target.source

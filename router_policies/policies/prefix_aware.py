@@ -17,8 +17,10 @@ replica. Then:
 - A hot prefix, whose recent share of the pool's traffic is more than a fair share of one
   replica, counts as warm on k replicas (k follows its share), so it spreads over k warm
   replicas instead of overloading one.
-- With a TTFT objective set, a request predicted to miss it everywhere joins the replica
-  furthest behind (cost/objective.py).
+- With a TTFT objective set (the pool's, or the request's own), a request predicted to miss
+  it everywhere joins the replica furthest behind (cost/objective.py).
+- A request naming a session goes back to the replica the session last went to, unless a cold
+  start of its whole prompt elsewhere is predicted sooner (router_policies/sessions.py).
 
 Turnover is the cache room a replica's recent prompts newly took (decayed, in index units):
 what its engine stored, evicting as much of older histories. Balanced by request counts, a
@@ -43,6 +45,7 @@ from router_policies.policies.base import Need, SelectionPolicy
 from router_policies.prefix_index import PrefixIndex
 from router_policies.rendezvous import hrw_score
 from router_policies.schema import PoolPolicy, PrefixSettings
+from router_policies.sessions import Sessions
 
 
 def default_rates(policy: PoolPolicy) -> Rates:
@@ -76,6 +79,10 @@ class PrefixAware(SelectionPolicy):
         self.hot: HotPrefixes = (
             previous.hot if same_hot and previous else HotPrefixes(policy.hot.half_life_s)
         )
+        self.sessions: Sessions = (
+            previous.sessions if previous is not None else Sessions(policy.session.max_sessions)
+        )
+        self.sessions.capacity = policy.session.max_sessions
 
     def _index(self, replica: str) -> PrefixIndex:
         index = self._indexes.get(replica)
@@ -102,6 +109,8 @@ class PrefixAware(SelectionPolicy):
         if _useful(lead, request, self.prefix):
             index.note_lead(request.home_key, lead)
         self.hot.record(request.home_key, now)
+        if request.session and self.sessions.capacity:
+            self.sessions.bind(request.session, decision.replica)
 
     def index_lead_bytes(self, replica: str) -> int:
         return self._index(replica).lead_bytes
@@ -141,14 +150,19 @@ class PrefixAware(SelectionPolicy):
             predicted_s(c.load, e, prompt_tokens, r)
             for c, e, r in zip(candidates, expected, rates, strict=True)
         ]
-        late = None
-        if cost.ttft_objective_s is not None:
+        objective = request.ttft_objective_s or cost.ttft_objective_s
+        late = home = None
+        if request.session:
+            home = self._session_home(request.session, candidates, predicted, prompt_tokens, rates)
+        if home is None and objective is not None:
             behind = [
                 p - e * r.prefill_s_per_token
                 for p, e, r in zip(predicted, expected, rates, strict=True)
             ]
-            late = late_choice(predicted, behind, cost.ttft_objective_s, cost.late_limit_s)
-        if late is not None:
+            late = late_choice(predicted, behind, objective, cost.late_limit_s)
+        if home is not None:
+            chosen, route = home, Route.SESSION
+        elif late is not None:
             chosen, route = late, Route.LATE
         else:
             warmest = min(expected)
@@ -158,8 +172,8 @@ class PrefixAware(SelectionPolicy):
             ]
             fastest = min(score)
             limit = fastest * (1 + cost.near_ratio) + cost.near_s
-            if cost.ttft_objective_s is not None and fastest <= cost.ttft_objective_s:
-                limit = min(limit, cost.ttft_objective_s)
+            if objective is not None and fastest <= objective:
+                limit = min(limit, objective)
             # "not >" rather than "<=": were a prediction ever NaN, every replica stays a choice.
             near = [i for i, s in enumerate(score) if not s > limit]
             useful = {i for i in near if _useful(matched[i], request, prefix)}
@@ -198,6 +212,31 @@ class PrefixAware(SelectionPolicy):
             estimate(winner.load, expected[chosen], prompt_tokens, rates[chosen]),
             costs,
         )
+
+    def _session_home(
+        self,
+        session: str,
+        candidates: tuple[Candidate, ...],
+        predicted: list[float],
+        prompt_tokens: float,
+        rates: list[Rates],
+    ) -> int | None:
+        """The candidate the session last went to, unless a cold start of the whole prompt
+        on another replica is predicted sooner, beyond the near band (within it, replicas are
+        equally fast: learned rates differ by noise); then the session moves with it."""
+        home = self.sessions.home(session)
+        at = next((i for i, c in enumerate(candidates) if c.name == home), None)
+        if at is None:
+            return None
+        cold = [
+            predicted_s(c.load, prompt_tokens, prompt_tokens, r)
+            for i, (c, r) in enumerate(zip(candidates, rates, strict=True))
+            if i != at
+        ]
+        if not cold:
+            return at
+        cost = self.policy.cost
+        return at if predicted[at] <= min(cold) * (1 + cost.near_ratio) + cost.near_s else None
 
     def _spread_homes(
         self, request: RequestFeatures, snapshot: PoolSnapshot, matched: list[int]

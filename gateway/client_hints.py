@@ -1,0 +1,65 @@
+"""What a client says about routing besides its prompt: the session its request belongs to
+(router_policies/sessions.py) and its own time-to-first-token objective."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import xxhash
+
+from gateway import headers
+from gateway.errors import bad_request
+from router_policies.fingerprint import RequestFeatures
+from router_policies.session_settings import SessionSettings
+
+_MAX_KEY = 256
+"""Longer session keys are kept as their digest: the memory per session stays bounded."""
+_MAX_OBJECTIVE_MS = 3_600_000.0
+
+
+def session_key(body: Mapping[str, Any], sent: Mapping[str, str], settings: SessionSettings) -> str:
+    """The session the request names: the header, else the first body field set; "" if none."""
+    key = sent.get(settings.header, "") if settings.header else ""
+    for field in settings.body_fields:
+        if key:
+            break
+        value = body.get(field)
+        key = value if isinstance(value, str) else ""
+    if len(key) > _MAX_KEY:
+        key = xxhash.xxh3_128_hexdigest(key.encode())
+    return key
+
+
+def ttft_objective_s(sent: Mapping[str, str]) -> float | None:
+    """The request's own TTFT objective; a malformed one is the client's error (400)."""
+    name = headers.TTFT_OBJECTIVE if headers.TTFT_OBJECTIVE in sent else headers.TTFT_OBJECTIVE_LLMD
+    text = sent.get(name)
+    if text is None:
+        return None
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = math.nan
+    if not 0 < ms <= _MAX_OBJECTIVE_MS:  # NaN fails too
+        raise bad_request(
+            f"Header {name} must be a number of milliseconds above 0 and at most "
+            f"{_MAX_OBJECTIVE_MS:.0f}, got {text[:64]!r}.",
+            param=name,
+        )
+    return ms / 1000.0
+
+
+def with_client_hints(
+    features: RequestFeatures,
+    body: Mapping[str, Any],
+    sent: Mapping[str, str],
+    settings: SessionSettings,
+) -> RequestFeatures:
+    session = session_key(body, sent, settings) if settings.max_sessions else ""
+    objective = ttft_objective_s(sent)
+    if not session and objective is None:
+        return features
+    return replace(features, session=session, ttft_objective_s=objective)
