@@ -16,7 +16,6 @@ import argparse
 import platform
 import random
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ import uvloop
 
 from bench import decide_tokens
 from bench.compare.code_state import code_revision
+from bench.microtime import samples_us
 from replica.vllm_cpu.tiny_model import default_dir
 from router_policies.cost.ttft import ReplicaLoad
 from router_policies.decision import Candidate, PoolSnapshot
@@ -123,14 +123,7 @@ def measure(replicas: int, size: int, case: str, repeats: int, seed: int = 0) ->
 
 
 def _time(call: Callable[[], object], repeats: int) -> list[float]:
-    for _ in range(min(repeats, 50)):  # warm caches and the allocator
-        call()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter_ns()
-        call()
-        samples.append((time.perf_counter_ns() - start) / 1000)
-    return samples
+    return samples_us(call, repeats, warm=min(repeats, 50))
 
 
 def format_report(timings: list[Timing], repeats: int, command: str = COMMAND) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from bench.microtime import samples_us
 from replica.processes import ManagedProcess, start_sim_replicas
 from replica.sim.tokenizer import VOCAB
 from router_policies.engine_blocks import EngineBlocks, root_key, token_block_keys
@@ -87,12 +88,8 @@ def _in_process(tokenizer_json: Path | None) -> Callable[[str], float] | None:
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
 
     def encode(text: str) -> float:
-        samples = []
-        for _ in range(7):
-            started = time.perf_counter()
-            tokenizer.encode(text, add_special_tokens=False)
-            samples.append((time.perf_counter() - started) * 1e3)
-        return statistics.median(samples[2:])
+        call = partial(tokenizer.encode, text, add_special_tokens=False)
+        return statistics.median(samples_us(call, 5, warm=2)) / 1000
 
     return encode
 
@@ -110,13 +107,12 @@ def _match_us(keys: tuple[int, ...], replicas: int, rng: random.Random) -> float
             ids = [rng.randrange(1 << 20) for _ in range(tokens)]
         blocks.stored(list(range(len(keys))), None, ids, BLOCK_SIZE, root_key(None, None))
         indexes.append(blocks)
-    samples = []
-    for _ in range(200):
-        started = time.perf_counter_ns()
+
+    def match_all() -> None:
         for index in indexes:
             index.match(keys)
-        samples.append((time.perf_counter_ns() - started) / 1000)
-    return statistics.median(samples)
+
+    return statistics.median(samples_us(match_all, 200, warm=0))
 
 
 async def measure(
@@ -155,12 +151,7 @@ async def measure(
 
 
 def _time_us(call: Callable[[], object]) -> float:
-    samples = []
-    for _ in range(50):
-        started = time.perf_counter_ns()
-        call()
-        samples.append((time.perf_counter_ns() - started) / 1000)
-    return statistics.median(samples[5:])
+    return statistics.median(samples_us(call, 45, warm=5))
 
 
 async def with_vllm(run: Callable[[str | None], Awaitable[list[TokenTiming]]]) -> list[TokenTiming]:

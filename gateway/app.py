@@ -230,7 +230,7 @@ async def admin_route(request: web.Request) -> web.Response:
     )
     if pool.events_on:
         features = await request.app[TOKEN_KEYS].attach(pool, parsed, features)
-    decision = resolution.pool.decide(features, exclude, explain=True)
+    decision = pool.decide(features, exclude, explain=True)
     tier = None
     if resolution.verdict is not None:
         verdict = resolution.verdict

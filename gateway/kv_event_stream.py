@@ -139,14 +139,14 @@ class EventStream:
         blocks = self.blocks
         for event in events:
             kind = event.get("type")
-            if kind == "BlockStored":
-                if event.get("medium") in _GPU_MEDIA and not event.get("group_idx"):
-                    _stored(blocks, event)
-            elif kind == "BlockRemoved":
-                if event.get("medium") in _GPU_MEDIA and not event.get("group_idx"):
-                    blocks.removed(event["block_hashes"])
-            elif kind == "AllBlocksCleared":
+            if kind == "AllBlocksCleared":
                 blocks.clear()
+            elif event.get("medium") not in _GPU_MEDIA or event.get("group_idx"):
+                continue  # another tier's copy, or another KV group's
+            elif kind == "BlockStored":
+                _stored(blocks, event)
+            elif kind == "BlockRemoved":
+                blocks.removed(event["block_hashes"])
 
     def lost(self, now: float, replica: str) -> None:
         """A hole nothing could fill: what was built may hold evicted blocks."""

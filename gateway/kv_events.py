@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 from gateway.background import stop_tasks
 from gateway.kv_event_stream import EventStream
-from gateway.replica_state import ReplicaState
 from gateway.state import Fleet
 
 log = logging.getLogger(__name__)
@@ -23,7 +22,7 @@ _RECONCILE_S = 1.0
 class KvEventSubscriptions:
     def __init__(self, current: Callable[[], Fleet]) -> None:
         self._current = current
-        self._tasks: dict[int, tuple[ReplicaState, asyncio.Task[None]]] = {}
+        self._tasks: dict[EventStream, asyncio.Task[None]] = {}
         self._loop: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -31,7 +30,7 @@ class KvEventSubscriptions:
         self._loop = asyncio.create_task(self._every_second(), name="KV event subscriptions")
 
     async def stop(self) -> None:
-        tasks = [task for _, task in self._tasks.values()]
+        tasks = list(self._tasks.values())
         if self._loop is not None:
             tasks.append(self._loop)
         await stop_tasks(tasks)
@@ -43,7 +42,7 @@ class KvEventSubscriptions:
             self.reconcile()
 
     def reconcile(self) -> None:
-        wanted: set[int] = set()
+        wanted: set[EventStream] = set()
         for pool, replica in self._current().replicas():
             where = pool.policy.events_endpoint(replica.url)
             if where is None:
@@ -70,12 +69,10 @@ class KvEventSubscriptions:
                     "replica %s: routing on its %s", replica.name,
                     "KV-cache events" if exact else "estimate (its event stream is not whole)",
                 )  # fmt: skip
-            wanted.add(id(stream))
-            if id(stream) not in self._tasks:
-                task = asyncio.create_task(
+            wanted.add(stream)
+            if stream not in self._tasks:
+                self._tasks[stream] = asyncio.create_task(
                     stream.run(replica.name), name=f"KV events of {replica.name}"
                 )
-                self._tasks[id(stream)] = (replica, task)
-        for key in [k for k in self._tasks if k not in wanted]:
-            _, task = self._tasks.pop(key)
-            task.cancel()
+        for gone in [s for s in self._tasks if s not in wanted]:
+            self._tasks.pop(gone).cancel()

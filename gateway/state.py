@@ -170,7 +170,7 @@ class PoolState:
         with_load = Need.LOAD in self._needs
         with_rates = Need.RATES in self._needs
         # Without token keys (a unique prompt, or /tokenize failed) the estimate stands.
-        exact = features is not None and bool(features.token_keys)
+        tokenized = features if features is not None and features.token_keys else None
         candidates = tuple(
             Candidate(
                 r.name,
@@ -178,7 +178,7 @@ class PoolState:
                 r.load() if with_load else IDLE,
                 r.learner.rates() if with_rates else None,
                 r.recent.value(now) if with_load else 0.0,
-                self._held_bytes(r, features, now) if exact else None,
+                self._held_bytes(r, tokenized, now) if tokenized is not None else None,
             )
             for r in self.replicas.values()
             if r.available(now) and r.name not in skip and self._has_slot(r)
@@ -186,10 +186,10 @@ class PoolState:
         return PoolSnapshot(candidates, self.dispatched, now, self.chars_per_token)
 
     def _held_bytes(
-        self, replica: ReplicaState, features: RequestFeatures | None, now: float
+        self, replica: ReplicaState, features: RequestFeatures, now: float
     ) -> int | None:
         events = replica.exact_events(now)
-        if events is None or features is None:
+        if events is None:
             return None
         estimated = self.router.estimated_cached_bytes(replica.name, features)
         return events.held_bytes(features, self.policy.prefix.layout, estimated)

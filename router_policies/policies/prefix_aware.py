@@ -134,10 +134,11 @@ class PrefixAware(SelectionPolicy):
         total = request.hashed_bytes
         blocks = [self.matched_blocks(c.name, request) for c in candidates]
         matched = [min(self.layout.end(b), total) for b in blocks]
-        for i, c in enumerate(candidates):
-            if c.held_bytes is not None:
-                matched[i] = min(c.held_bytes, total)
-                blocks[i] = self.layout.blocks_within(matched[i])
+        if request.token_keys:  # only a tokenized request carries the events' figures
+            for i, c in enumerate(candidates):
+                if c.held_bytes is not None:
+                    matched[i] = min(c.held_bytes, total)
+                    blocks[i] = self.layout.blocks_within(matched[i])
         spread_homes = self._spread_homes(request, snapshot, matched) if has_home else set()
         per_token_bytes = snapshot.chars_per_token
         prompt_tokens = total / per_token_bytes
