@@ -89,10 +89,11 @@ class EventStream:
             held = int(self.cached(request) * per_token)
             # Tokens map onto the canonical text only roughly (the chat template's own tokens,
             # whole blocks, the last token always recomputed): within two blocks of the
-            # estimate, the engine holds what the estimate believes, to its finer alignment
-            # (a hot prefix's holders are those holding all of its lead).
-            if held + 2 * self.blocks.block_size * per_token >= estimated:
-                held = max(held, estimated)
+            # estimate, either way, the engine holds what the estimate believes, to its finer
+            # alignment. A hot prefix's holders then hold its lead, not a few template tokens
+            # more that its spread homes lack and the copy charge would bill them for.
+            if abs(held - estimated) <= 2 * self.blocks.block_size * per_token:
+                held = estimated
         if self.inflight:
             inflight = leading(request.block_hashes, self.inflight)
             held = max(held, min(layout.end(inflight), request.hashed_bytes))

@@ -189,6 +189,22 @@ def test_a_request_in_flight_counts_as_held_where_it_went_until_its_blocks_are_s
     assert stream.held_bytes(request, layout, 0) == 0 and not stream.inflight
 
 
+def test_events_within_two_blocks_of_the_estimate_either_way_read_as_the_estimate() -> None:
+    """A hot prefix's holders hold a few template tokens past its lead that its spread homes
+    lack; read exactly, the copy charge billed every spread home for them and multi-round QA
+    piled 48 users onto 2-3 of 8 replicas."""
+    stream = EventStream("tcp://unused")
+    stored_chain(stream.blocks, TOKENS[:48])  # three of the prompt's five blocks
+    layout = BlockLayout(128, 16)
+    prompt = fingerprint("m", b"x" * 320, layout, 4096)  # 4 bytes a token
+    request = replace(prompt, token_keys=token_block_keys(TOKENS, 16, ROOT), prompt_tokens=80)
+    held = 48 * 4
+    assert stream.held_bytes(request, layout, held - 2 * 64) == held - 2 * 64
+    assert stream.held_bytes(request, layout, held + 2 * 64) == held + 2 * 64
+    assert stream.held_bytes(request, layout, held - 3 * 64) == held
+    assert stream.held_bytes(request, layout, held + 3 * 64) == held
+
+
 def test_a_replica_that_computed_two_blocks_and_reported_nothing_since_owes_events() -> None:
     stream = EventStream("tcp://unused", stall_s=5.0)
     stream.apply(0, payload(block_stored([1], None, TOKENS[:16], 16, None)))  # blocks of 16
