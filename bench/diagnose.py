@@ -46,7 +46,7 @@ from bench.compare.mooncake import (
 )
 from bench.compare.plan import SIM_MODEL, SIM_REPLICAS, PlannedWorkload
 from bench.compare.results import (
-    EVENTS_TARGET,
+    ESTIMATE_TARGET,
     PREFIX_AWARE,
     SGLANG_CA,
     VLLM_CA,
@@ -67,11 +67,11 @@ from replica.processes import LOCAL_KV_EVENTS, start_sim_replicas
 
 TARGETS: dict[str, Target] = {
     "prefix-aware": PREFIX_AWARE,
-    "prefix-aware-events": EVENTS_TARGET,
+    "prefix-aware-estimate": ESTIMATE_TARGET,
     "vllm-router": VLLM_CA,
     "sglang-router": SGLANG_CA,
 }
-"""The gateway's prefix-aware routing (on its estimate, or on the replicas' KV events) and the
+"""The gateway's prefix-aware routing (on the replicas' KV events, or its estimate only) and the
 peers' cache_aware policies."""
 
 

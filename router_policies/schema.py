@@ -65,11 +65,12 @@ class PrefixSettings(_Strict):
     chars_per_token: Annotated[float, Field(gt=0)] = 4.0
     """Bytes of prompt per model token until the replicas' reported usage teaches the real
     figure (real BPE tokenizers pack 2-4)."""
-    source: PrefixSource = PrefixSource.ESTIMATE
-    """What the router believes each replica holds: only the estimate (default), its
-    engine's KV-cache events where it publishes them (auto), or only them (events). Events are
-    exact and keep more of Mooncake's cache, but in the benchmark they let multi-round
-    conversations pile onto fewer replicas (docs/benchmarks.md): opt-in until that is fixed."""
+    source: PrefixSource = PrefixSource.AUTO
+    """What the router believes each replica holds: its engine's KV-cache events where it
+    publishes them (auto, the default; `events` sets where), or only them (events), or only
+    the estimate. On Mooncake's conversation tuning windows the events kept 0.7-3 points more
+    of the affinity bound than the estimate (docs/benchmarks.md); a replica with no endpoint
+    set, or whose stream is not whole, is routed to on the estimate."""
     events: KvEventsSettings = KvEventsSettings()
 
     @property

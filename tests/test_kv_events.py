@@ -387,12 +387,13 @@ class TestPolicy:
         where = policy.pools["small"].events_endpoint(urls[1])
         assert where is not None and where.endpoint == "tcp://10.0.0.2:5557"
 
-    def test_the_estimate_the_default_reads_no_events_even_where_they_are_published(self) -> None:
+    def test_by_default_events_are_read_where_published_and_estimate_reads_none(self) -> None:
         urls = ["http://10.0.0.1:8000"]
+        assert parse_policy(pool_policy(urls)).pools["small"].events_endpoint(urls[0]) is None
         policy = parse_policy(pool_policy(urls, prefix={"events": {"port": 5557}}))
-        assert policy.pools["small"].events_endpoint(urls[0]) is None
-        policy = parse_policy(pool_policy(urls, prefix={"source": "auto", "events": {"port": 5557}}))  # fmt: skip
         assert policy.pools["small"].events_endpoint(urls[0]) is not None
+        policy = parse_policy(pool_policy(urls, prefix={"source": "estimate", "events": {"port": 5557}}))  # fmt: skip
+        assert policy.pools["small"].events_endpoint(urls[0]) is None
 
     def test_endpoints_for_replicas_not_in_the_pool_are_refused(self) -> None:
         endpoints = {"http://10.9.9.9:8000": {"endpoint": "tcp://10.9.9.9:5557"}}

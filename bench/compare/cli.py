@@ -166,10 +166,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-peers", action="store_true", help="gateway targets only")
     parser.add_argument(
-        "--events",
+        "--estimate",
         action="store_true",
-        help="also run prefix-aware on the replicas' KV-cache events (prefix.source: events; "
-        "what they are worth)",
+        help="also run prefix-aware on its estimate only, the replicas' KV-cache events "
+        "unread (prefix.source: estimate; what the events are worth)",
     )
     parser.add_argument(
         "--window",
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         seeds=args.seeds,
         install=not args.no_install,
         peers=not args.no_peers,
-        events=args.events,
+        estimate=args.estimate,
         progress=not args.no_progress,
     )
     try:

@@ -27,7 +27,7 @@ from bench.compare.overload import OVERLOAD_VARIANT, overload_workload
 from bench.compare.plan import DEFAULT_SEEDS, SimScale, real_workloads, sim_workloads
 from bench.compare.results import (
     CACHE_AWARE_PEERS,
-    EVENTS_TARGET,
+    ESTIMATE_TARGET,
     GATEWAY_TARGETS,
     PEER_TARGETS,
     PREFIX_AWARE,
@@ -52,8 +52,8 @@ class CompareConfig:
     """The Mooncake trace windows replayed (the mooncake fleet)."""
     traces: str | None = None
     """Where the whole traces are (a folder, or "download"); None: the shipped window only."""
-    events: bool = False
-    """Also run prefix-aware on the replicas' KV-cache events (prefix.source: events)."""
+    estimate: bool = False
+    """Also run prefix-aware on its estimate only (prefix.source: estimate)."""
 
     def command(self) -> str:
         parts = ["llm-gateway bench compare", f"--fleet {self.fleet}"]
@@ -67,8 +67,8 @@ class CompareConfig:
             parts.append(f"--traces {self.traces}")
         if not self.peers:
             parts.append("--no-peers")
-        if self.events:
-            parts.append("--events")
+        if self.estimate:
+            parts.append("--estimate")
         parts.append(f"--out {self.out}" if self.out is not None else "--no-out")
         return " ".join(parts)
 
@@ -106,9 +106,9 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
     checks: list[Check] = []
     sim_targets = list(GATEWAY_TARGETS)
     real_targets = [PREFIX_AWARE, ROUND_ROBIN]
-    if config.events:
-        sim_targets.insert(1, EVENTS_TARGET)
-        real_targets.insert(1, EVENTS_TARGET)
+    if config.estimate:
+        sim_targets.insert(1, ESTIMATE_TARGET)
+        real_targets.insert(1, ESTIMATE_TARGET)
     skipped: dict[str, str] = {}
     if peer_reason is None:
         sim_targets += PEER_TARGETS

@@ -25,7 +25,8 @@ METHOD = [
     "The gateway runs `llm-gateway serve` with a one-pool policy file where only `policy` is "
     "set, and `prefix.events.endpoints`, where each replica publishes its KV-cache events "
     "(every replica here does: vLLM with `--kv-events-config`, the simulated ones in vLLM's "
-    "wire format), read only by a target told `prefix.source` (`--events`); every other "
+    "wire format), read by every gateway target but one told `prefix.source: estimate` "
+    "(`--estimate`); every other "
     "value is the default. The peers run with the flags of TOOLS.md and their own defaults "
     "(bench/peers/); neither reads KV events.",
     "- Before each target: wait until no replica runs or queues a request and two scrapes "

@@ -35,7 +35,7 @@ class Target:
     """The TTFT objective the gateway's pool is told (``cost.ttft_objective_s``); None: none.
     The peers take no such setting, so a like-for-like comparison gives it to no target."""
     source: str | None = None
-    """The gateway pool's ``prefix.source`` (None: the default, the estimate)."""
+    """The gateway pool's ``prefix.source`` (None: the default, the events where published)."""
 
     @property
     def label(self) -> str:
@@ -55,8 +55,9 @@ ROUND_ROBIN = Target("gateway", "round-robin")
 VLLM_RR = Target("vllm-router", "round_robin")
 VLLM_CA = Target("vllm-router", "cache_aware")
 SGLANG_CA = Target("sglang-router", "cache_aware")
-EVENTS_TARGET = Target("gateway", "prefix-aware", source="events")
-"""prefix-aware on the replicas' KV-cache events (bench compare --events)."""
+ESTIMATE_TARGET = Target("gateway", "prefix-aware", source="estimate")
+"""prefix-aware on its estimate only, the replicas' KV-cache events unread (bench compare
+--estimate)."""
 GATEWAY_TARGETS = (PREFIX_AWARE, LEAST_LOADED, ROUND_ROBIN)
 PEER_TARGETS = (VLLM_RR, VLLM_CA, SGLANG_CA)
 CACHE_AWARE_PEERS = (VLLM_CA, SGLANG_CA)
