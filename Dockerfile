@@ -1,5 +1,6 @@
-# The llm-gateway image: the gateway (`llm-gateway serve`) and, from the same image, the
-# simulated vLLM replica (`llm-gateway sim-replica`) that docker-compose.yml runs without GPUs.
+# The llm-gateway image: the gateway (`llm-gateway serve`, or `llm-gateway epp` behind Envoy)
+# and, from the same image, the simulated vLLM replica (`llm-gateway sim-replica`) that
+# docker-compose.yml runs without GPUs.
 #   docker build -t llm-gateway:0.1.0 .
 #   docker run -p 8080:8080 -v $PWD/my-policy.yaml:/etc/llm-gateway/policy.yaml:ro llm-gateway:0.1.0
 FROM python:3.11-slim
@@ -17,7 +18,8 @@ COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY router_policies ./router_policies
 COPY replica ./replica
-RUN pip install . && rm -rf /src
+# The epp extra: the same image runs `llm-gateway epp`, the endpoint picker behind Envoy.
+RUN pip install ".[epp]" && rm -rf /src
 
 RUN groupadd --system --gid 10001 gateway \
     && useradd --system --uid 10001 --gid gateway --no-create-home --home-dir /nonexistent \

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from replica.processes import ManagedProcess, start_on_free_port
+from replica.processes import ManagedProcess, free_port, start_on_free_port
 
 _HOST = "127.0.0.1"
 READY_TIMEOUT_S = 30.0
@@ -31,9 +31,12 @@ class GatewayProcess(ManagedProcess):
         policy_path: Path,
         *,
         env: Mapping[str, str] | None = None,
+        picker_port: int | None = None,
     ) -> None:
         super().__init__(argv, url, env=env, name="gateway")
         self.policy_path = policy_path
+        self.picker_port = picker_port
+        """The gRPC port of `llm-gateway epp` (None for `serve`)."""
 
     async def stop(self, grace_s: float = 5.0) -> int | None:
         try:
@@ -60,6 +63,33 @@ def gateway_argv(policy_path: Path, port: int) -> list[str]:
         "--port",
         str(port),
     ]
+
+
+async def start_picker(
+    policy: Mapping[str, Any],
+    *,
+    picker_port: int | None = None,
+    env: dict[str, str] | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> GatewayProcess:
+    """Start ``llm-gateway epp`` (the endpoint picker for Envoy) with ``policy``; its HTTP
+    side (/ready, /metrics, the admin API) at ``url``, its gRPC port ``picker_port`` (a free
+    one by default). Waits until /ready is 200."""
+    grpc_port = picker_port if picker_port is not None else free_port(_HOST)
+
+    def build(chosen: int) -> GatewayProcess:
+        policy_path = _write_policy(policy)
+        argv = [
+            sys.executable, "-m", "gateway.cli", "epp", "--policy", str(policy_path),
+            "--port", str(grpc_port), "--http-port", str(chosen),
+        ]  # fmt: skip
+        url = f"http://{_HOST}:{chosen}"
+        return GatewayProcess(argv, url, policy_path, env=env, picker_port=grpc_port)
+
+    async def start(process: GatewayProcess) -> None:
+        await process.start(health_path="/ready", timeout_s=ready_timeout_s)
+
+    return await start_on_free_port(build, start, host=_HOST)
 
 
 def _write_policy(policy: Mapping[str, Any]) -> Path:

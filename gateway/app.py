@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import time
@@ -22,6 +23,7 @@ from gateway.app_keys import (
     LIMITER,
     MEMORY,
     METRICS,
+    OUTLIERS,
     POLICY,
     SETTINGS,
     TOKEN_KEYS,
@@ -131,7 +133,8 @@ def completion_handler(endpoint: Endpoint) -> Handler:
         tenant = app[LIMITER].authenticate(fleet.policy.limits, request.headers)
         raw = await read_body(request, app[SETTINGS].body_timeout_s)
         exchange = AiohttpExchange(request)
-        await complete(app, fleet, tenant, endpoint, exchange, raw, started)
+        forward = functools.partial(app[FORWARDER].forward, exchange)
+        await complete(app, fleet, tenant, endpoint, request.headers, raw, started, forward)
         assert exchange.response is not None
         return exchange.response
 
@@ -323,6 +326,7 @@ async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIter
             app[METRICS].ejections,
         )
         upstreams = Upstreams(settings.connect_timeout_s, settings.first_byte_timeout_s)
+        app[OUTLIERS] = outliers
         app[FORWARDER] = Forwarder(upstreams, settings, app[METRICS], outliers)
         monitor = ReplicaMonitor(
             lambda: holder.fleet,

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from gateway.affinity import RoutingMemory
 from gateway.metrics import GatewayMetrics
+from gateway.outlier import OutlierDetector
 from gateway.policy_reload import PolicyHolder
 from gateway.proxy import Forwarder
 from gateway.rate_limit import RateLimiter
@@ -28,6 +29,7 @@ POLICY = web.AppKey("policy", PolicyHolder)
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 FORWARDER = web.AppKey("forwarder", Forwarder)
+OUTLIERS = web.AppKey("outliers", OutlierDetector)
 LIMITER = web.AppKey("limiter", RateLimiter)
 MEMORY = web.AppKey("routing_memory", RoutingMemory)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)

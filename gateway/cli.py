@@ -51,6 +51,65 @@ def _serve(args: argparse.Namespace) -> int:
     return run(settings, policy)
 
 
+def _epp(args: argparse.Namespace) -> int:
+    from gateway.logs import configure
+    from gateway.settings_errors import load_settings
+
+    flags = (("host", args.host), ("port", args.http_port), ("policy", args.policy))
+    settings = load_settings({k: v for k, v in flags if v is not None})
+    if settings is None:
+        return 2
+    configure(settings.log_level)
+    if settings.policy is None:
+        print("error: no policy file: pass --policy PATH or set GATEWAY_POLICY", file=sys.stderr)
+        return 2
+    policy = _load_or_explain(settings.policy)
+    if policy is None or not _state_usable(settings, policy):
+        return 2
+    try:
+        from gateway.picker.server import add_picker
+    except ModuleNotFoundError as exc:
+        print(
+            f"error: the endpoint picker needs the epp extra ({exc.name} is missing): "
+            "pip install 'llm-gateway[epp]'",
+            file=sys.stderr,
+        )
+        return 2
+    from gateway.server import run
+
+    return run(settings, policy, lambda app: add_picker(app, settings.host, args.port))
+
+
+def _envoy_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from gateway.picker.envoy_config import bootstrap
+    from gateway.settings_errors import load_settings
+
+    settings = load_settings({"policy": args.policy} if args.policy else {})
+    if settings is None:
+        return 2
+    if settings.policy is None:
+        print("error: no policy file: pass --policy PATH or set GATEWAY_POLICY", file=sys.stderr)
+        return 2
+    policy = _load_or_explain(settings.policy)
+    if policy is None:
+        return 2
+    queue_s = max(pool.queue_timeout_s for pool in policy.pools.values())
+    config = bootstrap(
+        policy,
+        listen_port=args.listen_port,
+        picker_port=args.picker_port,
+        admin_port=args.admin_port,
+        fail_open=not args.fail_closed,
+        # Each answer of the picker may wait in a pool's admission queue.
+        message_timeout_s=queue_s + 5,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    sys.stdout.write(yaml.safe_dump(config, sort_keys=False))
+    return 0
+
+
 def _check_policy(args: argparse.Namespace) -> int:
     from gateway.settings_errors import load_settings
 
@@ -157,6 +216,37 @@ def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
         "configured, else with each other over Unix sockets",
     )
     serve.set_defaults(func=_serve)
+
+    epp = sub.add_parser(
+        "epp", help="run the endpoint picker for Envoy (ext_proc; needs the epp extra)"
+    )
+    epp.add_argument(
+        "--policy", type=Path, help="routing policy YAML file (default from GATEWAY_POLICY)"
+    )
+    epp.add_argument("--host", help="bind address (default from GATEWAY_HOST: 127.0.0.1)")
+    epp.add_argument("--port", type=int, default=9002, help="the picker's gRPC port (9002)")
+    epp.add_argument(
+        "--http-port",
+        type=int,
+        help="/metrics, /health, /ready and the admin API (default from GATEWAY_PORT: 8080)",
+    )
+    epp.set_defaults(func=_epp)
+
+    envoy = sub.add_parser(
+        "envoy-config", help="print an Envoy bootstrap that asks the picker (llm-gateway epp)"
+    )
+    envoy.add_argument("--listen-port", type=int, required=True, help="Envoy's port for clients")
+    envoy.add_argument("--picker-port", type=int, required=True, help="the picker's gRPC port")
+    envoy.add_argument(
+        "--policy", type=Path, help="the picker's policy, for the replicas (GATEWAY_POLICY)"
+    )
+    envoy.add_argument("--admin-port", type=int, help="Envoy's admin port (none by default)")
+    envoy.add_argument(
+        "--fail-closed",
+        action="store_true",
+        help="answer 500 while the picker is unreachable (default: Envoy's least-request)",
+    )
+    envoy.set_defaults(func=_envoy_config)
 
     check = sub.add_parser("check-policy", help="validate a policy file, print it with defaults")
     check.add_argument("path", type=Path)

@@ -8,12 +8,13 @@ and the errors the gateway answers itself, in the OpenAI shape with the request'
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
@@ -30,7 +31,6 @@ from gateway.app_keys import (
 )  # fmt: skip
 from gateway.client_hints import with_client_hints
 from gateway.errors import ApiError, internal_error
-from gateway.exchange import Exchange
 from gateway.front import FrontExchange, Request
 from gateway.logs import REQUEST_ID
 from gateway.metrics import NO_POOL
@@ -71,11 +71,13 @@ async def complete(
     fleet: Fleet,
     tenant: Tenant | None,
     endpoint: Endpoint,
-    exchange: Exchange,
+    sent: Mapping[str, str],
     raw: bytes,
     started: float,
+    forward: Callable[[Routed], Awaitable[int]],
 ) -> None:
-    """Answers the request through ``exchange``; raises ApiError for what it refuses."""
+    """Hands the request, with its pool and features, to ``forward`` (the proxy's, or the
+    picker's); ``sent``: the client's headers. Raises ApiError for what it refuses."""
     settings = app[SETTINGS]
     parsed = parse_request(endpoint, raw, settings.max_json_depth)
     owner = tenant.name if tenant is not None else None
@@ -84,12 +86,10 @@ async def complete(
         await responses_lookup.readable_home(
             memory.responses, parsed.previous_response_id, owner, "previous_response_id"
         )
-    resolution = resolve(fleet, parsed, exchange.headers.get(headers.TIER), memory)
+    resolution = resolve(fleet, parsed, sent.get(headers.TIER), memory)
     pool = resolution.pool
     # Before the limits and the demand counts: a malformed hint is the client's error.
-    features = with_client_hints(
-        resolution.features, parsed.body, exchange.headers, pool.policy.session
-    )
+    features = with_client_hints(resolution.features, parsed.body, sent, pool.policy.session)
     if resolution.hooks is not None:
         resolution.hooks.owner = owner
     limiter = app[LIMITER]
@@ -113,7 +113,7 @@ async def complete(
         resolution.hooks,
         on_usage=admission.observe if admission is not None else None,
     )
-    status = await app[FORWARDER].forward(exchange, routed)
+    status = await forward(routed)
     if admission is not None:
         limiter.settle(admission, status)
 
@@ -135,9 +135,11 @@ async def serve_framed(app: web.Application, request: Request, exchange: FrontEx
     try:
         fleet = app[POLICY].fleet  # one generation of the policy for the whole request
         tenant = app[LIMITER].authenticate(fleet.policy.limits, request.headers)
+        forward = functools.partial(app[FORWARDER].forward, exchange)
         await complete(
-            app, fleet, tenant, request.endpoint, exchange, request.body, request.started
-        )
+            app, fleet, tenant, request.endpoint, request.headers, request.body, request.started,
+            forward,
+        )  # fmt: skip
     except ApiError as error:
         await _answer(app, request, exchange, error)
     except ConnectionResetError:

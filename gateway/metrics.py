@@ -289,3 +289,25 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.registry.register(FleetCollector(current))
+        self._answered: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        self._ttft: dict[str, Histogram] = {}
+
+    def answered(self, pool: str, route: str, status: int, started: float) -> None:
+        """A request ended: counted, and its duration observed."""
+        # Labelled children are looked up once per label set: .labels() costs microseconds.
+        key = (pool, route, status)
+        children = self._answered.get(key)
+        if children is None:
+            children = self._answered[key] = (
+                self.requests.labels(pool, route, str(status)),
+                self.duration.labels(pool),
+            )
+        requests, duration = children
+        requests.inc()
+        duration.observe(time.perf_counter() - started)
+
+    def ttft_of(self, pool: str) -> Histogram:
+        histogram = self._ttft.get(pool)
+        if histogram is None:
+            histogram = self._ttft[pool] = self.ttft.labels(pool)
+        return histogram

@@ -16,8 +16,6 @@ import contextlib
 import logging
 import time
 
-from prometheus_client import Counter, Histogram
-
 from gateway import answers, headers
 from gateway.errors import (
     ApiError,
@@ -70,8 +68,6 @@ class Forwarder:
         self._settings = settings
         self._metrics = metrics
         self._outliers = outliers
-        self._recorders: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
-        self._ttft: dict[str, Histogram] = {}
         self.closing = False
         """Set at the drain deadline, just before the requests still in flight are cancelled:
         they end with an error the client can read rather than a cut connection."""
@@ -94,7 +90,7 @@ class Forwarder:
             await _answer(exchange, {headers.REQUEST_ID: routed.request_id}, error)
             return error.status
         finally:
-            self._record(routed.pool.name, outcome.route, outcome.status, routed.started)
+            self._metrics.answered(routed.pool.name, outcome.route, outcome.status, routed.started)
             log.debug(
                 "answered %d from pool %s, route %s, in %.1f ms", outcome.status,
                 routed.pool.name, outcome.route, (time.perf_counter() - routed.started) * 1e3,
@@ -343,7 +339,7 @@ class Forwarder:
 
         try:
             await exchange.start(upstream.status, out, first)
-            self._ttft_of(routed.pool.name).observe(time.perf_counter() - routed.started)
+            self._metrics.ttft_of(routed.pool.name).observe(time.perf_counter() - routed.started)
             routed.pool.first_byte(dispatch, time.monotonic() - dispatch.at)
             note(first)
             try:
@@ -383,27 +379,6 @@ class Forwarder:
             return False
         outcome.status = upstream.status if clean else STREAM_FAILED
         return clean
-
-    def _record(self, pool: str, route: str, status: int, started: float) -> None:
-        # Labelled children are looked up once per label set: .labels() costs microseconds.
-        key = (pool, route, status)
-        recorder = self._recorders.get(key)
-        if recorder is None:
-            metrics = self._metrics
-            recorder = (
-                metrics.requests.labels(pool, route, str(status)),
-                metrics.duration.labels(pool),
-            )
-            self._recorders[key] = recorder
-        requests, duration = recorder
-        requests.inc()
-        duration.observe(time.perf_counter() - started)
-
-    def _ttft_of(self, pool: str) -> Histogram:
-        histogram = self._ttft.get(pool)
-        if histogram is None:
-            histogram = self._ttft[pool] = self._metrics.ttft.labels(pool)
-        return histogram
 
 
 def _failure_reason(exc: BaseException, stream: bool) -> str:

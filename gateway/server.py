@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -90,11 +91,16 @@ async def serve(
     reuse_port: bool = False,
     mesh: MeshPlace | None = None,
     heartbeat: tuple[Heartbeats, int] | None = None,
+    extend: Callable[[web.Application], None] | None = None,
 ) -> None:
+    """Serves until SIGTERM or SIGINT, then drains; ``extend`` adds to the app before it
+    starts (the picker's gRPC server)."""
     beating = None
     if heartbeat is not None:
         beating = asyncio.create_task(keep_beating(*heartbeat), name="worker heartbeat")
     app = build_app(settings, policy, mesh)
+    if extend is not None:
+        extend(app)
     if heartbeat is not None:
         app[METRICS].registry.register(ReplacedCollector(heartbeat[0]))
     handler_args: dict[str, Any] = {
@@ -209,10 +215,12 @@ def client_side(
     return gate, front
 
 
-def run(settings: Settings, policy: Policy) -> int:
+def run(
+    settings: Settings, policy: Policy, extend: Callable[[web.Application], None] | None = None
+) -> int:
     if settings.workers > 1:
         return _run_workers(settings, policy)
-    return _run_one(settings, policy)
+    return _run_one(settings, policy, extend=extend)
 
 
 def _run_one(
@@ -222,12 +230,14 @@ def _run_one(
     reuse_port: bool = False,
     mesh: MeshPlace | None = None,
     heartbeat: tuple[Heartbeats, int] | None = None,
+    extend: Callable[[web.Application], None] | None = None,
 ) -> int:
     exit_deadline = _ExitDeadline(_EXIT_BOUND_S)
     try:
         main = serve(
-            settings, policy, exit_deadline, reuse_port=reuse_port, mesh=mesh, heartbeat=heartbeat
-        )
+            settings, policy, exit_deadline, reuse_port=reuse_port, mesh=mesh,
+            heartbeat=heartbeat, extend=extend,
+        )  # fmt: skip
         uvloop.run(main)
     except StartupError as exc:
         log.error("%s", exc)

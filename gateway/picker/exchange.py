@@ -1,0 +1,166 @@
+"""One request's ext_proc stream, seen from the picker: Envoy's messages in, answers out.
+
+Envoy waits for an answer to every message it sends (except in observability mode), so each
+is answered at once; the picker's only real answers are to the request body (the replica, or
+an immediate response) and to the answer's headers (the gateway's x-gateway-* headers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2 as core
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+from gateway import headers
+from gateway.errors import ApiError
+from gateway.logs import REQUEST_ID
+from gateway.picker.envoy_config import DESTINATION, LB_NAMESPACE
+from gateway.routed import CLIENT_CLOSED
+
+_CONTINUE = {
+    "request_headers": pb.ProcessingResponse(request_headers=pb.HeadersResponse()),
+    "response_headers": pb.ProcessingResponse(response_headers=pb.HeadersResponse()),
+    "request_body": pb.ProcessingResponse(request_body=pb.BodyResponse()),
+    "response_body": pb.ProcessingResponse(response_body=pb.BodyResponse()),
+    "request_trailers": pb.ProcessingResponse(request_trailers=pb.TrailersResponse()),
+    "response_trailers": pb.ProcessingResponse(response_trailers=pb.TrailersResponse()),
+}
+
+
+def go_on(message: Any) -> Any:
+    """The answer that lets ``message`` through unchanged."""
+    return _CONTINUE[message.WhichOneof("request")]
+
+
+def _mutation(values: Mapping[str, str]) -> Any:
+    """Sets each header, replacing what the client (or the replica) sent under its name."""
+    return pb.HeaderMutation(
+        set_headers=[
+            core.HeaderValueOption(
+                header=core.HeaderValue(key=k.lower(), raw_value=v.encode()),
+                append_action=core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+            )
+            for k, v in values.items()
+        ]
+    )
+
+
+class Envoy:
+    """The stream's two directions."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+
+    async def read(self) -> Any | None:
+        """Envoy's next message; None when the stream has ended."""
+        message = await self._context.read()
+        return None if message is grpc.aio.EOF else message
+
+    async def write(self, response: Any) -> None:
+        await self._context.write(response)
+
+    async def pass_through(self, message: Any | None) -> None:
+        """Lets ``message`` and every one after it through unchanged, to the stream's end."""
+        while message is not None:
+            await self.write(go_on(message))
+            message = await self.read()
+
+    async def whole_body(self) -> bytes | None:
+        """The request's body: one message when Envoy buffers it, several if it streams them
+        (each let through empty, so nothing reaches a replica before the pick). None when
+        the stream ends first."""
+        parts: list[bytes] = []
+        while (message := await self.read()) is not None:
+            kind = message.WhichOneof("request")
+            if kind == "request_body":
+                parts.append(message.request_body.body)
+                if message.request_body.end_of_stream:
+                    return b"".join(parts)
+            elif kind == "request_trailers":
+                return b"".join(parts)
+            await self.write(go_on(message))
+        return None
+
+
+class PickerExchange:
+    """The client's side of a request Envoy relays: either a refusal the gateway answers
+    itself (an immediate response), or a pick, after which Envoy relays the replica's answer
+    and the picker follows it."""
+
+    __slots__ = ("_answer_headers", "_envoy", "headers", "picked")
+
+    def __init__(self, envoy: Envoy, sent: Mapping[str, str]) -> None:
+        self._envoy = envoy
+        self.headers = sent
+        self.picked = False
+        self._answer_headers: Any = None
+
+    async def refuse(self, error: ApiError) -> None:
+        hdrs = error.answer_headers({headers.REQUEST_ID: REQUEST_ID.get()})
+        hdrs["content-type"] = "application/json"
+        await self._envoy.write(
+            pb.ProcessingResponse(
+                immediate_response=pb.ImmediateResponse(
+                    status=http_status_pb2.HttpStatus(code=error.status),
+                    headers=_mutation(hdrs),
+                    body=error.body(),
+                )
+            )
+        )
+
+    async def pick(self, endpoint: str, answer_headers: Mapping[str, str]) -> None:
+        """Sends the request to ``endpoint`` (ip:port); its answer will carry
+        ``answer_headers``."""
+        metadata = struct_pb2.Struct()
+        metadata.update({LB_NAMESPACE: {DESTINATION: endpoint}})
+        await self._envoy.write(
+            pb.ProcessingResponse(
+                request_body=pb.BodyResponse(
+                    response=pb.CommonResponse(header_mutation=_mutation({DESTINATION: endpoint}))
+                ),
+                dynamic_metadata=metadata,
+            )
+        )
+        self.picked = True
+        self._answer_headers = _mutation(answer_headers)
+
+    async def follow(
+        self, on_status: Callable[[int, str], None], on_chunk: Callable[[bytes], None]
+    ) -> int:
+        """Answers Envoy's messages about the replica's answer until its end: its status, or
+        CLIENT_CLOSED when the stream ended first (the client left, or Envoy gave up)."""
+        envoy = self._envoy
+        status = CLIENT_CLOSED
+        while (message := await envoy.read()) is not None:
+            kind = message.WhichOneof("request")
+            if kind == "response_headers":
+                sent = message.response_headers.headers.headers
+                values = {h.key: (h.raw_value or h.value.encode()).decode() for h in sent}
+                answer = int(values.get(":status", "0") or 0)
+                on_status(answer, values.get("content-type", ""))
+                await envoy.write(
+                    pb.ProcessingResponse(
+                        response_headers=pb.HeadersResponse(
+                            response=pb.CommonResponse(header_mutation=self._answer_headers)
+                        )
+                    )
+                )
+                if message.response_headers.end_of_stream:
+                    return answer
+                status = answer
+                continue
+            await envoy.write(go_on(message))
+            if kind == "response_body":
+                on_chunk(message.response_body.body)
+                if message.response_body.end_of_stream:
+                    return status
+            elif kind == "response_trailers":
+                return status
+        return CLIENT_CLOSED

