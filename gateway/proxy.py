@@ -114,9 +114,9 @@ class Forwarder:
                 skip = tried
                 if routed.hooks is not None:
                     skip = routed.hooks.exclude(pool.replicas, tried, attempt)
-                dispatch = await pool.acquire(routed.features, exclude=skip, retry=attempt > 0)
-            except PoolSaturated:
-                error = pool_saturated(pool.name, pool.policy.queue_timeout_s)
+                dispatch = await self._acquire(pool, routed, skip, attempt)
+            except PoolSaturated as saturated:
+                error = pool_saturated(saturated, pool.policy.queue_timeout_s)
                 outcome.status = error.status
                 await _answer(exchange, {headers.REQUEST_ID: routed.request_id}, error)
                 return error.status
@@ -136,6 +136,11 @@ class Forwarder:
                 continue
             return result
         return await self._give_up(exchange, routed, failure, outcome)
+
+    async def _acquire(
+        self, pool: PoolState, routed: Routed, skip: list[str], attempt: int
+    ) -> Dispatch | None:
+        return await pool.acquire(routed.features, exclude=skip, retry=attempt > 0)
 
     async def _attempt(
         self,

@@ -205,12 +205,15 @@ class PoolState:
     ) -> Dispatch | None:
         """A dispatched attempt; waits in line while every replica is full.
 
-        None when no healthy replica is left to try; PoolSaturated when the wait times out.
+        None when no healthy replica is left to try; PoolSaturated when the wait times out, or
+        at once for a sheddable request (priority below 0).
         """
         skip = set(exclude)
         deadline = time.monotonic() + self.policy.queue_timeout_s
-        # Newcomers queue behind those already waiting rather than jump the line.
-        if not len(self.queue):
+        priority = features.priority
+        # Newcomers queue behind those already waiting (of their priority or higher) rather
+        # than jump the line.
+        if not self.queue.ahead_of(priority):
             decision = self.decide(features, skip)
             if decision is not None:
                 return self.begin(decision, features, retry=retry)
@@ -219,9 +222,11 @@ class PoolState:
             if not any(r.available(now) and r.name not in skip for r in self.replicas.values()):
                 return None
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise PoolSaturated(self.name)
-            await self.queue.wait(min(remaining, _RECHECK_S))
+            if priority < 0 or remaining <= 0:
+                raise PoolSaturated(self.name, shed=priority < 0)
+            await self.queue.wait(min(remaining, _RECHECK_S), priority)
+            if self.queue.ahead_of(priority + 1):
+                continue  # woken by its own recheck: a higher priority waiting goes first
             decision = self.decide(features, skip)
             if decision is not None:
                 return self.begin(decision, features, retry=retry)

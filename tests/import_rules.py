@@ -163,8 +163,8 @@ def undeclared_imports(
 ) -> list[str]:
     """Module-level imports of the product that neither the stdlib, the project itself nor a
     declared base dependency provides: a fresh `pip install .` would fail on them. ``extras``:
-    a folder (relative to ``root``) whose modules may also import an extra's dependencies,
-    because nothing imports them unless that extra is installed."""
+    a module or folder (relative to ``root``) that may also import an extra's dependencies,
+    because nothing imports it unless that extra is installed."""
     if providers is None:
         providers = packages_distributions()
     problems = []
@@ -175,7 +175,11 @@ def undeclared_imports(
         dists = {normalise(d) for d in providers.get(top, [])}
         where = found.path.relative_to(root).as_posix()
         allowed = declared.union(
-            *(deps for folder, deps in (extras or {}).items() if where.startswith(folder + "/"))
+            *(
+                deps
+                for place, deps in (extras or {}).items()
+                if where == place or where.startswith(place + "/")
+            )
         )
         if not dists & allowed:
             origin = ", ".join(sorted(dists)) or "no installed distribution"

@@ -24,12 +24,16 @@ def test_layers_import_only_downwards() -> None:
 
 
 def test_every_module_level_import_of_the_product_is_declared() -> None:
-    """The endpoint picker's modules may import the epp extra's: the CLI imports them only
-    for `llm-gateway epp`, and says which extra to install when they are missing."""
+    """The endpoint picker's modules may import the epp extra's, the tracing module the otel
+    extra's: they are imported only when asked for (`llm-gateway epp`, GATEWAY_OTEL), and
+    the CLI says which extra to install when they are missing."""
     pyproject = ROOT / "pyproject.toml"
     declared = base_dependencies(pyproject)
-    picker = {"gateway/picker": base_dependencies(pyproject, "epp")}
-    assert undeclared_imports(ROOT, declared, extras=picker) == []
+    extras = {
+        "gateway/picker": base_dependencies(pyproject, "epp"),
+        "gateway/tracing.py": base_dependencies(pyproject, "otel"),
+    }
+    assert undeclared_imports(ROOT, declared, extras=extras) == []
 
 
 def test_the_benchmark_libraries_are_not_base_dependencies() -> None:
