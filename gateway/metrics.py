@@ -168,11 +168,11 @@ class FleetCollector(Collector):
             healthy_count.add_metric([pool.name], load.healthy)
             pool_kv.add_metric([pool.name], pool.mean_kv_usage())
             arrivals.add_metric([pool.name], pool.arrivals)
-            arrival_rate.add_metric([pool.name], pool.arrival_rate)
-            if pool.capacity_in_use is not None:
-                capacity.add_metric([pool.name], pool.capacity_in_use)
-            desired.add_metric([pool.name], pool.desired)
-            raw_desired.add_metric([pool.name], pool.raw_desired)
+            arrival_rate.add_metric([pool.name], pool.autoscale.arrival_rate)
+            if pool.autoscale.capacity_in_use is not None:
+                capacity.add_metric([pool.name], pool.autoscale.capacity_in_use)
+            desired.add_metric([pool.name], pool.autoscale.desired)
+            raw_desired.add_metric([pool.name], pool.autoscale.raw_desired)
         threshold = GaugeMetricFamily(
             TIER_THRESHOLD,
             "Score from which a tiered request goes to the large pool (calibrated or fixed).",

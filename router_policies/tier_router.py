@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from router_policies.calibration import QuantileThreshold
-from router_policies.schema import InvalidPolicy, TierSettings
+from router_policies.schema import InvalidPolicy
 from router_policies.tier_classifier import TierScore
 from router_policies.tier_classifiers import CueClassifier, TierClassifier, build_classifier
+from router_policies.tier_settings import TierSettings
 from router_policies.tiers import Tier, tier_for
 
 _TIER_NAMES = frozenset(t.value for t in Tier)
