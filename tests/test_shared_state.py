@@ -105,6 +105,7 @@ def test_without_a_shared_backend_a_dispatch_publishes_nothing() -> None:
     pool = pool_of(f)
     assert pool.outbox is None
     dispatch_to(pool, NAMES[0], features(pool, SYSTEM))  # no outbox: nothing to append to
+    assert pool.outbox is None and f.outbox is None  # nor did the dispatch make one
 
 
 def test_a_dispatch_lands_in_the_outbox_once_the_fleet_shares() -> None:
