@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from router_policies.adapter_placement import AdapterSettings
 from router_policies.block_layout import BlockLayout
 from router_policies.kv_events_settings import EventEndpoint, KvEventsSettings, PrefixSource
 from router_policies.limits_settings import LimitsSettings
@@ -193,6 +194,8 @@ class PoolPolicy(StrictModel):
     """LoRA adapters the replicas serve (vLLM's --lora-modules names): a request naming one
     goes to this pool, to the replicas that served the adapter lately (vLLM loads adapters on
     demand), and its prefix never matches another adapter's or the base model's."""
+    adapter_placement: AdapterSettings = AdapterSettings()
+    """How strongly an adapter's requests keep to the replicas that have it loaded."""
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
     """GPUs per replica (2 for a 70B model on 80 GB GPUs); used by deployment recipes."""
     max_inflight_per_replica: Annotated[int, Field(ge=1)] | None = None
