@@ -243,6 +243,7 @@ async def admin_route(request: web.Request) -> web.Response:
             "score": verdict.score.score,
             "threshold": verdict.threshold,
             "forced": verdict.forced,
+            "kept_by_conversation": verdict.kept,
             "features": dict(verdict.score.features),
             "contributions": dict(verdict.score.contributions),
         }

@@ -66,6 +66,9 @@ class TierSettings(StrictModel):
     """Weights of the `cue` classifier."""
     allow_header_override: bool = False
     """Lets clients force a tier with the x-gateway-tier request header."""
+    conversation_memory: Annotated[int, Field(ge=0)] = 100_000
+    """Conversations remembered as having gone large, whose later turns then stay large
+    (router_policies/tier_memory.py; about 100 bytes each); 0: every turn scored alone."""
     overflow: OverflowSettings = OverflowSettings()
 
     @model_validator(mode="after")
