@@ -18,8 +18,9 @@ COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY router_policies ./router_policies
 COPY replica ./replica
-# The epp extra: the same image runs `llm-gateway epp`, the endpoint picker behind Envoy.
-RUN pip install ".[epp]" && rm -rf /src
+# The extras: the same image runs `llm-gateway epp` (the endpoint picker behind Envoy) and
+# sends traces when GATEWAY_OTEL=true.
+RUN pip install ".[epp,otel]" && rm -rf /src
 
 RUN groupadd --system --gid 10001 gateway \
     && useradd --system --uid 10001 --gid gateway --no-create-home --home-dir /nonexistent \

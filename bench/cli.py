@@ -53,6 +53,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.placement",
         "one Mooncake window through the routing at zero load, against modelled caches",
     ),
+    "priority": (
+        "bench.priority",
+        "priority classes under overload: high kept, sheddable refused (x-gateway-priority)",
+    ),
     "hang": (
         "bench.hang",
         "one of two workers SIGSTOPped: how soon throughput is back (the watchdog)",

@@ -27,11 +27,12 @@ from bench import decide_tokens
 from bench.compare.code_state import code_revision
 from bench.microtime import samples_us
 from replica.vllm_cpu.tiny_model import default_dir
+from router_policies.cost.rates import default_rates
 from router_policies.cost.ttft import ReplicaLoad
 from router_policies.decision import Candidate, PoolSnapshot
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures, canonical_chat
 from router_policies.fingerprint import fingerprint as make_fingerprint
-from router_policies.policies.prefix_aware import PrefixAware, default_rates
+from router_policies.policies.prefix_aware import PrefixAware
 from router_policies.schema import PoolPolicy
 
 COMMAND = "llm-gateway bench decide"
@@ -99,7 +100,7 @@ def measure(replicas: int, size: int, case: str, repeats: int, seed: int = 0) ->
         for _ in range(3):
             other = features(_prompt(rng, size // 2, _text(rng, 8 * 1024)))
             policy.record(other, Decision(name, Route.PREFIX_HOME), now=0.0)
-    rates = default_rates(pool)
+    rates = default_rates(pool.cost)
     snapshot = PoolSnapshot(
         tuple(
             Candidate(n, i % 4, ReplicaLoad(i * 100.0, i % 3, i % 4, 0.0), rates, float(i % 7))

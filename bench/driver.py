@@ -170,16 +170,20 @@ async def _read_whole(response: aiohttp.ClientResponse) -> _Reply:
 
 
 async def send(
-    session: aiohttp.ClientSession, url: str, body: bytes, *, stream: bool
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    *,
+    stream: bool,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> tuple[RequestResult, str]:
-    """POST one chat completion; returns its result and the answer text. Never raises for a
-    failed request: failures are results too."""
+    """POST one chat completion (with ``extra_headers`` besides its content type); returns its
+    result and the answer text. Never raises for a failed request: failures are results too."""
     started = time.perf_counter()
     replica = route = None
+    sent = {"Content-Type": "application/json", **(extra_headers or {})}
     try:
-        async with session.post(
-            url, data=body, headers={"Content-Type": "application/json"}
-        ) as response:
+        async with session.post(url, data=body, headers=sent) as response:
             replica = response.headers.get(headers.REPLICA)
             route = response.headers.get(headers.ROUTE)
             if response.status != 200:

@@ -46,10 +46,11 @@ from bench.workloads_mooncake import (
     reused_tokens,
     summarise,
 )
+from router_policies.cost.rates import default_rates
 from router_policies.decay import DecayedCount
 from router_policies.decision import Candidate, Decision, PoolSnapshot
 from router_policies.fingerprint import RequestFeatures, canonical_chat
-from router_policies.policies.prefix_aware import PrefixAware, default_rates
+from router_policies.policies.prefix_aware import PrefixAware
 from router_policies.schema import PoolPolicy
 
 MODEL = "m"
@@ -81,7 +82,7 @@ POOL = PoolPolicy(model=MODEL, replicas=[f"http://{n}:1" for n in NAMES])
 def replay(prompts: Sequence[Prompt], capacity: int, jitter: float = 0.0, seed: int = 0) -> float:
     """The prompt-token share the placements' caches served."""
     policy = PrefixAware(POOL)
-    rates = default_rates(POOL)
+    rates = default_rates(POOL.cost)
     index_blocks = capacity_tokens() * CHARS_PER_TOKEN / POOL.prefix.block_bytes
     for name in NAMES:
         policy.size_index(name, int(index_blocks))

@@ -3,9 +3,9 @@
 - A `/v1/responses` request with `previous_response_id` must go to the replica that served that
   response: vLLM keeps stored responses in the server's own memory, and no other replica has it.
   The gateway learns each response's id from the relayed body or stream (bounded, LRU).
-- A request naming a LoRA adapter should go to a replica that served the adapter lately: vLLM
-  loads adapters on demand, so a cold replica pays a load (and a slot of --max-loras) first.
-  With no such replica, the adapter's rendezvous home: every gateway instance agrees on it.
+- A request naming a LoRA adapter should go to a replica that served the adapter lately, else to
+  its rendezvous home (router_policies/adapter_placement.py decides; this remembers who served
+  which adapter).
 
 The pool's policy still makes the choice, among the replicas left to it: `RouteHooks.exclude`
 names the others to the Forwarder (on every attempt when pinned, on the first only when merely
@@ -20,19 +20,11 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-import xxhash
-
 from gateway.replica_state import ReplicaState
-from router_policies.rendezvous import hrw_score
+from router_policies.adapter_placement import AdapterSettings, preferred_replicas
 
 RESPONSE_HOMES = 100_000
 """Response ids remembered: ~100 bytes each, and vLLM's own store is bounded by its memory."""
-ADAPTER_WARM_S = 300.0
-"""A replica that served an adapter this recently counts as having it loaded."""
-ADAPTER_SLACK = 1.0
-"""Warm replicas are preferred while their least busy one has at most (1 + balance_eps) x the
-pool's least in-flight count + this many requests: past that, loading the adapter elsewhere
-costs less than waiting for it."""
 _ADAPTERS_TRACKED = 10_000
 _ID_SCAN_BYTES = 64 * 1024
 """How far into a response to look for its id: vLLM puts it in the first event or field."""
@@ -104,8 +96,7 @@ class ResponseHomes:
 class AdapterHomes:
     """(pool, adapter) -> the replicas that served it, with when they last did."""
 
-    def __init__(self, warm_s: float = ADAPTER_WARM_S) -> None:
-        self.warm_s = warm_s
+    def __init__(self) -> None:
         self._served: OrderedDict[tuple[str, str], dict[str, float]] = OrderedDict()
 
     def served(self, pool: str, adapter: str, replica: str, now: float) -> None:
@@ -115,9 +106,10 @@ class AdapterHomes:
         while len(self._served) > _ADAPTERS_TRACKED:
             self._served.popitem(last=False)
 
-    def warm(self, pool: str, adapter: str, now: float) -> frozenset[str]:
+    def warm(self, pool: str, adapter: str, now: float, warm_s: float) -> frozenset[str]:
+        """The replicas that served it within ``warm_s``."""
         served = self._served.get((pool, adapter), {})
-        return frozenset(name for name, at in served.items() if now - at <= self.warm_s)
+        return frozenset(name for name, at in served.items() if now - at <= warm_s)
 
 
 @dataclass(slots=True)
@@ -131,33 +123,20 @@ class RoutingMemory:
     (gateway/adapter_discovery.py)."""
 
 
-def adapter_key(adapter: str) -> int:
-    return xxhash.xxh3_64_intdigest(f"lora\x00{adapter}".encode())
-
-
 def adapter_replicas(
     homes: AdapterHomes,
     pool: str,
     adapter: str,
     replicas: Iterable[ReplicaState],
-    balance_eps: float,
+    settings: AdapterSettings,
     now: float | None = None,
 ) -> frozenset[str]:
-    """The replicas an adapter's request should try first: those that served it lately, else
-    its rendezvous home; none (no preference) when they are much busier than the pool."""
+    """The replicas an adapter's request should try first (router_policies/adapter_placement.py
+    decides), from the replicas available now and those that served it lately."""
     now = time.monotonic() if now is None else now
-    available = [r for r in replicas if r.available(now)]
-    if not available:
-        return frozenset()
-    warm = homes.warm(pool, adapter, now)
-    chosen = [r for r in available if r.name in warm]
-    if not chosen:
-        key = adapter_key(adapter)
-        chosen = [max(available, key=lambda r: hrw_score(key, r.name))]
-    least = min(r.inflight for r in available)
-    if min(r.inflight for r in chosen) > (1 + balance_eps) * least + ADAPTER_SLACK:
-        return frozenset()
-    return frozenset(r.name for r in chosen)
+    inflight = {r.name: r.inflight for r in replicas if r.available(now)}
+    warm = homes.warm(pool, adapter, now, settings.warm_s)
+    return preferred_replicas(adapter, inflight, warm, settings)
 
 
 @dataclass(slots=True)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from gateway.exchange import Exchange
 from gateway.request_body import Endpoint
-from gateway.upstream import UpstreamError, UpstreamResponse
+from gateway.upstream import UpstreamResponse
+from gateway.upstream_errors import UpstreamError
 
 SSE = "text/event-stream"
 JSON = "application/json"

@@ -243,6 +243,7 @@ async def admin_route(request: web.Request) -> web.Response:
             "score": verdict.score.score,
             "threshold": verdict.threshold,
             "forced": verdict.forced,
+            "kept_by_conversation": verdict.kept,
             "features": dict(verdict.score.features),
             "contributions": dict(verdict.score.contributions),
         }
@@ -327,7 +328,16 @@ async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIter
         )
         upstreams = Upstreams(settings.connect_timeout_s, settings.first_byte_timeout_s)
         app[OUTLIERS] = outliers
-        app[FORWARDER] = Forwarder(upstreams, settings, app[METRICS], outliers)
+        tracing = None
+        if settings.otel:
+            from gateway.tracing import TracedForwarder, Tracing, otlp_provider
+
+            tracing = Tracing(otlp_provider())
+            app[FORWARDER] = TracedForwarder(
+                upstreams, settings, app[METRICS], outliers, tracing=tracing
+            )
+        else:
+            app[FORWARDER] = Forwarder(upstreams, settings, app[METRICS], outliers)
         monitor = ReplicaMonitor(
             lambda: holder.fleet,
             session,
@@ -364,6 +374,8 @@ async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIter
             yield
         finally:
             await stop_tasks((watcher, discovery))
+            if tracing is not None:
+                tracing.provider.shutdown()  # the spans still batched go out
             await upstreams.close()
             await shared.stop()
             await app[LIMITER].close()

@@ -44,7 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
         print("error: no policy file: pass --policy PATH or set GATEWAY_POLICY", file=sys.stderr)
         return 2
     policy = _load_or_explain(settings.policy)
-    if policy is None or not _state_usable(settings, policy):
+    if policy is None or not _state_usable(settings, policy) or not _tracing_usable(settings):
         return 2
     from gateway.server import run
 
@@ -64,7 +64,7 @@ def _epp(args: argparse.Namespace) -> int:
         print("error: no policy file: pass --policy PATH or set GATEWAY_POLICY", file=sys.stderr)
         return 2
     policy = _load_or_explain(settings.policy)
-    if policy is None or not _state_usable(settings, policy):
+    if policy is None or not _state_usable(settings, policy) or not _tracing_usable(settings):
         return 2
     try:
         from gateway.picker.server import add_picker
@@ -126,6 +126,21 @@ def _check_policy(args: argparse.Namespace) -> int:
     if settings.redis_url is not None:
         print("note: GATEWAY_REDIS_URL is set: it overrides the state section", file=sys.stderr)
     return 0
+
+
+def _tracing_usable(settings: Settings) -> bool:
+    if not settings.otel:
+        return True
+    try:
+        from gateway import tracing  # noqa: F401
+    except ModuleNotFoundError as exc:
+        print(
+            f"error: GATEWAY_OTEL needs the otel extra ({exc.name} is missing): "
+            "pip install 'llm-gateway[otel]'",
+            file=sys.stderr,
+        )
+        return False
+    return True
 
 
 def _state_usable(settings: Settings, policy: Policy) -> bool:

@@ -1,5 +1,5 @@
 """What a client says about routing besides its prompt: the session its request belongs to
-(router_policies/sessions.py) and its own time-to-first-token objective."""
+(router_policies/sessions.py), its own time-to-first-token objective and its priority."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from router_policies.session_settings import SessionSettings
 _MAX_KEY = 256
 """Longer session keys are kept as their digest: the memory per session stays bounded."""
 _MAX_OBJECTIVE_MS = 3_600_000.0
+_PRIORITIES = range(-1000, 1001)
 
 
 def session_key(body: Mapping[str, Any], sent: Mapping[str, str], settings: SessionSettings) -> str:
@@ -52,6 +53,24 @@ def ttft_objective_s(sent: Mapping[str, str]) -> float | None:
     return ms / 1000.0
 
 
+def priority(sent: Mapping[str, str]) -> int:
+    """The request's priority class (0 when absent); a malformed one is a 400."""
+    text = sent.get(headers.PRIORITY)
+    if text is None:
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = _PRIORITIES.stop
+    if value not in _PRIORITIES:
+        raise bad_request(
+            f"Header {headers.PRIORITY} must be an integer from {_PRIORITIES.start} to "
+            f"{_PRIORITIES.stop - 1}, got {text[:64]!r}.",
+            param=headers.PRIORITY,
+        )
+    return value
+
+
 def with_client_hints(
     features: RequestFeatures,
     body: Mapping[str, Any],
@@ -60,6 +79,7 @@ def with_client_hints(
 ) -> RequestFeatures:
     session = session_key(body, sent, settings) if settings.max_sessions else ""
     objective = ttft_objective_s(sent)
-    if not session and objective is None:
+    rank = priority(sent)
+    if not session and objective is None and not rank:
         return features
-    return replace(features, session=session, ttft_objective_s=objective)
+    return replace(features, session=session, ttft_objective_s=objective, priority=rank)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from gateway.headers import RETRY_AFTER, RETRY_AFTER_MS
+from gateway.pool_queue import PoolSaturated
 from replica.openai_api import ApiError, error_body
 
 __all__ = ["ApiError", "error_body"]
@@ -31,7 +35,35 @@ def no_healthy_replica(pool: str) -> ApiError:
     )
 
 
-def pool_saturated(pool: str, waited_s: float) -> ApiError:
+SHED_RETRY_AFTER_S = 1
+"""What a shed request is told to wait (Retry-After): about one request's service time."""
+
+
+class RetryLater(ApiError):
+    """An error whose answer says when to try again (Retry-After, and OpenAI's retry-after-ms
+    that the SDKs read first)."""
+
+    def __init__(self, status: int, message: str, retry_after_s: int, **fields: str) -> None:
+        super().__init__(status, message, **fields)
+        self.retry_after_s = retry_after_s
+
+    def answer_headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+        wait = self.retry_after_s
+        later = {RETRY_AFTER: str(wait), RETRY_AFTER_MS: str(1000 * wait)}
+        return super().answer_headers({**later, **(headers or {})})
+
+
+def pool_saturated(saturated: PoolSaturated, waited_s: float) -> ApiError:
+    pool = saturated.pool
+    if saturated.shed:
+        return RetryLater(
+            429,
+            f"Every replica of pool {pool!r} is busy, and the request is sheddable (priority "
+            "below 0).",
+            SHED_RETRY_AFTER_S,
+            type_="requests",
+            code="pool_saturated",
+        )
     return ApiError(
         503,
         f"Every replica of pool {pool!r} stayed busy for {waited_s:g} s.",

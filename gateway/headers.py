@@ -6,6 +6,7 @@ from replica.openai_api import REQUEST_ID
 
 __all__ = [
     "POOL",
+    "PRIORITY",
     "RATELIMIT_LIMIT_REQUESTS",
     "RATELIMIT_LIMIT_TOKENS",
     "RATELIMIT_REMAINING_REQUESTS",
@@ -32,6 +33,9 @@ TTFT_OBJECTIVE: Final = "x-gateway-ttft-objective-ms"
 """A request's own TTFT objective in milliseconds (the pool's cost.ttft_objective_s otherwise)."""
 TTFT_OBJECTIVE_LLMD: Final = "x-llm-d-slo-ttft-ms"
 """llm-d's name for the same, read when the gateway's own is absent."""
+PRIORITY: Final = "x-gateway-priority"
+"""A request's priority class, an integer (0 when absent): higher leaves a saturated pool's
+queue first; below 0 is sheddable (the Gateway API Inference Extension's convention)."""
 
 # Per-tenant rate limits (gateway/rate_limit/), spelled as OpenAI sends them: on every answer
 # to a tenant with limits, 429s included; reset is a duration ("1s", "6m0s", "20ms").

@@ -18,7 +18,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gateway.state import Fleet
+from gateway.state import Fleet, PoolState, ReplicaState
 
 REQUESTS = "gateway_requests"  # exposed as gateway_requests_total
 RETRIES = "gateway_retries"
@@ -66,6 +66,64 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+ReplicaFigure = Callable[[PoolState, ReplicaState, float], float]
+PoolFigure = Callable[[PoolState], float | None]
+
+_REPLICA_GAUGES: tuple[tuple[str, str, ReplicaFigure], ...] = (
+    (REPLICA_INFLIGHT, "Requests the gateway has in flight on the replica.",
+     lambda pool, r, now: r.inflight),
+    (REPLICA_REMOTE_INFLIGHT,
+     "Requests the other gateway instances have in flight on the replica, as last read from "
+     "the shared state (0 without one); routing counts both.",
+     lambda pool, r, now: r.remote_inflight),
+    (REPLICA_HEALTHY, "1 if the replica passes health checks, else 0.",
+     lambda pool, r, now: 1.0 if r.healthy else 0.0),
+    (REPLICA_EJECTED, "1 while the replica is ejected for failing requests, else 0.",
+     lambda pool, r, now: 1.0 if r.outlier.ejected(now) else 0.0),
+    (REPLICA_ENGINE_WAITING,
+     "The replica's own waiting queue, as last scraped (vllm:num_requests_waiting).",
+     lambda pool, r, now: r.engine.waiting),
+    (REPLICA_KV_USAGE,
+     "The replica's KV-cache usage 0-1, as last scraped (vllm:kv_cache_usage_perc).",
+     lambda pool, r, now: r.engine.kv_usage),
+    (REPLICA_INDEX_BLOCKS,
+     "Capacity of the gateway's prefix index for the replica, in fingerprint blocks (sized "
+     "from the replica's KV cache once scraped).",
+     lambda pool, r, now: pool.router.index_blocks(r.name)),
+)  # fmt: skip
+"""Per replica: name, help, and how to read it from live state."""
+
+_PoolFamily = type[GaugeMetricFamily | CounterMetricFamily]
+_POOL_FAMILIES: tuple[tuple[str, str, _PoolFamily, PoolFigure], ...] = (
+    (POOL_GATEWAY_WAITING, "Requests for the pool waiting inside the gateway for a replica.",
+     GaugeMetricFamily, lambda pool: pool.gateway_waiting),
+    (POOL_QUEUE_DEPTH,
+     "Requests waiting in the gateway plus the healthy replicas' waiting queues.",
+     GaugeMetricFamily, lambda pool: pool.load().queue_depth),
+    (POOL_HEALTHY_REPLICAS, "Healthy replicas in the pool.",
+     GaugeMetricFamily, lambda pool: pool.load().healthy),
+    (POOL_KV_USAGE, "Mean KV-cache usage 0-1 over the healthy replicas.",
+     GaugeMetricFamily, lambda pool: pool.mean_kv_usage()),
+    (POOL_ARRIVALS,
+     "Requests routed to the pool, counted on arrival (demand, unlike the answered count of "
+     "gateway_requests_total under overload).",
+     CounterMetricFamily, lambda pool: pool.arrivals),
+    (POOL_ARRIVAL_RATE,
+     "Arrivals per second over the pool's autoscale rate_window_s (the rate term's input).",
+     GaugeMetricFamily, lambda pool: pool.autoscale.arrival_rate),
+    (POOL_REPLICA_CAPACITY,
+     "Requests/s one replica completes when saturated: measured at saturation, else "
+     "estimated from its learned rates (absent until either exists).",
+     GaugeMetricFamily, lambda pool: pool.autoscale.capacity_in_use),
+    (POOL_DESIRED_REPLICAS,
+     "Replicas the pool should have (the autoscaling signal, scale-down stabilised).",
+     GaugeMetricFamily, lambda pool: pool.autoscale.desired),
+    (POOL_DESIRED_REPLICAS_RAW, "The desired replica count before scale-down stabilisation.",
+     GaugeMetricFamily, lambda pool: pool.autoscale.raw_desired),
+)  # fmt: skip
+"""Per pool: name, help, kind, and how to read it from live state (None: absent for now)."""
+
+
 class FleetCollector(Collector):
     """Pool and replica gauges read from live state at scrape time, never updated per request."""
 
@@ -74,105 +132,21 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         fleet = self._current()
-        inflight = GaugeMetricFamily(
-            REPLICA_INFLIGHT, "Requests the gateway has in flight on the replica.",
-            labels=["pool", "replica"],
-        )  # fmt: skip
-        remote_inflight = GaugeMetricFamily(
-            REPLICA_REMOTE_INFLIGHT,
-            "Requests the other gateway instances have in flight on the replica, as last read "
-            "from the shared state (0 without one); routing counts both.",
-            labels=["pool", "replica"],
-        )
-        healthy = GaugeMetricFamily(
-            REPLICA_HEALTHY, "1 if the replica passes health checks, else 0.",
-            labels=["pool", "replica"],
-        )  # fmt: skip
-        ejected = GaugeMetricFamily(
-            REPLICA_EJECTED, "1 while the replica is ejected for failing requests, else 0.",
-            labels=["pool", "replica"],
-        )  # fmt: skip
         now = time.monotonic()
-        engine_waiting = GaugeMetricFamily(
-            REPLICA_ENGINE_WAITING,
-            "The replica's own waiting queue, as last scraped (vllm:num_requests_waiting).",
-            labels=["pool", "replica"],
-        )
-        kv_usage = GaugeMetricFamily(
-            REPLICA_KV_USAGE,
-            "The replica's KV-cache usage 0-1, as last scraped (vllm:kv_cache_usage_perc).",
-            labels=["pool", "replica"],
-        )
-        index_blocks = GaugeMetricFamily(
-            REPLICA_INDEX_BLOCKS,
-            "Capacity of the gateway's prefix index for the replica, in fingerprint blocks "
-            "(sized from the replica's KV cache once scraped).",
-            labels=["pool", "replica"],
-        )
-        gateway_waiting = GaugeMetricFamily(
-            POOL_GATEWAY_WAITING,
-            "Requests for the pool waiting inside the gateway for a replica.",
-            labels=["pool"],
-        )
-        queue = GaugeMetricFamily(
-            POOL_QUEUE_DEPTH,
-            "Requests waiting in the gateway plus the healthy replicas' waiting queues.",
-            labels=["pool"],
-        )
-        healthy_count = GaugeMetricFamily(
-            POOL_HEALTHY_REPLICAS, "Healthy replicas in the pool.", labels=["pool"]
-        )
-        desired = GaugeMetricFamily(
-            POOL_DESIRED_REPLICAS,
-            "Replicas the pool should have (the autoscaling signal, scale-down stabilised).",
-            labels=["pool"],
-        )
-        raw_desired = GaugeMetricFamily(
-            POOL_DESIRED_REPLICAS_RAW,
-            "The desired replica count before scale-down stabilisation.",
-            labels=["pool"],
-        )
-        arrivals = CounterMetricFamily(
-            POOL_ARRIVALS,
-            "Requests routed to the pool, counted on arrival (demand, unlike the answered "
-            "count of gateway_requests_total under overload).",
-            labels=["pool"],
-        )
-        arrival_rate = GaugeMetricFamily(
-            POOL_ARRIVAL_RATE,
-            "Arrivals per second over the pool's autoscale rate_window_s (the rate term's input).",
-            labels=["pool"],
-        )
-        pool_kv = GaugeMetricFamily(
-            POOL_KV_USAGE, "Mean KV-cache usage 0-1 over the healthy replicas.", labels=["pool"]
-        )
-        capacity = GaugeMetricFamily(
-            POOL_REPLICA_CAPACITY,
-            "Requests/s one replica completes when saturated: measured at saturation, else "
-            "estimated from its learned rates (absent until either exists).",
-            labels=["pool"],
-        )
-        for pool in fleet.pools.values():
-            for replica in pool.replicas.values():
-                labels = [pool.name, replica.name]
-                inflight.add_metric(labels, replica.inflight)
-                remote_inflight.add_metric(labels, replica.remote_inflight)
-                healthy.add_metric(labels, 1.0 if replica.healthy else 0.0)
-                ejected.add_metric(labels, 1.0 if replica.outlier.ejected(now) else 0.0)
-                engine_waiting.add_metric(labels, replica.engine.waiting)
-                kv_usage.add_metric(labels, replica.engine.kv_usage)
-                index_blocks.add_metric(labels, pool.router.index_blocks(replica.name))
-            load = pool.load()
-            gateway_waiting.add_metric([pool.name], pool.gateway_waiting)
-            queue.add_metric([pool.name], load.queue_depth)
-            healthy_count.add_metric([pool.name], load.healthy)
-            pool_kv.add_metric([pool.name], pool.mean_kv_usage())
-            arrivals.add_metric([pool.name], pool.arrivals)
-            arrival_rate.add_metric([pool.name], pool.arrival_rate)
-            if pool.capacity_in_use is not None:
-                capacity.add_metric([pool.name], pool.capacity_in_use)
-            desired.add_metric([pool.name], pool.desired)
-            raw_desired.add_metric([pool.name], pool.raw_desired)
+        for name, documentation, replica_figure in _REPLICA_GAUGES:
+            family = GaugeMetricFamily(name, documentation, labels=["pool", "replica"])
+            for pool in fleet.pools.values():
+                for replica in pool.replicas.values():
+                    value = replica_figure(pool, replica, now)
+                    family.add_metric([pool.name, replica.name], value)
+            yield family
+        for name, documentation, kind, pool_figure in _POOL_FAMILIES:
+            pools = kind(name, documentation, labels=["pool"])
+            for pool in fleet.pools.values():
+                figure = pool_figure(pool)
+                if figure is not None:
+                    pools.add_metric([pool.name], figure)
+            yield pools
         threshold = GaugeMetricFamily(
             TIER_THRESHOLD,
             "Score from which a tiered request goes to the large pool (calibrated or fixed).",
@@ -180,11 +154,7 @@ class FleetCollector(Collector):
         )
         for model, tier in fleet.tiers.items():
             threshold.add_metric([model], tier.threshold)
-        yield from (
-            inflight, remote_inflight, healthy, ejected, engine_waiting, kv_usage, index_blocks,
-            gateway_waiting, queue, healthy_count, pool_kv, arrivals, arrival_rate, capacity,
-            desired, raw_desired, threshold,
-        )  # fmt: skip
+        yield threshold
         yield from _kv_event_families(fleet, now)
 
 

@@ -26,20 +26,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class Outlier:
-    """One replica's passive-health record (carried over policy reloads with its replica)."""
-
-    consecutive_failures: int = 0
-    ejections: int = 0
-    """Ejections since the replica last answered well: the backoff's exponent."""
-    ejected_until: float = 0.0
-    """Monotonic time the current ejection ends (0: never ejected)."""
-
-    def ejected(self, now: float) -> bool:
-        return now < self.ejected_until
-
-
 @dataclass(frozen=True, slots=True)
 class OutlierSettings:
     consecutive_failures: int

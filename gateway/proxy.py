@@ -35,13 +35,12 @@ from gateway.replica_state import Dispatch, ReplicaState
 from gateway.routed import CLIENT_CLOSED, Failure, Outcome, Routed
 from gateway.settings import Settings
 from gateway.state import PoolSaturated, PoolState
-from gateway.upstream import (
-    ConnectTimeout,
+from gateway.upstream import UpstreamResponse, Upstreams
+from gateway.upstream_errors import (
     ReplicaDisconnected,
     ReplicaUnreachable,
     UpstreamError,
-    UpstreamResponse,
-    Upstreams,
+    failure_reason,
 )
 from gateway.usage import prompt_usage
 
@@ -114,9 +113,9 @@ class Forwarder:
                 skip = tried
                 if routed.hooks is not None:
                     skip = routed.hooks.exclude(pool.replicas, tried, attempt)
-                dispatch = await pool.acquire(routed.features, exclude=skip, retry=attempt > 0)
-            except PoolSaturated:
-                error = pool_saturated(pool.name, pool.policy.queue_timeout_s)
+                dispatch = await self._acquire(pool, routed, skip, attempt)
+            except PoolSaturated as saturated:
+                error = pool_saturated(saturated, pool.policy.queue_timeout_s)
                 outcome.status = error.status
                 await _answer(exchange, {headers.REQUEST_ID: routed.request_id}, error)
                 return error.status
@@ -136,6 +135,11 @@ class Forwarder:
                 continue
             return result
         return await self._give_up(exchange, routed, failure, outcome)
+
+    async def _acquire(
+        self, pool: PoolState, routed: Routed, skip: list[str], attempt: int
+    ) -> Dispatch | None:
+        return await pool.acquire(routed.features, exclude=skip, retry=attempt > 0)
 
     async def _attempt(
         self,
@@ -168,7 +172,7 @@ class Forwarder:
                 upstream.close()
             if isinstance(exc, ReplicaUnreachable):
                 replica.mark_down()
-            reason = _failure_reason(exc, stream)
+            reason = failure_reason(exc, stream)
             self._failed(routed.pool, replica, reason)
             log.warning("replica %s failed before the first byte: %s", replica.name, reason)
             return Failure(502, upstream_error(replica.name, exc), "application/json")
@@ -379,14 +383,6 @@ class Forwarder:
             return False
         outcome.status = upstream.status if clean else STREAM_FAILED
         return clean
-
-
-def _failure_reason(exc: BaseException, stream: bool) -> str:
-    if isinstance(exc, ConnectTimeout):
-        return "connect timeout"
-    if isinstance(exc, TimeoutError):
-        return "first-token timeout" if stream else "response timeout"
-    return repr(exc)
 
 
 async def _end_with(exchange: Exchange, event: bytes) -> None:

@@ -7,16 +7,28 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from gateway.kv_event_stream import EventStream
-from gateway.outlier import Outlier
 from router_policies.batch_slots import BatchSlots
-from router_policies.cost.rates import RateLearner
+from router_policies.cost.rates import RateLearner, default_rates
 from router_policies.cost.ttft import ReplicaLoad
 from router_policies.decay import DecayedCount
 from router_policies.decision import Decision
 from router_policies.fingerprint import RequestFeatures
 from router_policies.index_belief import IndexBelief
-from router_policies.policies.prefix_aware import default_rates
 from router_policies.schema import PoolPolicy
+
+
+@dataclass(slots=True)
+class Outlier:
+    """One replica's passive-health record (carried over policy reloads with its replica)."""
+
+    consecutive_failures: int = 0
+    ejections: int = 0
+    """Ejections since the replica last answered well: the backoff's exponent."""
+    ejected_until: float = 0.0
+    """Monotonic time the current ejection ends (0: never ejected)."""
+
+    def ejected(self, now: float) -> bool:
+        return now < self.ejected_until
 
 
 @dataclass(slots=True)
@@ -76,7 +88,7 @@ class ReplicaState:
         """A replica new to the gateway: the pool's default rates until it learns its own."""
         cost = policy.cost
         learner = RateLearner(
-            default_rates(policy), forgetting=cost.forgetting, min_samples=cost.min_samples
+            default_rates(policy.cost), forgetting=cost.forgetting, min_samples=cost.min_samples
         )
         return cls(url, learner, DecayedCount(policy.load.recent_half_life_s))
 

@@ -133,7 +133,7 @@ def _hooks(
     if adapter is not None:
         replicas = adapter_replicas(
             memory.adapters, pool.name, adapter, pool.replicas.values(),
-            pool.policy.load.balance_eps,
+            pool.policy.adapter_placement,
         )  # fmt: skip
     if not (learn or adapter is not None):
         return None

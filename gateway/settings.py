@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     """Bearer token for /admin/*; with none set (or an empty one), the admin endpoints are
     disabled."""
     log_level: str = "INFO"
+    otel: bool = False
+    """OpenTelemetry traces of proxied requests (gateway/tracing.py; the otel extra), sent
+    over OTLP/HTTP as the standard OTEL_* variables say."""
     workers: Annotated[int, Field(ge=1, le=256)] = 1
     """Processes serving one port (SO_REUSEPORT). They share routing state through the Redis
     backend when one is configured, else with each other over Unix sockets. ``auto``: one per

@@ -7,23 +7,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gateway.pool_autoscale import PoolAutoscale
 from gateway.pool_queue import PoolQueue, PoolSaturated
 from gateway.prediction_errors import PredictionErrors
 from gateway.replica_state import Dispatch, EngineStats, ReplicaState
 from gateway.usage import PromptUsage
-from router_policies.autoscale import (
-    CapacityMeter,
-    RateMeter,
-    ScaleDownStabilizer,
-    desired_replicas,
-)
-from router_policies.capacity import (
-    CapacityEstimate,
-    WorkloadMeter,
-    batch_size,
-    full_batch_capacity,
-    kv_tokens,
-)
 from router_policies.cost.ttft import IDLE, queued_tokens
 from router_policies.decision import Candidate, Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
@@ -33,7 +21,7 @@ from router_policies.tier_router import TierRouter
 from router_policies.tiers import PoolLoad
 
 if TYPE_CHECKING:
-    from gateway.shared_state.base import Outbox
+    from gateway.shared_state.outbox import Outbox
 
 # Replica state lives in gateway/replica_state.py; the pool hands its types out too.
 __all__ = [
@@ -95,46 +83,14 @@ class PoolState:
             previous.chars_per_token if previous is not None else policy.prefix.chars_per_token
         )
         """Bytes of canonical prompt per model token, learned from the replicas' usage."""
-        window = policy.autoscale.scale_down_stabilization_s
-        keep_history = previous is not None and previous.stabilizer.window_s == window
-        self.stabilizer: ScaleDownStabilizer = (
-            previous.stabilizer
-            if previous is not None and keep_history
-            else ScaleDownStabilizer(window)
+        self.autoscale: PoolAutoscale = PoolAutoscale(
+            policy.autoscale, previous.autoscale if previous is not None else None
         )
-        self.raw_desired: int = (
-            previous.raw_desired if previous is not None else policy.autoscale.min_replicas
-        )
-        self.desired: int = previous.desired if previous is not None else self.raw_desired
+        """The autoscaling signal and its meters (gateway/pool_autoscale.py)."""
         self.arrivals: int = previous.arrivals if previous is not None else 0
         """Requests routed to this pool, counted on arrival: demand, not throughput."""
-        self.arrival_meter: RateMeter = (
-            previous.arrival_meter
-            if previous is not None
-            and previous.arrival_meter.window_s == policy.autoscale.rate_window_s
-            else RateMeter(policy.autoscale.rate_window_s)
-        )
-        self.arrival_rate: float = previous.arrival_rate if previous is not None else 0.0
         self.completions: int = previous.completions if previous is not None else 0
         """Requests (attempts) that ended: with saturation, they teach the capacity."""
-        self.capacity: CapacityMeter = (
-            previous.capacity
-            if previous is not None
-            and previous.capacity.window_s == policy.autoscale.capacity_window_s
-            else CapacityMeter(policy.autoscale.capacity_window_s)
-        )
-        self.workload: WorkloadMeter = (
-            previous.workload if previous is not None else WorkloadMeter()
-        )
-        """The pool's mean uncached prompt and decode time per request, for the estimate."""
-        self.capacity_estimate: CapacityEstimate = (
-            previous.capacity_estimate
-            if previous is not None
-            else CapacityEstimate(policy.autoscale.capacity_window_s)
-        )
-        """Capacity from the learned rates, used until the measured one exists."""
-        self.capacity_in_use: float | None = None
-        """Per-replica capacity the signal runs on: measured, else estimated (or None)."""
         self.remote: RemoteCounts = previous.remote if previous is not None else RemoteCounts()
         self.prediction_errors: PredictionErrors = (
             previous.prediction_errors if previous is not None else PredictionErrors()
@@ -205,12 +161,15 @@ class PoolState:
     ) -> Dispatch | None:
         """A dispatched attempt; waits in line while every replica is full.
 
-        None when no healthy replica is left to try; PoolSaturated when the wait times out.
+        None when no healthy replica is left to try; PoolSaturated when the wait times out, or
+        at once for a sheddable request (priority below 0).
         """
         skip = set(exclude)
         deadline = time.monotonic() + self.policy.queue_timeout_s
-        # Newcomers queue behind those already waiting rather than jump the line.
-        if not len(self.queue):
+        priority = features.priority
+        # Newcomers queue behind those already waiting (of their priority or higher) rather
+        # than jump the line.
+        if not self.queue.ahead_of(priority):
             decision = self.decide(features, skip)
             if decision is not None:
                 return self.begin(decision, features, retry=retry)
@@ -219,9 +178,11 @@ class PoolState:
             if not any(r.available(now) and r.name not in skip for r in self.replicas.values()):
                 return None
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise PoolSaturated(self.name)
-            await self.queue.wait(min(remaining, _RECHECK_S))
+            if priority < 0 or remaining <= 0:
+                raise PoolSaturated(self.name, shed=priority < 0)
+            await self.queue.wait(min(remaining, _RECHECK_S), priority)
+            if self.queue.ahead_of(priority + 1):
+                continue  # woken by its own recheck: a higher priority waiting goes first
             decision = self.decide(features, skip)
             if decision is not None:
                 return self.begin(decision, features, retry=retry)
@@ -316,7 +277,9 @@ class PoolState:
         if replica.kv_events is not None:
             replica.kv_events.ended(dispatch.request, own, dispatch.at, now)
         # Streamed, its decode time tells its output length (capacity estimate).
-        self.workload.observe(own, held if dispatch.ttft_s is not None else None, dispatch.running)
+        self.autoscale.workload.observe(
+            own, held if dispatch.ttft_s is not None else None, dispatch.running
+        )
         if dispatch.ttft_s is not None and self.policy.cost.learn:
             replica.learner.observe(dispatch.queued_tokens + own, dispatch.running, dispatch.ttft_s)
 
@@ -350,53 +313,14 @@ class PoolState:
         """Called once per scrape round, so the stabilisation window counts real time."""
         remote = self.remote
         depth = self.gateway_waiting + remote.waiting + self.engine_waiting()
-        healthy = len(self.healthy())
-        self.arrival_rate = self.arrival_meter.rate(now, self.arrivals + remote.arrivals)
-        blind = self.capacity.value is None and self.capacity_estimate.value is None
-        configured = self.policy.autoscale.target_rate_per_replica is not None
-        self.capacity.update(now, self.completions + remote.completions, healthy, depth)
-        # Measured at saturation wins; until then, estimated from the learned rates.
-        capacity = self.capacity.value
-        if capacity is None:
-            # Saturated as CapacityMeter counts it: a request waiting per healthy replica (an
-            # engine queues every request briefly before its next step: no sign on its own).
-            capacity = self.capacity_estimate.update(
-                now, self._replica_capacities(), saturated=healthy > 0 and depth >= healthy
-            )
-        self.capacity_in_use = capacity
-        if blind and capacity is not None and not configured:
-            # The queue term's recommendations were made blind: they should not hold it up.
-            self.stabilizer.forget()
-        self.raw_desired = desired_replicas(
-            healthy,
+        self.autoscale.update(
+            now,
+            self.healthy(),
             depth,
             self.mean_kv_usage(),
-            self.policy.autoscale,
-            self.arrival_rate,
-            capacity,
+            self.arrivals + remote.arrivals,
+            self.completions + remote.completions,
         )
-        self.desired = self.stabilizer.recommend(now, self.raw_desired)
-
-    def _replica_capacities(self) -> list[float]:
-        """Each healthy replica's estimated capacity (requests/s at a full batch), from those
-        that have learned their rates (the policy's default rates are no measurement)."""
-        workload = self.workload.value()
-        if workload is None:
-            return []
-        settings = self.policy.autoscale
-        learned = [r for r in self.healthy() if r.learner.learned]
-        capacities = []
-        for r in learned:
-            rates = r.learner.rates()
-            batch = batch_size(
-                r.slots.value,
-                settings.batch_slots,
-                kv_tokens(workload, rates),
-                r.engine.kv_capacity_tokens,
-                settings.kv_usage_ceiling,
-            )
-            capacities.append(full_batch_capacity(rates, batch, workload))
-        return capacities
 
     def load(self) -> PoolLoad:
         return PoolLoad(

@@ -13,15 +13,22 @@ apart (the replica is down, it timed out, it broke the answer).
 from __future__ import annotations
 
 import asyncio
-import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import cast
-from urllib.parse import urlsplit
 
 import httptools
+
+from gateway.upstream_errors import (
+    BadAnswer,
+    ConnectTimeout,
+    ReadTimeout,
+    ReplicaDisconnected,
+    ReplicaUnreachable,
+    UpstreamError,
+)
+from gateway.upstream_target import Target
 
 IDLE_S = 4.0
 """A pooled connection unused this long is closed rather than reused: vLLM's server closes
@@ -32,39 +39,6 @@ MAX_IDLE_PER_REPLICA = 256
 that a burst does not leave thousands of sockets open."""
 PAUSE_BYTES = 256 * 1024
 """An answer buffered beyond this pauses reading the replica until the relay catches up."""
-
-
-class UpstreamError(Exception):
-    """The replica failed: it could not be reached, broke the connection or the protocol."""
-
-
-class ReplicaUnreachable(UpstreamError):
-    """No connection could be made (refused, unreachable): the replica is down."""
-
-
-class ConnectTimeout(UpstreamError, TimeoutError):
-    """No connection within the connect timeout."""
-
-
-class ReadTimeout(UpstreamError, TimeoutError):
-    """The replica sent nothing for the read timeout."""
-
-
-class ReplicaDisconnected(UpstreamError):
-    """The replica closed the connection before its answer ended."""
-
-
-class BadAnswer(UpstreamError):
-    """The replica's bytes are not HTTP/1.1."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Target:
-    host: str
-    port: int
-    ssl: ssl.SSLContext | None
-    prefix: bytes
-    host_header: bytes
 
 
 class UpstreamResponse:
@@ -317,7 +291,7 @@ class _Connection(asyncio.Protocol):
 class _Pool:
     """The idle connections to one replica, most recently used last."""
 
-    def __init__(self, target: _Target) -> None:
+    def __init__(self, target: Target) -> None:
         self.target = target
         self.idle: deque[_Connection] = deque()
 
@@ -345,7 +319,6 @@ class Upstreams:
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._pools: dict[str, _Pool] = {}
-        self._ssl: ssl.SSLContext | None = None
 
     async def post(
         self, base_url: str, path: str, body: bytes, headers: Iterable[tuple[str, str]]
@@ -406,16 +379,7 @@ class Upstreams:
         return conn
 
     def _pool(self, base_url: str) -> _Pool:
-        parts = urlsplit(base_url)
-        secure = parts.scheme == "https"
-        if secure and self._ssl is None:
-            self._ssl = ssl.create_default_context()
-        host = parts.hostname or "localhost"
-        port = parts.port or (443 if secure else 80)
-        target = _Target(
-            host, port, self._ssl if secure else None, parts.path.rstrip("/").encode(),
-            parts.netloc.rsplit("@", 1)[-1].encode(),
-        )  # fmt: skip
+        target = Target.of(base_url)
         pool = self._pools[base_url] = _Pool(target)
         return pool
 

@@ -46,6 +46,9 @@ class RequestFeatures:
     """The conversation the client named (router_policies/sessions.py); "" for none."""
     ttft_objective_s: float | None = None
     """The request's own TTFT objective, where the client set one (it replaces the pool's)."""
+    priority: int = 0
+    """The client's priority class: higher leaves a saturated pool's queue first; below 0 is
+    sheddable, refused at once when the pool is saturated rather than queued."""
 
     @property
     def home_key(self) -> int:

@@ -6,14 +6,12 @@ validated and with defaults filled in, so code never carries a second copy of a 
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     SecretStr,
@@ -23,11 +21,15 @@ from pydantic import (
     model_validator,
 )
 
+from router_policies.adapter_placement import AdapterSettings
 from router_policies.block_layout import BlockLayout
 from router_policies.kv_events_settings import EventEndpoint, KvEventsSettings, PrefixSource
+from router_policies.limits_settings import LimitsSettings
 from router_policies.redis_url import checked as checked_redis_url
 from router_policies.redis_url import mask as mask_redis_url
 from router_policies.session_settings import SessionSettings
+from router_policies.strict_model import StrictModel
+from router_policies.tier_settings import TierSettings
 from router_policies.yaml_locations import line_of
 
 
@@ -37,12 +39,7 @@ class PolicyName(StrEnum):
     ROUND_ROBIN = "round-robin"
 
 
-class _Strict(BaseModel):
-    # A typo in an operator's file must be an error, not a silently ignored key.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PrefixSettings(_Strict):
+class PrefixSettings(StrictModel):
     """How prompts are fingerprinted and how much of a match is worth pinning for."""
 
     block_bytes: Annotated[int, Field(ge=16, le=65536)] = 128
@@ -78,7 +75,7 @@ class PrefixSettings(_Strict):
         return BlockLayout(self.block_bytes, self.doubling_blocks)
 
 
-class CostSettings(_Strict):
+class CostSettings(StrictModel):
     """The cost model's starting rates, used per replica until learned from observed TTFTs."""
 
     prefill_tokens_per_s: Annotated[float, Field(gt=0)] = 10000.0
@@ -118,7 +115,7 @@ class CostSettings(_Strict):
     moves with the machine's load), and a few milliseconds are not worth a hot spot."""
 
 
-class LoadSettings(_Strict):
+class LoadSettings(StrictModel):
     balance_eps: Annotated[float, Field(ge=0.0, le=10.0)] = 0.25
     """A hot prefix also fills the pool's least recently loaded replica when every replica
     holding it has had more than (1 + balance_eps) x as many recent dispatches (+ 1)."""
@@ -127,7 +124,7 @@ class LoadSettings(_Strict):
     Poisson burst does not look like a hot spot."""
 
 
-class HotPrefixSettings(_Strict):
+class HotPrefixSettings(StrictModel):
     """Hot prefixes are spread over k replicas: those holding them, then the least loaded."""
 
     spread_factor: Annotated[float, Field(ge=1.0)] = 1.25
@@ -140,7 +137,7 @@ class HotPrefixSettings(_Strict):
     a new pool do not each look like the whole of its traffic."""
 
 
-class AutoscaleSettings(_Strict):
+class AutoscaleSettings(StrictModel):
     """Inputs of gateway_pool_desired_replicas (see router_policies/autoscale.py)."""
 
     target_rate_per_replica: Annotated[float, Field(gt=0)] | None = None
@@ -187,16 +184,18 @@ class AutoscaleSettings(_Strict):
         return self
 
 
-class PoolPolicy(_Strict):
+class PoolPolicy(StrictModel):
     model: Annotated[str, Field(min_length=1)]
     """The served model name clients ask for."""
     replicas: Annotated[list[str], Field(min_length=1)]
     """Base URLs of the pool's vLLM replicas, e.g. http://10.0.0.5:8000."""
     policy: PolicyName = PolicyName.PREFIX_AWARE
-    adapters: list[Annotated[str, Field(min_length=1)]] = []
+    adapters: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     """LoRA adapters the replicas serve (vLLM's --lora-modules names): a request naming one
     goes to this pool, to the replicas that served the adapter lately (vLLM loads adapters on
     demand), and its prefix never matches another adapter's or the base model's."""
+    adapter_placement: AdapterSettings = AdapterSettings()
+    """How strongly an adapter's requests keep to the replicas that have it loaded."""
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
     """GPUs per replica (2 for a 70B model on 80 GB GPUs); used by deployment recipes."""
     max_inflight_per_replica: Annotated[int, Field(ge=1)] | None = None
@@ -247,122 +246,6 @@ class PoolPolicy(_Strict):
         return self.prefix.events.endpoint_for(url)
 
 
-class TierClassifierName(StrEnum):
-    CUE = "cue"
-    LEARNED = "learned"
-
-
-class TierWeights(_Strict):
-    """Classifier weights (router_policies/tier_classifier.py); every feature is in [0, 1]."""
-
-    bias: float = -3.0
-    length: float = 2.0
-    code: float = 2.0
-    math: float = 2.5
-    reasoning: float = 2.5
-    turns: float = 1.0
-    max_tokens: float = 1.0
-    tools: float = 1.0
-    structured_output: float = 0.5
-
-
-class Calibration(_Strict):
-    target_large_share: Annotated[float, Field(ge=0.0, le=1.0)]
-    """Share of recent tiered traffic to send to the large pool."""
-    window: Annotated[int, Field(ge=10)] = 1000
-    """Recent scores the quantile is taken over."""
-    min_samples: Annotated[int, Field(ge=1)] = 100
-    """Below this many scores the fixed threshold applies."""
-
-
-class OverflowSettings(_Strict):
-    enabled: bool = True
-    """Easy requests may use the large pool when the small one is saturated."""
-    allow_degrade: bool = False
-    """Hard requests may use the small pool when the large one is saturated."""
-
-
-class TierSettings(_Strict):
-    small: str
-    """Pool for easy requests."""
-    large: str
-    """Pool for hard requests."""
-    threshold: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
-    """Scores above go large (the starting point when calibration is on)."""
-    calibration: Calibration | None = None
-    classifier: TierClassifierName = TierClassifierName.LEARNED
-    """`learned` (default): a word-feature model trained on public labelled prompts
-    (router_policies/tier_classifier_learned.py, docs/tier-eval.md); `cue`: the hand-weighted
-    cue model (`weights`)."""
-    model: str | None = None
-    """Model file of the `learned` classifier (`llm-gateway tiers train`); unset: the shipped
-    default. Read when the policy is loaded."""
-    weights: TierWeights = TierWeights()
-    """Weights of the `cue` classifier."""
-    allow_header_override: bool = False
-    """Lets clients force a tier with the x-gateway-tier request header."""
-    overflow: OverflowSettings = OverflowSettings()
-
-    @model_validator(mode="after")
-    def _model_needs_learned(self) -> TierSettings:
-        if self.model is not None and self.classifier is not TierClassifierName.LEARNED:
-            raise ValueError("`model` is the learned classifier's file: set `classifier: learned`")
-        if self.model is not None and not Path(self.model).is_file():
-            # Caught here so that check-policy names it; its content is checked at load.
-            raise ValueError(f"model: no file {self.model!r}")
-        return self
-
-
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
-
-class TenantLimits(_Strict):
-    """One tenant: its API keys (as hashes) and its limits (unset: not limited on that axis)."""
-
-    api_key_sha256: Annotated[list[str], Field(min_length=1)]
-    """sha256 hex digests of the tenant's API keys, never the keys (`llm-gateway hash-key`)."""
-    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
-    tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
-    """Prompt tokens (estimated from its bytes) + max_tokens, corrected by the usage the
-    replica reports once the request ends."""
-
-    @field_validator("api_key_sha256")
-    @classmethod
-    def _hashes(cls, hashes: list[str]) -> list[str]:
-        cleaned = [h.strip().lower() for h in hashes]
-        for i, digest in enumerate(cleaned):
-            if not _SHA256_HEX.fullmatch(digest):
-                # The value is not echoed: it may be a key pasted in clear.
-                raise ValueError(
-                    f"entry {i} is not a sha256 hex digest (64 hex digits); make one with "
-                    "`llm-gateway hash-key`, never put the key itself here"
-                )
-        if len(set(cleaned)) != len(cleaned):
-            raise ValueError("a key hash is listed twice")
-        return cleaned
-
-
-class LimitsSettings(_Strict):
-    """Per-API-key rate limits. With tenants listed, the gateway authenticates clients by
-    their bearer key; with none (the default), it checks no key and limits nothing."""
-
-    tenants: dict[str, TenantLimits] = {}
-    allow_unknown_keys: bool = False
-    """Serve requests whose key belongs to no tenant (unlimited) instead of a 401."""
-    completion_tokens_estimate: Annotated[int, Field(ge=0)] = 256
-    """Completion tokens charged up front to a request that sets no max_tokens."""
-
-    @model_validator(mode="after")
-    def _one_tenant_per_key(self) -> LimitsSettings:
-        owner: dict[str, str] = {}
-        for name, tenant in self.tenants.items():
-            for digest in tenant.api_key_sha256:
-                if digest in owner:
-                    raise ValueError(f"tenants {owner[digest]!r} and {name!r} share a key hash")
-                owner[digest] = name
-        return self
-
-
 _HIDE_INPUT = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 """For the models a Redis URL passes through: its password must not reach an error message as
 pydantic's "input_value=..." (only the outermost model's setting counts, hence Policy's too)."""
@@ -373,7 +256,7 @@ class StateBackend(StrEnum):
     REDIS = "redis"
 
 
-class StateSettings(_Strict):
+class StateSettings(StrictModel):
     """Where the routing state several gateway instances share lives (gateway/shared_state/).
     GATEWAY_REDIS_URL and GATEWAY_STATE_KEY_PREFIX, when set, take precedence. Read at start-up
     only: a reload that changes this section keeps the current one until a restart."""
@@ -412,11 +295,11 @@ def _given(url: Any) -> bool:
     return url is not None and (not isinstance(url, str) or bool(url.strip()))
 
 
-class Policy(_Strict):
+class Policy(StrictModel):
     model_config = _HIDE_INPUT
 
     pools: Annotated[dict[str, PoolPolicy], Field(min_length=1)]
-    tiers: dict[str, TierSettings] = {}
+    tiers: dict[str, TierSettings] = Field(default_factory=dict)
     """Virtual model names (e.g. `auto`) whose requests are classified into a pool."""
     limits: LimitsSettings = LimitsSettings()
     """Per-API-key rate limits (gateway/rate_limit/)."""

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router_policies.schema import TierWeights
+from router_policies.tier_settings import TierWeights
 
 _SCAN_CHARS = 4000
 """Cues are searched in the head and tail of the last user message: long pastes add cost,

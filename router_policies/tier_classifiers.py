@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from router_policies.schema import TierSettings, TierWeights
 from router_policies.tier_classifier import TierScore, score
 from router_policies.tier_classifier_learned import LearnedTierModel
+from router_policies.tier_settings import TierSettings, TierWeights
 
 
 class TierClassifier(Protocol):

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from router_policies.calibration import QuantileThreshold
-from router_policies.schema import InvalidPolicy, TierSettings
+from router_policies.schema import InvalidPolicy
 from router_policies.tier_classifier import TierScore
 from router_policies.tier_classifiers import CueClassifier, TierClassifier, build_classifier
+from router_policies.tier_memory import ConversationTiers, conversation_key
+from router_policies.tier_settings import TierSettings
 from router_policies.tiers import Tier, tier_for
 
 _TIER_NAMES = frozenset(t.value for t in Tier)
@@ -21,6 +23,10 @@ class TierVerdict:
     score: TierScore
     threshold: float
     forced: bool
+    conversation: int | None = None
+    """The conversation the request continues (router_policies/tier_memory.py), if any."""
+    kept: bool = False
+    """Large because its conversation went large before, though its own score is below."""
 
 
 class TierRouter:
@@ -29,6 +35,10 @@ class TierRouter:
     ) -> None:
         self.model = model
         self.settings = settings
+        self.conversations: ConversationTiers = (
+            previous.conversations if previous is not None else ConversationTiers(0)
+        )
+        self.conversations.capacity = settings.conversation_memory
         try:
             self.classifier: TierClassifier = build_classifier(settings)
         except (OSError, ValueError) as exc:
@@ -66,11 +76,20 @@ class TierRouter:
         threshold = self.threshold
         if forced in _TIER_NAMES and self.settings.allow_header_override:
             return TierVerdict(Tier(str(forced)), result, threshold, forced=True)
-        return TierVerdict(tier_for(result.score, threshold), result, threshold, forced=False)
+        tier = tier_for(result.score, threshold)
+        key = conversation_key(body) if self.conversations.capacity else None
+        kept = tier is Tier.SMALL and key is not None and self.conversations.went_large(key)
+        if kept:
+            tier = Tier.LARGE
+        return TierVerdict(tier, result, threshold, False, key, kept)
 
     def observe(self, verdict: TierVerdict) -> None:
+        """Real traffic (never a dry run): the calibration's window, and the conversations
+        that went large."""
         if self._calibrator is not None:
             self._calibrator.observe(verdict.score.score)
+        if verdict.tier is Tier.LARGE and verdict.conversation is not None:
+            self.conversations.remember(verdict.conversation)
 
 
 def _same_scores(old: TierRouter, new: TierRouter) -> bool:

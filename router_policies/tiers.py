@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from router_policies.schema import TierSettings
+from router_policies.tier_settings import TierSettings
 
 
 class Tier(StrEnum):

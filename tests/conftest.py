@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -180,6 +181,29 @@ def chat(system: str, user: str, **extra: Any) -> dict[str, Any]:
         "max_tokens": 8,
         **extra,
     }
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.0) -> bool:
+    """Whether ``check`` comes true within ``within_s`` (asked every 50 ms, and once more at
+    the end): for state that other processes or tasks change."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.05)
+    return await check()
+
+
+async def metric_sum(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``, in the exposition
+    the server at ``url`` serves on /metrics (0 where there are none)."""
+    _, text = await get_text(f"{url}/metrics")
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:

@@ -163,8 +163,8 @@ def undeclared_imports(
 ) -> list[str]:
     """Module-level imports of the product that neither the stdlib, the project itself nor a
     declared base dependency provides: a fresh `pip install .` would fail on them. ``extras``:
-    a folder (relative to ``root``) whose modules may also import an extra's dependencies,
-    because nothing imports them unless that extra is installed."""
+    a module or folder (relative to ``root``) that may also import an extra's dependencies,
+    because nothing imports it unless that extra is installed."""
     if providers is None:
         providers = packages_distributions()
     problems = []
@@ -175,7 +175,11 @@ def undeclared_imports(
         dists = {normalise(d) for d in providers.get(top, [])}
         where = found.path.relative_to(root).as_posix()
         allowed = declared.union(
-            *(deps for folder, deps in (extras or {}).items() if where.startswith(folder + "/"))
+            *(
+                deps
+                for place, deps in (extras or {}).items()
+                if where == place or where.startswith(place + "/")
+            )
         )
         if not dists & allowed:
             origin = ", ".join(sorted(dists)) or "no installed distribution"
@@ -184,3 +188,68 @@ def undeclared_imports(
                 "which pyproject.toml's base dependencies do not declare"
             )
     return problems
+
+
+def module_graph(root: Path, packages: tuple[str, ...] = PRODUCT) -> dict[str, set[str]]:
+    """Each product module's imports of other product modules, wherever they sit (module
+    level, TYPE_CHECKING blocks, functions); `from pkg import name` counts as an import of
+    pkg.name when that is a module."""
+    paths: dict[str, Path] = {}
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = _package_of(path, root)
+        edges: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges.update(known(alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, node.module] if node.module else base)
+                for alias in node.names:
+                    sub = f"{module}.{alias.name}"
+                    edges.add(sub if sub in paths else known(module))
+        graph[name] = {e for e in edges if e is not None and e != name}
+    return graph
+
+
+def import_circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The modules that reach each other through imports, group by group (Tarjan's strongly
+    connected components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in graph.get(module, ()):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return circles

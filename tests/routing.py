@@ -3,17 +3,18 @@ its load, and a policy that has already sent some prompts somewhere."""
 
 from __future__ import annotations
 
+from router_policies.cost.rates import default_rates
 from router_policies.cost.ttft import ReplicaLoad
 from router_policies.decision import Candidate, Decision, PoolSnapshot
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures, fingerprint
-from router_policies.policies.prefix_aware import PrefixAware, default_rates
+from router_policies.policies.prefix_aware import PrefixAware
 from router_policies.rendezvous import hrw_score
 from router_policies.schema import PoolPolicy
 
 NAMES = ("a", "b", "c", "d")
 POOL = PoolPolicy(model="m", replicas=[f"http://{n}:1" for n in NAMES])
 BLOCK = POOL.prefix.block_bytes
-RATES = default_rates(POOL)
+RATES = default_rates(POOL.cost)
 
 
 def system_prompt(text: bytes) -> CanonicalPrompt:

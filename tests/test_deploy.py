@@ -910,9 +910,9 @@ def test_dockerfile_installs_every_package_and_runs_as_a_user() -> None:
     assert {"pyproject.toml", "README.md"} <= set(
         next(a for o, a in instructions if o == "COPY" and "pyproject" in a).split()[:-1]
     )
-    # With the epp extra: the same image serves `llm-gateway epp` behind Envoy.
-    assert ("RUN", 'pip install ".[epp]" && rm -rf /src') in instructions
-    assert "epp" in pyproject["project"]["optional-dependencies"]
+    # With the epp and otel extras: the image serves `llm-gateway epp` and can trace.
+    assert ("RUN", 'pip install ".[epp,otel]" && rm -rf /src') in instructions
+    assert {"epp", "otel"} <= set(pyproject["project"]["optional-dependencies"])
     users = [args for op, args in instructions if op == "USER"]
     assert users and not users[-1].startswith(("root", "0"))
     env = " ".join(args for op, args in instructions if op == "ENV")

@@ -31,6 +31,7 @@ from gateway.models_list import model_card, model_list
 from gateway.request_body import Endpoint, parse_request
 from gateway.resolve import resolve
 from gateway.state import Fleet
+from router_policies.adapter_placement import AdapterSettings
 from router_policies.fingerprint import canonical_chat, canonical_responses
 from router_policies.schema import parse_policy
 
@@ -287,16 +288,22 @@ def test_response_homes_forget_the_least_recently_used() -> None:
 # --- LoRA adapters --------------------------------------------------------------------------
 
 
+PLACEMENT = AdapterSettings()
+
+
 def test_a_cold_adapter_goes_to_its_rendezvous_home_then_stays_where_it_was_served() -> None:
     f, homes = fleet(adapters=["a"]), AdapterHomes()
     replicas = f.pools["small"].replicas.values()
-    home = adapter_replicas(homes, "small", "a", replicas, 0.25, now=0.0)
+    home = adapter_replicas(homes, "small", "a", replicas, PLACEMENT, now=0.0)
     assert len(home) == 1
-    assert adapter_replicas(homes, "small", "a", replicas, 0.25, now=1.0) == home
+    assert adapter_replicas(homes, "small", "a", replicas, PLACEMENT, now=1.0) == home
     homes.served("small", "a", NAMES[1], 5.0)
-    assert adapter_replicas(homes, "small", "a", replicas, 0.25, now=6.0) == {NAMES[1]}
+    assert adapter_replicas(homes, "small", "a", replicas, PLACEMENT, now=6.0) == {NAMES[1]}
     # Served long ago: no longer counted as loaded there.
-    assert adapter_replicas(homes, "small", "a", replicas, 0.25, now=6.0 + homes.warm_s) == home
+    assert (
+        adapter_replicas(homes, "small", "a", replicas, PLACEMENT, now=6.0 + PLACEMENT.warm_s)
+        == home
+    )
 
 
 def test_an_adapters_warm_replicas_are_left_when_far_busier_than_the_pool() -> None:
@@ -304,9 +311,11 @@ def test_an_adapters_warm_replicas_are_left_when_far_busier_than_the_pool() -> N
     pool = f.pools["small"]
     homes.served("small", "a", NAMES[0], 0.0)
     pool.replicas[NAMES[0]].inflight = 5
-    assert adapter_replicas(homes, "small", "a", pool.replicas.values(), 0.25, now=1.0) == set()
+    assert (
+        adapter_replicas(homes, "small", "a", pool.replicas.values(), PLACEMENT, now=1.0) == set()
+    )
     pool.replicas[NAMES[0]].inflight = 1
-    assert adapter_replicas(homes, "small", "a", pool.replicas.values(), 0.25, now=1.0) == {
+    assert adapter_replicas(homes, "small", "a", pool.replicas.values(), PLACEMENT, now=1.0) == {
         NAMES[0]
     }
 
@@ -321,7 +330,7 @@ def test_an_adapter_preference_holds_for_the_first_attempt_only() -> None:
     assert len(hooks.exclude(NAMES, [], 0)) == 2
     assert hooks.exclude(NAMES, ["x"], 1) == ["x"]
     hooks.answered(NAMES[2], 200, b"{}")
-    assert memory.adapters.warm("small", "a", time.monotonic()) == {NAMES[2]}
+    assert memory.adapters.warm("small", "a", time.monotonic(), PLACEMENT.warm_s) == {NAMES[2]}
 
 
 def test_adapters_are_learned_from_model_lists_but_never_shadow_a_declared_name() -> None:

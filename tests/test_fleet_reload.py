@@ -136,7 +136,7 @@ def _scale_up_then_calm(pool: PoolState) -> None:
     replica = pool.replicas[name(A)]
     pool.apply_engine_stats(replica, EngineStats(waiting=40))
     pool.update_desired(1000.0)
-    assert pool.desired > 1
+    assert pool.autoscale.desired > 1
     pool.apply_engine_stats(replica, EngineStats(waiting=0))
 
 
@@ -145,13 +145,15 @@ def test_the_autoscale_history_carries_over_so_a_reload_does_not_scale_down() ->
     pool = small(old)
     pool.arrivals = 7
     _scale_up_then_calm(pool)
-    peak = pool.desired
+    peak = pool.autoscale.desired
 
     new = small(fleet([A], previous=old, load={"balance_eps": 0.5}))
 
     new.update_desired(1001.0)
-    assert new.raw_desired == 1
-    assert new.desired == peak  # the scale-down stabilisation window still remembers the peak
+    assert new.autoscale.raw_desired == 1
+    assert (
+        new.autoscale.desired == peak
+    )  # the scale-down stabilisation window still remembers the peak
     assert new.arrivals == 7
 
 
@@ -162,7 +164,7 @@ def test_a_changed_stabilisation_window_starts_a_new_history() -> None:
     new = small(fleet([A], previous=old, autoscale={"scale_down_stabilization_s": 60}))
 
     new.update_desired(1001.0)
-    assert new.desired == new.raw_desired == 1
+    assert new.autoscale.desired == new.autoscale.raw_desired == 1
 
 
 def tiered(previous: Fleet | None = None, **tier: Any) -> Fleet:

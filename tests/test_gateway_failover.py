@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
 
 import aiohttp
@@ -18,19 +16,13 @@ from tests.conftest import (
     MODEL,
     breaks_mid_stream,
     chat,
+    eventually,
     fake_replica,
     get_text,
     metric,
     running_gateway,
     running_sims,
 )
-
-
-async def eventually(check, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.1)
 
 
 async def post_chat(session: aiohttp.ClientSession, url: str, i: int) -> tuple[int, str]:
@@ -59,7 +51,7 @@ async def test_a_killed_replica_is_routed_around_and_used_again_when_back() -> N
                 status, ready = await get_text(f"{gw.url}/ready")
                 return healthy == 0.0 and status == 200 and '"small":2' in ready
 
-            await eventually(victim_marked_down)
+            assert await eventually(victim_marked_down)
 
             port = int(victim_name.rsplit(":", 1)[1])
             revived = ManagedProcess(sim_replica_argv(port, MODEL), victim.url, name="revived")
@@ -70,7 +62,7 @@ async def test_a_killed_replica_is_routed_around_and_used_again_when_back() -> N
                 _, text = await get_text(f"{gw.url}/metrics")
                 return metric(text, "gateway_replica_healthy", replica=victim_name) == 1.0
 
-            await eventually(victim_healthy_again)
+            assert await eventually(victim_healthy_again)
             again = Counter(
                 replica
                 for _, replica in [await post_chat(session, gw.url, i) for i in range(100, 130)]
@@ -149,7 +141,7 @@ async def test_a_client_that_disconnects_mid_stream_aborts_the_request_on_the_re
                     and metric(text, "sim_requests_aborted_total") == 1.0
                 )
 
-            await eventually(replica_aborted, timeout_s=5)
+            assert await eventually(replica_aborted, within_s=5)
 
 
 async def test_a_client_that_leaves_during_prefill_frees_its_slot() -> None:
@@ -171,4 +163,4 @@ async def test_a_client_that_leaves_during_prefill_frees_its_slot() -> None:
                     and metric(replica_text, "sim_requests_aborted_total") == 1.0
                 )
 
-            await eventually(nothing_in_flight, timeout_s=5)
+            assert await eventually(nothing_in_flight, within_s=5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from pathlib import Path
 
@@ -12,7 +13,9 @@ from tests import import_rules
 from tests.import_rules import (
     base_dependencies,
     direction_violations,
+    import_circles,
     imports_of,
+    module_graph,
     undeclared_imports,
 )
 
@@ -23,13 +26,51 @@ def test_layers_import_only_downwards() -> None:
     assert direction_violations(ROOT) == []
 
 
+def test_no_modules_import_each_other_type_only_imports_included() -> None:
+    assert import_circles(module_graph(ROOT)) == []
+
+
+def test_no_module_of_the_product_is_over_400_lines() -> None:
+    """A module that grows past this holds more than one concern: split it by concern."""
+    lengths = {
+        str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
+        for package in import_rules.PRODUCT
+        for path in (ROOT / package).rglob("*.py")
+    }
+    assert {path: n for path, n in lengths.items() if n > 400} == {}
+
+
+def test_every_package_of_the_product_says_what_it_holds() -> None:
+    silent = [
+        str(init.relative_to(ROOT))
+        for package in import_rules.PRODUCT
+        for init in (ROOT / package).rglob("__init__.py")
+        if not ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+    ]
+    assert silent == []
+
+
+def test_the_circle_check_finds_a_circle_closed_by_a_type_only_import(tmp_path: Path) -> None:
+    (tmp_path / "gateway").mkdir()
+    (tmp_path / "gateway" / "a.py").write_text("from gateway import b\n")
+    (tmp_path / "gateway" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gateway.a import X\n"
+    )
+    (tmp_path / "gateway" / "c.py").write_text("from gateway.a import Y\n")
+    assert import_circles(module_graph(tmp_path, ("gateway",))) == [["gateway.a", "gateway.b"]]
+
+
 def test_every_module_level_import_of_the_product_is_declared() -> None:
-    """The endpoint picker's modules may import the epp extra's: the CLI imports them only
-    for `llm-gateway epp`, and says which extra to install when they are missing."""
+    """The endpoint picker's modules may import the epp extra's, the tracing module the otel
+    extra's: they are imported only when asked for (`llm-gateway epp`, GATEWAY_OTEL), and
+    the CLI says which extra to install when they are missing."""
     pyproject = ROOT / "pyproject.toml"
     declared = base_dependencies(pyproject)
-    picker = {"gateway/picker": base_dependencies(pyproject, "epp")}
-    assert undeclared_imports(ROOT, declared, extras=picker) == []
+    extras = {
+        "gateway/picker": base_dependencies(pyproject, "epp"),
+        "gateway/tracing.py": base_dependencies(pyproject, "otel"),
+    }
+    assert undeclared_imports(ROOT, declared, extras=extras) == []
 
 
 def test_the_benchmark_libraries_are_not_base_dependencies() -> None:

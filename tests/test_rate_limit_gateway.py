@@ -22,7 +22,8 @@ from gateway.app import build_app
 from gateway.rate_limit import Admission, LocalStore, RateLimiter, hash_key
 from gateway.rate_limit.limiter import Tenant
 from gateway.settings import Settings
-from router_policies.schema import TenantLimits, parse_policy
+from router_policies.limits_settings import TenantLimits
+from router_policies.schema import parse_policy
 from tests.conftest import (
     FAST_PROBE_SETTINGS,
     MODEL,

@@ -149,7 +149,9 @@ def test_p_is_the_gateway_code_with_a_target_rate() -> None:
     assert sim.pool.policy.autoscale == p
     end = scenario.duration_s - config.tick_s
     assert sim.pool.arrivals == primed + sum(1 for a in arrivals if a < end)
-    assert sim.pool.arrival_rate == pytest.approx(scenario.base_rate * scenario.factor, rel=0.2)
+    assert sim.pool.autoscale.arrival_rate == pytest.approx(
+        scenario.base_rate * scenario.factor, rel=0.2
+    )
 
 
 def summary(result: ScalingResult, key: str) -> Summary:

@@ -105,6 +105,7 @@ def test_without_a_shared_backend_a_dispatch_publishes_nothing() -> None:
     pool = pool_of(f)
     assert pool.outbox is None
     dispatch_to(pool, NAMES[0], features(pool, SYSTEM))  # no outbox: nothing to append to
+    assert pool.outbox is None and f.outbox is None  # nor did the dispatch make one
 
 
 def test_a_dispatch_lands_in_the_outbox_once_the_fleet_shares() -> None:
@@ -178,8 +179,8 @@ def test_a_replayed_adapter_request_marks_its_replica_warm_for_that_adapter_here
     adapters = AdapterHomes()
     apply_batch(here, encode_batch(sent), Histogram("lag", "", registry=None), adapters)
     now = time.monotonic()
-    assert adapters.warm("small", "sql-lora", now) == {NAMES[2]}
-    assert adapters.warm("small", MODEL, now) == frozenset()  # the base model is no adapter
+    assert adapters.warm("small", "sql-lora", now, 60.0) == {NAMES[2]}
+    assert adapters.warm("small", MODEL, now, 60.0) == frozenset()  # the base model is no adapter
 
 
 def test_a_dispatch_to_a_replica_this_instance_does_not_know_is_ignored() -> None:

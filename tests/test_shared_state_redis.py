@@ -27,7 +27,7 @@ from gateway.shared_state import Outbox
 from gateway.shared_state.redis_state import RedisSettings, RedisState
 from gateway.state import Fleet as RoutingFleet
 from replica.processes import ManagedProcess
-from tests.conftest import FAST_PROBES, chat, pool_policy, running_sims
+from tests.conftest import FAST_PROBES, chat, eventually, metric_sum, pool_policy, running_sims
 from tests.redis_server import RedisServer, running_redis
 from tests.test_shared_state import dispatch_away_from_home, pool_of, routes_to
 from tests.test_shared_state import fleet as routing_fleet
@@ -85,30 +85,8 @@ async def would_route(gateway: ManagedProcess, body: dict[str, object]) -> tuple
         return decision["replica"], decision["route"]
 
 
-async def metric(gateway: ManagedProcess, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels``."""
-    async with aiohttp.ClientSession() as session, session.get(f"{gateway.url}/metrics") as r:
-        text = await r.text()
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name) or line[len(name) : len(name) + 1] not in ("{", " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = _WAIT_S) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if await check():
-            return True
-        await asyncio.sleep(0.05)
-    return await check()
-
-
 async def replayed(gateway: ManagedProcess, at_least: float) -> bool:
-    return await metric(gateway, "gateway_state_apply_lag_seconds_count") >= at_least
+    return await metric_sum(gateway.url, "gateway_state_apply_lag_seconds_count") >= at_least
 
 
 def system(i: int) -> str:
@@ -134,14 +112,14 @@ async def test_requests_in_flight_through_one_instance_count_on_the_other() -> N
         ]
 
         async def b_sees_them() -> bool:
-            return await metric(b, "gateway_replica_remote_inflight") == 3
+            return await metric_sum(b.url, "gateway_replica_remote_inflight") == 3
 
         assert await eventually(b_sees_them)
-        assert await metric(b, "gateway_replica_inflight") == 0
+        assert await metric_sum(b.url, "gateway_replica_inflight") == 0
         assert [s for s, _, _ in await asyncio.gather(*long)] == [200, 200, 200]
 
         async def b_sees_none() -> bool:
-            return await metric(b, "gateway_replica_remote_inflight") == 0
+            return await metric_sum(b.url, "gateway_replica_remote_inflight") == 0
 
         assert await eventually(b_sees_none)
 
@@ -185,7 +163,7 @@ def backend_up_is(
     gateway: ManagedProcess, value: float, backend: str = "redis"
 ) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
-        return await metric(gateway, "gateway_state_backend_up", backend=backend) == value
+        return await metric_sum(gateway.url, "gateway_state_backend_up", backend=backend) == value
 
     return check
 

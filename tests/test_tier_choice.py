@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router_policies.schema import OverflowSettings, TierSettings
+from router_policies.tier_settings import OverflowSettings, TierSettings
 from router_policies.tiers import PoolLoad, Tier, choose_pool, tier_for
 
 IDLE = PoolLoad(healthy=2, queue_depth=0, saturation_queue_per_replica=4)

@@ -17,8 +17,8 @@ import pytest
 
 from bench.tier_eval import load_examples
 from router_policies.calibration import QuantileThreshold
-from router_policies.schema import TierWeights
 from router_policies.tier_classifier import extract_features, score
+from router_policies.tier_settings import TierWeights
 
 WEIGHTS = TierWeights()
 FEATURES = (

@@ -25,7 +25,7 @@ from bench.tier_eval.evaluation import Example
 from bench.tier_eval.tiers_cli import SPLITS
 from bench.tier_eval.train import TrainConfig, train
 from replica.processes import ManagedProcess
-from router_policies.schema import InvalidPolicy, TierClassifierName, TierSettings
+from router_policies.schema import InvalidPolicy
 from router_policies.tier_classifier_learned import (
     EXPLAIN_TOP,
     SCAN_HEAD,
@@ -37,6 +37,7 @@ from router_policies.tier_classifier_learned import (
 )
 from router_policies.tier_classifiers import CueClassifier, load_learned
 from router_policies.tier_router import TierRouter
+from router_policies.tier_settings import TierClassifierName, TierSettings
 from tests.conftest import FAST_PROBES, running_sims
 
 SHIPPED = load_learned(None)

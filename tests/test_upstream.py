@@ -11,13 +11,12 @@ from contextlib import asynccontextmanager
 import pytest
 
 from gateway import upstream
-from gateway.upstream import (
+from gateway.upstream import UpstreamResponse, Upstreams
+from gateway.upstream_errors import (
     BadAnswer,
     ReadTimeout,
     ReplicaDisconnected,
     ReplicaUnreachable,
-    UpstreamResponse,
-    Upstreams,
 )
 from replica.processes import free_port
 

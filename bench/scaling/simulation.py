@@ -74,7 +74,7 @@ class _Simulation:
         # been up a while. (Just started, its RateMeter averages over a second or two of
         # Poisson noise and P may ask for a replica too many, held for the stabilization window.)
         window = settings.rate_window_s
-        self.pool.arrival_meter.rate(-window, 0)
+        self.pool.autoscale.arrival_meter.rate(-window, 0)
         self.pool.arrivals = round(scenario.base_rate * window)
         down_window = (
             config.hpa_scale_down_window_s
@@ -177,7 +177,7 @@ class _Simulation:
             return float(sum(len(p.waiting) for p in self.pods if p.healthy))
         if key == "C":
             return float(self.pool.load().queue_depth)
-        return float(self.pool.desired)  # A, P: gateway_pool_desired_replicas
+        return float(self.pool.autoscale.desired)  # A, P: gateway_pool_desired_replicas
 
     def hpa_sync(self, now: float) -> None:
         target = self.hpa.sync(now, self.scraped, len(self.pods))

@@ -13,8 +13,8 @@ from typing import Any
 
 from bench.tier_eval.roc import roc_auc, roc_curve
 from router_policies.calibration import QuantileThreshold
-from router_policies.schema import TierWeights
 from router_policies.tier_classifiers import CueClassifier, TierClassifier
+from router_policies.tier_settings import TierWeights
 
 DEFAULT_DATA = Path(__file__).parent.parent / "data" / "tier_eval.jsonl"
 DEFAULT_PLOT = Path("docs/tier_roc.png")

@@ -33,8 +33,8 @@ from pathlib import Path
 from bench.tier_eval.evaluation import DEFAULT_DATA, Example, calibrated_threshold, load_examples
 from bench.tier_eval.roc import roc_auc
 from bench.tier_eval.train import TrainConfig, train
-from router_policies.schema import TierWeights
 from router_policies.tier_classifiers import CueClassifier, TierClassifier, load_learned
+from router_policies.tier_settings import TierWeights
 
 TRAIN_DATA = Path(__file__).parent.parent / "data" / "tier_train"
 _PART_A = (

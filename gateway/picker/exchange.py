@@ -73,9 +73,10 @@ class Envoy:
             message = await self.read()
 
     async def whole_body(self) -> bytes | None:
-        """The request's body: one message when Envoy buffers it, several if it streams them
-        (each let through empty, so nothing reaches a replica before the pick). None when
-        the stream ends first."""
+        """The request's body: one message when Envoy buffers it (`request_body_mode:
+        BUFFERED`, which the pick needs: in a streamed mode Envoy has chosen the replica
+        before the body comes), else gathered from its chunks. None when the stream ends
+        first."""
         parts: list[bytes] = []
         while (message := await self.read()) is not None:
             kind = message.WhichOneof("request")

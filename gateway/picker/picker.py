@@ -49,8 +49,8 @@ class Picker:
         error: ApiError | None = None
         try:
             dispatch = await pool.acquire(routed.features, exclude=exclude)
-        except PoolSaturated:
-            dispatch, error = None, pool_saturated(pool.name, pool.policy.queue_timeout_s)
+        except PoolSaturated as saturated:
+            dispatch, error = None, pool_saturated(saturated, pool.policy.queue_timeout_s)
         if dispatch is None:
             error = error or no_healthy_replica(pool.name)
             outcome.status = error.status

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from router_policies.schema import LimitsSettings, TenantLimits
+from router_policies.limits_settings import LimitsSettings, TenantLimits
 
 
 def hash_key(key: str) -> str:

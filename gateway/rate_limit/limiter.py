@@ -24,8 +24,8 @@ from gateway.rate_limit.keys import TenantIndex, bearer
 from gateway.rate_limit.store import BucketStore
 from gateway.request_body import Endpoint, ParsedRequest
 from gateway.resolve import Resolution
+from router_policies.limits_settings import LimitsSettings, TenantLimits
 from router_policies.rate_limit import BucketView, Limit, format_reset, needed
-from router_policies.schema import LimitsSettings, TenantLimits
 
 REQUESTS, TOKENS = "requests", "tokens"
 _COMPLETION_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")

@@ -11,8 +11,9 @@ request path only appends to an in-memory outbox; it never waits for either.
 
 from __future__ import annotations
 
-from gateway.shared_state.base import Outbox, SharedState
+from gateway.shared_state.base import SharedState
 from gateway.shared_state.local import LocalState
 from gateway.shared_state.make import make_shared_state
+from gateway.shared_state.outbox import Outbox
 
 __all__ = ["LocalState", "Outbox", "SharedState", "make_shared_state"]

@@ -38,8 +38,9 @@ from redis.exceptions import RedisError
 
 from gateway.background import finish_within, stop_tasks
 from gateway.shared_state import responses
-from gateway.shared_state.base import Outbox, SharedState
+from gateway.shared_state.base import SharedState
 from gateway.shared_state.figures import RemoteFigures, own_figures
+from gateway.shared_state.outbox import Outbox
 from gateway.shared_state.replay import MAX_AGE_S, apply_batch, encode_batch
 from router_policies.schema import StateSettings
 

@@ -12,7 +12,7 @@ import orjson
 from prometheus_client import Histogram
 
 from gateway.shared_state import codec
-from gateway.shared_state.base import Sent
+from gateway.shared_state.outbox import Sent
 
 if TYPE_CHECKING:
     from gateway.affinity import AdapterHomes

@@ -30,8 +30,9 @@ from prometheus_client import Gauge, Histogram
 
 from gateway.background import STOP_BOUND_S, stop_tasks
 from gateway.shared_state import responses
-from gateway.shared_state.base import Outbox, SharedState
+from gateway.shared_state.base import SharedState
 from gateway.shared_state.figures import RemoteFigures, own_figures
+from gateway.shared_state.outbox import Outbox
 from gateway.shared_state.replay import apply_batch, encode_batch
 
 if TYPE_CHECKING:

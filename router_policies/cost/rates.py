@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from router_policies.schema import CostSettings
 
 _TOKEN_SCALE = 1e-3
 """Regressors are kept near 1 (thousands of tokens, tens of sequences) for numerical health."""
@@ -99,3 +103,8 @@ class RateLearner:
             step_s=max(step, _MIN_STEP),
             decode_s_per_seq=max(decode * _SEQ_SCALE, 0.0),
         )
+
+
+def default_rates(cost: CostSettings) -> Rates:
+    """The rates a replica is assumed to have until it has taught its own: the policy's."""
+    return Rates(1.0 / cost.prefill_tokens_per_s, cost.step_s, cost.decode_s_per_seq)

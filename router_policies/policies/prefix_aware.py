@@ -35,7 +35,7 @@ from typing import ClassVar
 
 from router_policies.cost.copies import copy_penalty_s
 from router_policies.cost.objective import late_choice
-from router_policies.cost.rates import Rates
+from router_policies.cost.rates import Rates, default_rates
 from router_policies.cost.ttft import estimate, predicted_s
 from router_policies.decay import DecayedCount
 from router_policies.decision import Candidate, CandidateCost, Decision, PoolSnapshot, Route
@@ -46,11 +46,6 @@ from router_policies.prefix_index import PrefixIndex
 from router_policies.rendezvous import hrw_score
 from router_policies.schema import PoolPolicy, PrefixSettings
 from router_policies.sessions import Sessions
-
-
-def default_rates(policy: PoolPolicy) -> Rates:
-    cost = policy.cost
-    return Rates(1.0 / cost.prefill_tokens_per_s, cost.step_s, cost.decode_s_per_seq)
 
 
 def _useful(matched_bytes: int, request: RequestFeatures, prefix: PrefixSettings) -> bool:
@@ -66,7 +61,7 @@ class PrefixAware(SelectionPolicy):
         self.policy = policy
         self.prefix: PrefixSettings = policy.prefix
         self.layout = policy.prefix.layout
-        self._default_rates = default_rates(policy)
+        self._default_rates = default_rates(policy.cost)
         keep = previous is not None and previous.policy.prefix == policy.prefix
         # Digests of another block size or seed match nothing: an index survives a reload only
         # when the fingerprint settings are unchanged.

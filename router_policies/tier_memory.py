@@ -1,0 +1,59 @@
+"""Tiers kept per conversation: once a conversation has gone to the large pool, its later turns
+go there too. A follow-up ("now do it in Rust", "what if the ratio were 3:1?") read alone
+looks easy; the task it continues is not, and a switch to the small model midway loses both
+the quality the task needed and the large pool's cache of the conversation. An upgrade is
+always allowed: a conversation that turns hard goes large from that turn on.
+
+A conversation is known by what each of its turns resends first: its system and developer
+messages and its first user message. Remembered per tier model and per process (not shared
+through Redis), the least recently used forgotten first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import xxhash
+
+
+def conversation_key(body: Mapping[str, Any]) -> int | None:
+    """The conversation a chat request continues; None for a request with no user message
+    (or not a chat)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    lead: list[Any] = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            return None
+        lead.append([message.get("role"), message.get("content")])
+        if message.get("role") == "user":
+            text = json.dumps(lead, sort_keys=True, default=str)
+            return xxhash.xxh3_64_intdigest(text.encode())
+    return None
+
+
+class ConversationTiers:
+    """The conversations that went large, most recently used last."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._large: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._large)
+
+    def went_large(self, key: int) -> bool:
+        if key not in self._large:
+            return False
+        self._large.move_to_end(key)
+        return True
+
+    def remember(self, key: int) -> None:
+        self._large[key] = None
+        self._large.move_to_end(key)
+        while len(self._large) > self.capacity:
+            self._large.popitem(last=False)

@@ -1,0 +1,81 @@
+"""Policy-file section ``tiers``: a virtual model whose requests a classifier sends to a
+small or a large pool (router_policies/tiers.py); defaults with their reasons."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from router_policies.strict_model import StrictModel
+
+
+class TierClassifierName(StrEnum):
+    CUE = "cue"
+    LEARNED = "learned"
+
+
+class TierWeights(StrictModel):
+    """Classifier weights (router_policies/tier_classifier.py); every feature is in [0, 1]."""
+
+    bias: float = -3.0
+    length: float = 2.0
+    code: float = 2.0
+    math: float = 2.5
+    reasoning: float = 2.5
+    turns: float = 1.0
+    max_tokens: float = 1.0
+    tools: float = 1.0
+    structured_output: float = 0.5
+
+
+class Calibration(StrictModel):
+    target_large_share: Annotated[float, Field(ge=0.0, le=1.0)]
+    """Share of recent tiered traffic to send to the large pool."""
+    window: Annotated[int, Field(ge=10)] = 1000
+    """Recent scores the quantile is taken over."""
+    min_samples: Annotated[int, Field(ge=1)] = 100
+    """Below this many scores the fixed threshold applies."""
+
+
+class OverflowSettings(StrictModel):
+    enabled: bool = True
+    """Easy requests may use the large pool when the small one is saturated."""
+    allow_degrade: bool = False
+    """Hard requests may use the small pool when the large one is saturated."""
+
+
+class TierSettings(StrictModel):
+    small: str
+    """Pool for easy requests."""
+    large: str
+    """Pool for hard requests."""
+    threshold: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
+    """Scores above go large (the starting point when calibration is on)."""
+    calibration: Calibration | None = None
+    classifier: TierClassifierName = TierClassifierName.LEARNED
+    """`learned` (default): a word-feature model trained on public labelled prompts
+    (router_policies/tier_classifier_learned.py, docs/tier-eval.md); `cue`: the hand-weighted
+    cue model (`weights`)."""
+    model: str | None = None
+    """Model file of the `learned` classifier (`llm-gateway tiers train`); unset: the shipped
+    default. Read when the policy is loaded."""
+    weights: TierWeights = TierWeights()
+    """Weights of the `cue` classifier."""
+    allow_header_override: bool = False
+    """Lets clients force a tier with the x-gateway-tier request header."""
+    conversation_memory: Annotated[int, Field(ge=0)] = 100_000
+    """Conversations remembered as having gone large, whose later turns then stay large
+    (router_policies/tier_memory.py; about 100 bytes each); 0: every turn scored alone."""
+    overflow: OverflowSettings = OverflowSettings()
+
+    @model_validator(mode="after")
+    def _model_needs_learned(self) -> TierSettings:
+        if self.model is not None and self.classifier is not TierClassifierName.LEARNED:
+            raise ValueError("`model` is the learned classifier's file: set `classifier: learned`")
+        if self.model is not None and not Path(self.model).is_file():
+            # Caught here so that check-policy names it; its content is checked at load.
+            raise ValueError(f"model: no file {self.model!r}")
+        return self

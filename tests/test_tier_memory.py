@@ -1,0 +1,69 @@
+"""A conversation keeps its tier: once it has gone large, its later turns stay large even where
+they read as easy on their own (an upgrade is always allowed); a dry run remembers nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router_policies.tier_memory import conversation_key
+from router_policies.tier_router import TierRouter
+from router_policies.tier_settings import TierSettings
+from router_policies.tiers import Tier
+
+HARD = (
+    "Prove step by step that the integral of $e^{-x^2}$ over the real line is $\\sqrt{\\pi}$, "
+    "then compare two derivations and justify which is more rigorous."
+)
+EASY = "Thanks! And what is the capital of France?"
+
+
+def chat(*users: str) -> dict[str, Any]:
+    """A conversation's request: its user turns, each answered but the last."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": "You are helpful."}]
+    for i, text in enumerate(users):
+        if i:
+            messages.append({"role": "assistant", "content": "Here you go."})
+        messages.append({"role": "user", "content": text})
+    return {"messages": messages}
+
+
+def router(**settings: Any) -> TierRouter:
+    return TierRouter("auto", TierSettings(small="small", large="large", **settings))
+
+
+def test_a_conversation_that_went_large_stays_large_for_its_later_turns() -> None:
+    tiers = router()
+    assert tiers.classify(chat(EASY)).tier is Tier.SMALL  # read alone, the follow-up is easy
+    first = tiers.classify(chat(HARD))
+    assert first.tier is Tier.LARGE and not first.kept
+    tiers.observe(first)
+    later = tiers.classify(chat(HARD, EASY))
+    assert later.tier is Tier.LARGE and later.kept
+    assert tiers.classify(chat("Hi there.", EASY)).tier is Tier.SMALL  # another conversation
+
+
+def test_a_conversation_may_go_large_later_but_never_back() -> None:
+    tiers = router()
+    first = tiers.classify(chat(EASY))
+    tiers.observe(first)
+    assert first.tier is Tier.SMALL
+    harder = tiers.classify(chat(EASY, HARD))
+    assert harder.tier is Tier.LARGE
+    tiers.observe(harder)
+    assert tiers.classify(chat(EASY, HARD, EASY)).tier is Tier.LARGE
+
+
+def test_a_dry_run_remembers_nothing_and_memory_zero_scores_every_turn_alone() -> None:
+    tiers = router()
+    tiers.classify(chat(HARD))  # as POST /admin/route does: never observed
+    assert tiers.classify(chat(HARD, EASY)).tier is Tier.SMALL
+    forgetful = router(conversation_memory=0)
+    forgetful.observe(forgetful.classify(chat(HARD)))
+    assert forgetful.classify(chat(HARD, EASY)).tier is Tier.SMALL
+
+
+def test_a_conversation_is_known_by_its_lead_and_first_user_message() -> None:
+    assert conversation_key(chat(HARD)) == conversation_key(chat(HARD, EASY, EASY))
+    assert conversation_key(chat(HARD)) != conversation_key(chat(EASY))
+    assert conversation_key({"prompt": "a completion"}) is None
+    assert conversation_key({"messages": [{"role": "system", "content": "no user"}]}) is None

@@ -1,0 +1,87 @@
+"""OpenTelemetry traces (GATEWAY_OTEL=true): a span per request with children for the routing
+decision and the attempt at the replica, exported over OTLP/HTTP to the collector the OTEL_*
+variables name, and the attempt's trace context sent to the replica in `traceparent`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from gateway.tracing import REQUEST_SPAN, ROUTE_SPAN, UPSTREAM_SPAN
+from tests.conftest import MODEL, chat, fake_replica, in_process_gateway, pool_policy
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+ANSWER = {
+    "id": "x", "object": "chat.completion", "created": 0, "model": MODEL,
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "traced"},
+                 "finish_reason": "stop"}],
+}  # fmt: skip
+
+
+@asynccontextmanager
+async def collector(expected: int) -> AsyncIterator[tuple[str, list[Any], asyncio.Event]]:
+    """An OTLP/HTTP trace receiver: the spans every export carried, and an event set once
+    ``expected`` have come."""
+    spans: list[Any] = []
+    arrived = asyncio.Event()
+
+    async def receive(request: web.Request) -> web.Response:
+        export = ExportTraceServiceRequest.FromString(await request.read())
+        for resource in export.resource_spans:
+            for scope in resource.scope_spans:
+                spans.extend(scope.spans)
+        if len(spans) >= expected:
+            arrived.set()
+        return web.Response(content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", receive)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1/traces", spans, arrived
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_request_is_traced_from_the_clients_context_to_the_replica(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[str] = []
+
+    async def replica(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("traceparent", ""))
+        return web.json_response(ANSWER)
+
+    async with collector(3) as (endpoint, spans, arrived), fake_replica(replica) as url:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        async with in_process_gateway(pool_policy([url]), otel=True) as client:
+            parent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+            answer = await client.post(
+                "/v1/chat/completions", json=chat("s", "u"), headers={"traceparent": parent}
+            )
+            assert answer.status == 200
+            await asyncio.wait_for(arrived.wait(), 10)
+    by_name = {span.name: span for span in spans}
+    assert set(by_name) == {REQUEST_SPAN, ROUTE_SPAN, UPSTREAM_SPAN}
+    request, route, upstream = (by_name[n] for n in (REQUEST_SPAN, ROUTE_SPAN, UPSTREAM_SPAN))
+    # One trace, the client's: the request span is its child, the others the request's.
+    assert {span.trace_id.hex() for span in spans} == {CLIENT_TRACE}
+    assert request.parent_span_id.hex() == CLIENT_SPAN
+    assert route.parent_span_id == upstream.parent_span_id == request.span_id
+    attributes = {a.key: a.value for a in route.attributes}
+    assert attributes["llm_gateway.replica"].string_value == url.removeprefix("http://")
+    assert attributes["llm_gateway.route"].string_value == answer.headers["x-gateway-route"]
+    # The replica continues the attempt's span, not the client's.
+    (sent,) = seen
+    assert sent == f"00-{CLIENT_TRACE}-{upstream.span_id.hex()}-01"
