@@ -34,9 +34,9 @@ from router_policies.schema import (
     load_policy,
     parse_policy,
 )
-from tests.conftest import FAST_PROBES, pool_policy, running_sims
+from tests.conftest import FAST_PROBES, eventually, metric_sum, pool_policy, running_sims
 from tests.redis_server import RedisServer, running_redis
-from tests.test_shared_state_redis import NO_SHUTDOWN_DELAY, eventually, metric
+from tests.test_shared_state_redis import NO_SHUTDOWN_DELAY
 
 POOLS = pool_policy(["http://127.0.0.1:9101"])
 SECRET = "hunter2-not-for-logs"
@@ -379,7 +379,7 @@ async def _admin(gateway: ManagedProcess, method: str, path: str) -> tuple[int, 
 
 
 async def _redis_up(gateway: ManagedProcess) -> bool:
-    return await metric(gateway, "gateway_state_backend_up", backend="redis") == 1
+    return await metric_sum(gateway.url, "gateway_state_backend_up", backend="redis") == 1
 
 
 @MODULE_LOOP

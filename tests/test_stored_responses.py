@@ -20,10 +20,10 @@ from gateway import headers
 from gateway.affinity import ReplicaRef
 from gateway.shared_state import responses
 from replica.processes import ManagedProcess
-from tests.conftest import FAST_PROBES, MODEL, pool_policy, running_sims
+from tests.conftest import FAST_PROBES, MODEL, eventually, pool_policy, running_sims
 from tests.redis_server import running_redis
 from tests.test_rate_limit_gateway import ACME_KEY, GLOBEX_KEY, tenant
-from tests.test_shared_state_redis import NO_SHUTDOWN_DELAY, eventually
+from tests.test_shared_state_redis import NO_SHUTDOWN_DELAY
 from tests.test_workers import _every_worker_up
 
 ROUNDS = 12

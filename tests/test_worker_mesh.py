@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from gateway.shared_state import Outbox
 from gateway.shared_state.worker_mesh import _BACKLOG_BYTES, MeshPlace, MeshSettings, WorkerMesh
 from gateway.state import Fleet
+from tests.conftest import eventually
 from tests.test_shared_state import (
     NAMES,
     SYSTEM,
@@ -30,7 +31,7 @@ from tests.test_shared_state import (
     pool_of,
     routes_to,
 )
-from tests.test_shared_state_redis import eventually, returns
+from tests.test_shared_state_redis import returns
 
 
 @pytest.fixture
