@@ -24,6 +24,7 @@ from pathlib import Path
 import aiohttp
 import uvloop
 
+from bench.compare.code_state import code_revision
 from bench.driver import RequestResult, percentile, send
 from bench.launcher import start_gateway
 from bench.workloads_overload import Phase, phase_arrivals
@@ -134,7 +135,8 @@ def report(rows: list[Row], args: argparse.Namespace, capacity: str) -> str:
     lines = [
         "# Priority classes under overload",
         "",
-        f"`{command}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC. {REPLICAS} simulated replicas, "
+        f"`{command}`, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {code_revision()}. "
+        f"{REPLICAS} simulated replicas, "
         f"{SLOTS} requests in flight each (`max_inflight_per_replica`), about {capacity}; "
         f"Poisson arrivals at {args.load:g}x that for {args.seconds:g} s, the same in both "
         f"runs; the gateway queues up to {QUEUE_TIMEOUT_S:g} s. `priority`: each request "
