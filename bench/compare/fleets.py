@@ -149,8 +149,8 @@ def real_description(model_dir: Path) -> list[str]:
         "(prefix caching on, chunked prefill) plus VLLM_SERVER_DEV_MODE=1 for "
         "/reset_prefix_cache.",
         f"- KV cache: {CPU_NUM_BLOCKS} blocks of {CPU_BLOCK_SIZE} tokens per replica.",
-        "- Cost of a prompt: on this machine a ~1,700-token prompt takes ~3.4 s cold and "
-        "~0.11 s on a prefix hit (replica/vllm_cpu/README.md).",
+        "- Cost of a prompt: a ~1,700-token prompt took ~3.4 s cold and ~0.11 s on a prefix "
+        "hit where replica/vllm_cpu/README.md measured it (not necessarily this machine).",
         "- Affinity bound: an ESTIMATE, computed as for the sim (4 characters per token, "
         "16-token blocks, the sim's chat template); vLLM's BPE here makes ~2.2 characters per "
         "token and 32-token blocks, so the bound is indicative, the hit rates are exact.",
