@@ -28,44 +28,44 @@ _TOOL_HELP = {
 }
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _process_config(flags: Sequence[tuple[str, object]]) -> tuple[Settings, Policy] | None:
+    """What `serve` and `epp` run with: the settings (``flags`` over GATEWAY_*), logging
+    configured, and the policy checked; None (and the reason on stderr) when unusable."""
     from gateway.logs import configure
     from gateway.settings_errors import load_settings
 
-    flags = (
-        ("host", args.host), ("port", args.port), ("policy", args.policy),
-        ("workers", args.workers),
-    )  # fmt: skip
     settings = load_settings({k: v for k, v in flags if v is not None})
     if settings is None:
-        return 2
+        return None
     configure(settings.log_level)
     if settings.policy is None:
         print("error: no policy file: pass --policy PATH or set GATEWAY_POLICY", file=sys.stderr)
-        return 2
+        return None
     policy = _load_or_explain(settings.policy)
     if policy is None or not _state_usable(settings, policy) or not _tracing_usable(settings):
+        return None
+    return settings, policy
+
+
+def _serve(args: argparse.Namespace) -> int:
+    config = _process_config(
+        [("host", args.host), ("port", args.port), ("policy", args.policy),
+         ("workers", args.workers)]
+    )  # fmt: skip
+    if config is None:
         return 2
     from gateway.server import run
 
-    return run(settings, policy)
+    return run(*config)
 
 
 def _epp(args: argparse.Namespace) -> int:
-    from gateway.logs import configure
-    from gateway.settings_errors import load_settings
-
-    flags = (("host", args.host), ("port", args.http_port), ("policy", args.policy))
-    settings = load_settings({k: v for k, v in flags if v is not None})
-    if settings is None:
+    config = _process_config(
+        [("host", args.host), ("port", args.http_port), ("policy", args.policy)]
+    )
+    if config is None:
         return 2
-    configure(settings.log_level)
-    if settings.policy is None:
-        print("error: no policy file: pass --policy PATH or set GATEWAY_POLICY", file=sys.stderr)
-        return 2
-    policy = _load_or_explain(settings.policy)
-    if policy is None or not _state_usable(settings, policy) or not _tracing_usable(settings):
-        return 2
+    settings, policy = config
     try:
         from gateway.picker.server import add_picker
     except ModuleNotFoundError as exc:

@@ -95,11 +95,10 @@ class PickerExchange:
     itself (an immediate response), or a pick, after which Envoy relays the replica's answer
     and the picker follows it."""
 
-    __slots__ = ("_answer_headers", "_envoy", "headers", "picked")
+    __slots__ = ("_answer_headers", "_envoy", "picked")
 
-    def __init__(self, envoy: Envoy, sent: Mapping[str, str]) -> None:
+    def __init__(self, envoy: Envoy) -> None:
         self._envoy = envoy
-        self.headers = sent
         self.picked = False
         self._answer_headers: Any = None
 

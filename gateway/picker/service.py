@@ -83,7 +83,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             return
         started = time.perf_counter()
         REQUEST_ID.set(request_id(sent))
-        exchange = PickerExchange(envoy, sent)
+        exchange = PickerExchange(envoy)
         app = self._app
         fleet = app[POLICY].fleet  # one generation of the policy for the whole request
         try:
