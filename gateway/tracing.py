@@ -4,9 +4,9 @@ Each proxied request is a span (`llm-gateway request`: pool, route, status), wit
 the routing decision (`route`: replica, route, predicted TTFT) and one per attempt at a replica
 (`upstream`), whose W3C trace context goes to the replica in `traceparent` (vLLM continues the
 trace when it traces). A client's own `traceparent` is the request span's parent. Spans go out
-over OTLP/HTTP, configured by the standard variables (`OTEL_EXPORTER_OTLP_ENDPOINT`,
-`OTEL_SERVICE_NAME`, ...). Off, this module is not imported and the proxy checks one attribute
-per request.
+over OTLP/HTTP in JSON (every OTLP receiver accepts it), configured by the standard variables
+(`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`, ...). Off, this module is not imported and
+the proxy checks one attribute per request.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ UPSTREAM_SPAN = "upstream"
 
 
 def otlp_provider() -> TracerProvider:
-    """Spans batched to the OTLP/HTTP exporter; the resource and the exporter read the OTEL_*
-    environment (service name default: llm-gateway)."""
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    """Spans batched to the OTLP/HTTP JSON exporter; the resource and the exporter read the
+    OTEL_* environment (service name default: llm-gateway)."""
+    from opentelemetry.exporter.otlp.json.http.trace_exporter import OTLPSpanExporter
 
     provider = TracerProvider(resource=Resource.create({"service.name": "llm-gateway"}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))

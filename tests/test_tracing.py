@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from gateway.tracing import REQUEST_SPAN, ROUTE_SPAN, UPSTREAM_SPAN
 from tests.conftest import MODEL, chat, fake_replica, in_process_gateway, pool_policy
@@ -27,19 +26,19 @@ ANSWER = {
 
 @asynccontextmanager
 async def collector(expected: int) -> AsyncIterator[tuple[str, list[Any], asyncio.Event]]:
-    """An OTLP/HTTP trace receiver: the spans every export carried, and an event set once
-    ``expected`` have come."""
-    spans: list[Any] = []
+    """An OTLP/HTTP trace receiver (JSON, as the gateway exports): the spans every export
+    carried, and an event set once ``expected`` have come."""
+    spans: list[dict[str, Any]] = []
     arrived = asyncio.Event()
 
     async def receive(request: web.Request) -> web.Response:
-        export = ExportTraceServiceRequest.FromString(await request.read())
-        for resource in export.resource_spans:
-            for scope in resource.scope_spans:
-                spans.extend(scope.spans)
+        assert request.content_type == "application/json"
+        for resource in (await request.json())["resourceSpans"]:
+            for scope in resource["scopeSpans"]:
+                spans.extend(scope["spans"])
         if len(spans) >= expected:
             arrived.set()
-        return web.Response(content_type="application/x-protobuf")
+        return web.json_response({})
 
     app = web.Application()
     app.router.add_post("/v1/traces", receive)
@@ -72,16 +71,16 @@ async def test_a_request_is_traced_from_the_clients_context_to_the_replica(
             )
             assert answer.status == 200
             await asyncio.wait_for(arrived.wait(), 10)
-    by_name = {span.name: span for span in spans}
+    by_name = {span["name"]: span for span in spans}
     assert set(by_name) == {REQUEST_SPAN, ROUTE_SPAN, UPSTREAM_SPAN}
     request, route, upstream = (by_name[n] for n in (REQUEST_SPAN, ROUTE_SPAN, UPSTREAM_SPAN))
     # One trace, the client's: the request span is its child, the others the request's.
-    assert {span.trace_id.hex() for span in spans} == {CLIENT_TRACE}
-    assert request.parent_span_id.hex() == CLIENT_SPAN
-    assert route.parent_span_id == upstream.parent_span_id == request.span_id
-    attributes = {a.key: a.value for a in route.attributes}
-    assert attributes["llm_gateway.replica"].string_value == url.removeprefix("http://")
-    assert attributes["llm_gateway.route"].string_value == answer.headers["x-gateway-route"]
+    assert {span["traceId"] for span in spans} == {CLIENT_TRACE}
+    assert request["parentSpanId"] == CLIENT_SPAN
+    assert route["parentSpanId"] == upstream["parentSpanId"] == request["spanId"]
+    attributes = {a["key"]: a["value"] for a in route["attributes"]}
+    assert attributes["llm_gateway.replica"]["stringValue"] == url.removeprefix("http://")
+    assert attributes["llm_gateway.route"]["stringValue"] == answer.headers["x-gateway-route"]
     # The replica continues the attempt's span, not the client's.
     (sent,) = seen
-    assert sent == f"00-{CLIENT_TRACE}-{upstream.span_id.hex()}-01"
+    assert sent == f"00-{CLIENT_TRACE}-{upstream['spanId']}-01"
