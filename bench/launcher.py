@@ -18,7 +18,9 @@ import yaml
 from replica.processes import ManagedProcess, free_port, start_on_free_port
 
 _HOST = "127.0.0.1"
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 60.0
+"""How long a router (the gateway's or a peer's) may take to answer ready: an interpreter
+starting beside two vLLM engines that hold both cores took over 30 s in a full compare run."""
 
 
 class GatewayProcess(ManagedProcess):

@@ -4,6 +4,7 @@ hand-made figures, then one small end-to-end comparison on a tiny simulated flee
 from __future__ import annotations
 
 import argparse
+import io
 import subprocess
 import time
 from pathlib import Path
@@ -398,3 +399,21 @@ def test_the_report_keeps_what_other_benchmarks_wrote_below_the_marker(tmp_path:
     assert _kept_sections(path) == "\n" + KEPT_MARKER + "\n\n## Instances\n| a |\n"
     path.write_text("# a report with no marker\n")
     assert _kept_sections(path) == ""
+
+
+def test_a_fleet_that_raises_is_reported_as_failed_and_the_report_still_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench.compare import cli, comparison
+
+    async def dies(*args: object, **kwargs: object) -> FleetResult:
+        raise RuntimeError("gateway not healthy at /ready")
+
+    monkeypatch.setattr(comparison, "run_sim_variant", dies)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    argv = ["--fleet", "mooncake", "--no-peers", "--no-install", "--no-progress"]
+    args = parser.parse_args([*argv, "--out", str(tmp_path)])
+    assert cli.run(args, out=io.StringIO()) == 1
+    report = (tmp_path / "benchmarks.md").read_text()
+    assert "Not run: failed: RuntimeError('gateway not healthy at /ready')" in report

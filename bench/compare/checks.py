@@ -239,6 +239,8 @@ def low_check(fleet: FleetResult) -> Check:
 def sim_checks(fleet: FleetResult) -> list[Check]:
     """The default simulated fleet's checks: generated-shared-prefix, Zipf, multi-round QA,
     low sharing."""
+    if fleet.skipped is not None:
+        return [Check("simulated fleet", "SKIP", fleet.skipped)]
     return [*gsp_checks(fleet), *zipf_checks(fleet), *mrqa_checks(fleet), low_check(fleet)]
 
 

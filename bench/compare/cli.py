@@ -197,7 +197,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    """Entry point of ``llm-gateway bench compare``; 0 when every run completed."""
+    """Entry point of ``llm-gateway bench compare``; 0 when every fleet ran to its end."""
     windows = tuple(args.window or ()) + WINDOW_SETS.get(args.window_set or "", ())
     config = CompareConfig(
         windows=tuple(dict.fromkeys(windows)) or (SHIPPED_WINDOW,),
@@ -219,4 +219,6 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     path = write_report(result, config, out)
     if path is not None:
         print(f"\nWrote {path} and its plots.", file=out)
-    return 0
+    for fleet in result.failed:
+        print(f"{fleet.title} failed: {fleet.skipped}", file=sys.stderr)
+    return 1 if result.failed else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -14,7 +15,7 @@ from bench import peers
 from bench.compare.agents import AGENTS_VARIANT, agents_workload
 from bench.compare.checks import Check, mooncake_checks, overload_checks, real_checks, sim_checks
 from bench.compare.code_state import CodeState
-from bench.compare.fleets import prepare_real_fleet, run_real_fleet, run_sim_fleet
+from bench.compare.fleets import REAL_TITLE, prepare_real_fleet, run_real_fleet, run_sim_fleet
 from bench.compare.mooncake import (
     MOONCAKE_VARIANT,
     OBJECTIVE_TARGET,
@@ -82,6 +83,11 @@ class CompareResult:
     code: CodeState | None = None
     """The code when the run started."""
 
+    @property
+    def failed(self) -> list[FleetResult]:
+        """Fleets whose run raised (their sections say why)."""
+        return [fleet for fleet in self.fleets if fleet.failed]
+
 
 def _peer_targets(config: CompareConfig, out: TextIO) -> tuple[str | None, str]:
     """(why peers cannot run or None, the peers line of the report)."""
@@ -96,6 +102,18 @@ def _peer_targets(config: CompareConfig, out: TextIO) -> tuple[str | None, str]:
         return reason, f"not run: {reason}"
     versions = ", ".join(f"{name} {version}" for name, version in peers.VERSIONS.items())
     return None, f"{versions} (bench/peers/install.sh, flags in bench/peers/__init__.py)"
+
+
+async def _fleet_or_failure(
+    key: str, title: str, run: Awaitable[FleetResult], out: TextIO
+) -> FleetResult:
+    """The fleet's result, or, when it raised, a fleet that says so: the fleets measured
+    before and after it are still reported (a full run is an hour)."""
+    try:
+        return await run
+    except Exception as error:
+        print(f"[compare] {title} failed: {error!r}", file=out)
+        return FleetResult(key, title, skipped=f"failed: {error!r}", failed=True)
 
 
 async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> CompareResult:
@@ -147,23 +165,45 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
     )
     with tqdm(total=total, unit="run", desc="compare", disable=not config.progress) as bar:
         if run_sim:
-            sim = await run_sim_fleet(
-                sim_plan, sim_targets, scale=scale, skipped_targets=skipped, bar=bar
+            sim = await _fleet_or_failure(
+                "sim",
+                "Simulated fleet",
+                run_sim_fleet(sim_plan, sim_targets, scale=scale, skipped_targets=skipped, bar=bar),
+                out,
             )
             fleets.append(sim)
             checks += sim_checks(sim)
-            agents = await run_sim_variant(
-                AGENTS_VARIANT, agents_plan, sim_targets, skipped_targets=skipped, bar=bar
+            agents = await _fleet_or_failure(
+                AGENTS_VARIANT.key,
+                AGENTS_VARIANT.title,
+                run_sim_variant(
+                    AGENTS_VARIANT, agents_plan, sim_targets, skipped_targets=skipped, bar=bar
+                ),
+                out,
             )
             fleets.append(agents)
-            heavy = await run_sim_variant(
-                OVERLOAD_VARIANT, overload_plan, sim_targets, skipped_targets=skipped, bar=bar
+            heavy = await _fleet_or_failure(
+                OVERLOAD_VARIANT.key,
+                OVERLOAD_VARIANT.title,
+                run_sim_variant(
+                    OVERLOAD_VARIANT, overload_plan, sim_targets, skipped_targets=skipped, bar=bar
+                ),
+                out,
             )
             fleets.append(heavy)
             checks += overload_checks(heavy)
         if run_mooncake:
-            mooncake = await run_sim_variant(
-                MOONCAKE_VARIANT, mooncake_plan, mooncake_targets, skipped_targets=skipped, bar=bar
+            mooncake = await _fleet_or_failure(
+                MOONCAKE_VARIANT.key,
+                MOONCAKE_VARIANT.title,
+                run_sim_variant(
+                    MOONCAKE_VARIANT,
+                    mooncake_plan,
+                    mooncake_targets,
+                    skipped_targets=skipped,
+                    bar=bar,
+                ),
+                out,
             )
             fleets.append(mooncake)
             checks += mooncake_checks(mooncake, {w.key for w in REPORT_WINDOWS})
@@ -174,11 +214,16 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
                 )
                 if config.quick and peer_reason is None:
                     real_skipped = {t.label: "left out by --quick" for t in CACHE_AWARE_PEERS}
-                real = await run_real_fleet(
-                    real_plan, real_targets, model_dir, skipped_targets=real_skipped, bar=bar
+                real = await _fleet_or_failure(
+                    "real",
+                    REAL_TITLE,
+                    run_real_fleet(
+                        real_plan, real_targets, model_dir, skipped_targets=real_skipped, bar=bar
+                    ),
+                    out,
                 )
             else:
-                real = FleetResult("real", "Real vLLM fleet (2 CPU replicas)", skipped=real_reason)
+                real = FleetResult("real", REAL_TITLE, skipped=real_reason)
             fleets.append(real)
             checks += real_checks(real)
     return CompareResult(fleets, checks, peers_line, time.perf_counter() - started, code)

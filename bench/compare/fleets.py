@@ -29,6 +29,8 @@ from bench.compare.runner import REAL_TIMEOUT_S, SIM_TIMEOUT_S, run_fleet
 from replica.processes import LOCAL_KV_EVENTS, ManagedProcess, start_sim_replicas
 from replica.sim.config import SimConfig
 
+REAL_TITLE = "Real vLLM fleet (2 CPU replicas)"
+
 
 def sim_description(replicas: int, config: SimConfig, scale: SimScale) -> list[str]:
     kv_tokens = config.num_blocks * config.block_size
@@ -176,7 +178,7 @@ async def run_real_fleet(
 
     fleet = FleetResult(
         "real",
-        "Real vLLM fleet (2 CPU replicas)",
+        REAL_TITLE,
         real_description(model_dir),
         targets=list(targets),
         skipped_targets=dict(skipped_targets or {}),

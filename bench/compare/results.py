@@ -271,6 +271,8 @@ class FleetResult:
     measurements: list[Measurement] = field(default_factory=list)
     skipped: str | None = None
     """Why the whole fleet did not run."""
+    failed: bool = False
+    """It started and raised (``skipped`` says what): the run is not a complete report."""
     skipped_targets: dict[str, str] = field(default_factory=dict)
     """Target label -> why it did not run."""
     wall_s: float = 0.0

@@ -23,6 +23,7 @@ from typing import Literal
 import aiohttp
 import orjson
 
+from bench.launcher import READY_TIMEOUT_S
 from replica.processes import (
     ManagedProcess,
     ProcessStartError,
@@ -45,7 +46,6 @@ PEER_POLICIES: dict[str, tuple[str, ...]] = {
     "sglang-router": ("round_robin", "cache_aware", "power_of_two"),
 }
 _HOST = "127.0.0.1"
-READY_TIMEOUT_S = 60.0
 _CHECK_TIMEOUT_S = 30.0
 
 
