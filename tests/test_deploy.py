@@ -230,7 +230,10 @@ INFERENCE_POOL_CRD = (
 
 
 def test_helm_lint_is_clean(tools: Tools, helm_env: dict[str, str]) -> None:
-    for sets in ((), ("autoscaling.mode=keda", "serviceMonitor.enabled=true")):
+    for sets in (
+        (),
+        ("autoscaling.mode=keda", "serviceMonitor.enabled=true", "picker.enabled=true"),
+    ):
         argv: list[str | Path] = [tools.need("helm"), "lint", "--strict", CHART]
         for s in sets:
             argv += ["--set", s]
