@@ -17,7 +17,8 @@ from gateway.state import Fleet, PoolState
 from router_policies.decision import Route
 from router_policies.fingerprint import RequestFeatures
 from router_policies.tier_router import TierRouter, TierVerdict
-from router_policies.tiers import PoolChoice, choose_pool
+from router_policies.tier_settings import TierSettings
+from router_policies.tiers import PoolChoice, choose_pool, close_call_choice, is_close_call
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,11 @@ class Resolution:
 
     @property
     def route(self) -> Route | None:
-        return Route.OVERFLOW if self.choice is not None and self.choice.overflow else None
+        if self.choice is None:
+            return None
+        if self.choice.overflow:
+            return Route.OVERFLOW
+        return Route.CLOSE_CALL if self.choice.close_call else None
 
     def response_headers(self) -> dict[str, str]:
         if self.verdict is None:
@@ -87,18 +92,38 @@ def resolve(
         settings = tier_router.settings
         small, large = fleet.pools[settings.small], fleet.pools[settings.large]
         choice = choose_pool(verdict.tier, settings, small.load(), large.load())
+        close = is_close_call(verdict.score.score, verdict.threshold, settings.close_call_margin)
+        if close and not (choice.overflow or verdict.forced or verdict.kept):
+            choice = _close_call(choice, settings, fleet, parsed)
         pool = fleet.pools[choice.pool]
         body = {**parsed.body, "model": pool.model}
         parsed = dataclasses.replace(parsed, body=body, raw=orjson.dumps(body), model=pool.model)
-    if parsed.endpoint.prefix_routed:
-        # An adapter's KV cache is its own: the adapter salts the fingerprint (its name is also
-        # the model the chain is seeded with), so no prefix matches across adapters.
-        salt = parsed.cache_salt if adapter is None else f"{parsed.cache_salt}\x00lora:{adapter}"
-        features = pool.router.features(parsed.model, parsed.canonical_text, salt)
-    else:
-        features = RequestFeatures(parsed.model, (), 0)  # by load alone: nothing to match
+    salt = parsed.cache_salt if adapter is None else f"{parsed.cache_salt}\x00lora:{adapter}"
+    features = _features(pool, parsed, parsed.model, salt)
     hooks = _hooks(memory, pool, parsed, adapter) if memory is not None else None
     return Resolution(parsed, pool, features, verdict, choice, tier_router, hooks)
+
+
+def _features(pool: PoolState, parsed: ParsedRequest, model: str, salt: str) -> RequestFeatures:
+    if not parsed.endpoint.prefix_routed:
+        return RequestFeatures(model, (), 0)  # by load alone: nothing to match
+    # An adapter's KV cache is its own: the adapter salts the fingerprint (its name is also
+    # the model the chain is seeded with), so no prefix matches across adapters.
+    return pool.router.features(model, parsed.canonical_text, salt)
+
+
+def _close_call(
+    choice: PoolChoice, settings: TierSettings, fleet: Fleet, parsed: ParsedRequest
+) -> PoolChoice:
+    """Each pool's predicted TTFT for the request, as its policy would route it now."""
+    own = fleet.pools[choice.pool]
+    other = fleet.pools[settings.large if choice.pool == settings.small else settings.small]
+    predicted = []
+    for pool in (own, other):
+        decision = pool.decide(_features(pool, parsed, pool.model, parsed.cache_salt))
+        estimate = decision.estimate if decision is not None else None
+        predicted.append(estimate.total_s if estimate is not None else None)
+    return close_call_choice(choice, settings, predicted[0], predicted[1], other.load())
 
 
 def _hooks(

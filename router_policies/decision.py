@@ -28,6 +28,9 @@ class Route(StrEnum):
     not predicted slower than a cold start elsewhere."""
     OVERFLOW = "overflow"
     """A tiered request sent to the other pool because its own was saturated."""
+    CLOSE_CALL = "close-call"
+    """A tiered request scored within the tiers' close_call_margin of the threshold, sent to
+    the other tier's pool because it was predicted to answer first."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,14 +3,17 @@
 score = sigmoid(bias + sum(w[f] for f in text features) / sqrt(#text features)
                 + sum(w[m] for m in request features))
 
-- Text features are the distinct lower-cased words (digits written as ``0``) of the last user
-  message and each ASCII punctuation mark present (a binary bag of words, L2-normalised):
+- Text features are the distinct lower-cased words (digits written as ``0``) of the task's
+  user messages, the first and the latest (a conversation's task is set in its first turn:
+  "Now do it in Rust" alone says nothing), and each ASCII punctuation mark present (a binary
+  bag of words, L2-normalised):
   ``$``, ``^``, ``\\``, ``(`` and ``=`` carry much of the signal in maths and code. Pairs of
   neighbouring words were tried: no better on held-out sources, and 2.5x the decision time.
 - Request features (``#len:k``, ``#turns:k``, ``#tools``, ...) are coarse buckets of what the
   body says besides its text; they are named strings too, so one weight table holds everything.
 - Only the head and the tail of a long message are read (``SCAN_HEAD`` + ``SCAN_TAIL``
-  characters): the question sits at one end of a pasted document, and the cost stays flat.
+  characters of each of the two): the question sits at one end of a pasted document, and the
+  cost stays flat.
 
 Features are looked up by name in a dict (no hashing), so an explanation names the words that
 pushed a score. Inference is pure Python over C-level builtins (``re``, ``set``, ``map``): no
@@ -47,7 +50,15 @@ EXPLAIN_TOP = 8
 """How many of the strongest contributions an explanation lists."""
 
 _PUNCT = b"!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
-"""ASCII punctuation: split off words, and each mark present is one feature of its own."""
+"""ASCII punctuation: split off words (``_MARKS``, below, are features of their own too)."""
+_PROSE = b"!\"',.:;?"
+"""Sentence punctuation: split off words like the rest, but no feature of its own. Whether a
+prompt ends in a full stop or asks with a question mark is the style of the set it came from
+(CLINC's and NQ's queries have none, maths problems do), and a model that learned "." as a sign
+of difficulty scored "Hi there." as hard."""
+_MARKS = bytes(c for c in _PUNCT if c not in _PROSE)
+"""Punctuation that is a feature: ``$``, ``^``, ``\\``, ``(``, ``=`` and the like, which
+maths and code are written in."""
 _TABLE = bytes(32 if c in _PUNCT else 48 if 48 <= c <= 57 else c for c in range(256))
 """Lower-cased UTF-8 bytes -> words: punctuation becomes a space, every digit ``0`` (so 48 and
 17 are the same word, 2026 another)."""
@@ -56,14 +67,20 @@ Feature = bytes | int | str
 """A word (its UTF-8 bytes), a punctuation mark (its byte), a request feature (``#...``)."""
 
 
-def _last_user_text(body: Mapping[str, Any]) -> tuple[str, int]:
+def _task_texts(body: Mapping[str, Any]) -> tuple[tuple[str, ...], int]:
+    """(the first and the latest user message, or the one there is; the number of user
+    turns). A completion's prompt is one message."""
     messages: Sequence[Mapping[str, Any]] = body.get("messages") or []
     if messages:
         user_turns = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
-        last = _text(user_turns[-1].get("content")) if user_turns else ""
-        return last, len(user_turns)
+        if not user_turns:
+            return ("",), 0
+        latest = _text(user_turns[-1].get("content"))
+        if len(user_turns) == 1:
+            return (latest,), 1
+        return (_text(user_turns[0].get("content")), latest), len(user_turns)
     prompt = body.get("prompt")
-    return (prompt if isinstance(prompt, str) else " ".join(map(str, prompt or []))), 1
+    return ((prompt if isinstance(prompt, str) else " ".join(map(str, prompt or []))),), 1
 
 
 def _bucket(value: int) -> int:
@@ -85,7 +102,7 @@ def text_features(text: str) -> set[Feature]:
     raw = scan_window(text).lower().encode("utf-8", "replace")
     words = raw.translate(_TABLE).split()
     out: set[Feature] = set(words)
-    out.update([c for c in _PUNCT if c in raw])
+    out.update([c for c in _MARKS if c in raw])
     return out
 
 
@@ -107,9 +124,13 @@ def request_features(body: Mapping[str, Any], text: str, turns: int) -> list[str
 
 
 def features(body: Mapping[str, Any]) -> tuple[set[Feature], list[str]]:
-    """(text features, request features) of a request body; training uses this same function."""
-    text, turns = _last_user_text(body)
-    return text_features(text), request_features(body, text, turns)
+    """(text features, request features) of a request body; training uses this same function.
+    The length bucket is the latest message's."""
+    texts, turns = _task_texts(body)
+    words = text_features(texts[0])
+    for text in texts[1:]:
+        words |= text_features(text)
+    return words, request_features(body, texts[-1], turns)
 
 
 def feature_name(feature: Feature) -> str:
@@ -123,7 +144,7 @@ def feature_name(feature: Feature) -> str:
 
 def parse_feature(name: str) -> Feature:
     """The inverse of ``feature_name``: one mark is punctuation, ``#...`` a request feature."""
-    if len(name) == 1 and ord(name) < 128 and ord(name) in _PUNCT:
+    if len(name) == 1 and ord(name) < 128 and ord(name) in _MARKS:
         return ord(name)
     if name.startswith("#"):
         return name

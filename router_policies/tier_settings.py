@@ -70,6 +70,12 @@ class TierSettings(StrictModel):
     """Conversations remembered as having gone large, whose later turns then stay large
     (router_policies/tier_memory.py; about 100 bytes each); 0: every turn scored alone."""
     overflow: OverflowSettings = OverflowSettings()
+    close_call_margin: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0
+    """A request scored within this of the threshold is a close call: the classifier cannot
+    tell which pool it needs, so it goes to the pool predicted to answer it first (each pool's
+    cost model, what each holds of the conversation counted). 0: off (no close call costs a
+    second routing decision). A conversation kept large, a forced tier and overflow are never
+    close calls."""
 
     @model_validator(mode="after")
     def _model_needs_learned(self) -> TierSettings:

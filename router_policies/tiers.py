@@ -34,6 +34,8 @@ class PoolLoad:
 class PoolChoice:
     pool: str
     overflow: bool
+    close_call: bool = False
+    """A close call, sent to the other tier's pool because it is predicted to answer first."""
 
 
 def choose_pool(tier: Tier, settings: TierSettings, small: PoolLoad, large: PoolLoad) -> PoolChoice:
@@ -56,3 +58,23 @@ def tier_for(score: float, threshold: float) -> Tier:
     """Strictly above goes large: when many requests tie at the threshold (identical traffic),
     they stay small together instead of all climbing to the costly pool."""
     return Tier.LARGE if score > threshold else Tier.SMALL
+
+
+def is_close_call(score: float, threshold: float, margin: float) -> bool:
+    return margin > 0 and abs(score - threshold) <= margin
+
+
+def close_call_choice(
+    choice: PoolChoice,
+    settings: TierSettings,
+    own_s: float | None,
+    other_s: float | None,
+    other: PoolLoad,
+) -> PoolChoice:
+    """A close call's pool: the other tier's when it is predicted to answer first (TTFT
+    ``other_s`` against ``own_s``) and not saturated; its own tier's on a tie or when a pool
+    cannot predict (a policy without a cost model)."""
+    if own_s is None or other_s is None or other.saturated or not other_s < own_s:
+        return choice
+    pool = settings.large if choice.pool == settings.small else settings.small
+    return PoolChoice(pool, overflow=False, close_call=True)

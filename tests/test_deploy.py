@@ -221,12 +221,19 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "autoscaling.mode=hpa",
         "pools.large.replicaUrls={http://10.1.2.3:8000,http://10.1.2.4:8000}",
     ),
+    "picker": ("picker.enabled=true", "picker.failureMode=FailClose"),
 }
-CRD_KINDS = {"ScaledObject", "ServiceMonitor", "PrometheusRule"}
+CRD_KINDS = {"ScaledObject", "ServiceMonitor", "PrometheusRule", "InferencePool"}
+INFERENCE_POOL_CRD = (
+    ROOT / "tests" / "data" / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
+)
 
 
 def test_helm_lint_is_clean(tools: Tools, helm_env: dict[str, str]) -> None:
-    for sets in ((), ("autoscaling.mode=keda", "serviceMonitor.enabled=true")):
+    for sets in (
+        (),
+        ("autoscaling.mode=keda", "serviceMonitor.enabled=true", "picker.enabled=true"),
+    ):
         argv: list[str | Path] = [tools.need("helm"), "lint", "--strict", CHART]
         for s in sets:
             argv += ["--set", s]
@@ -305,6 +312,15 @@ def test_each_variant_renders_what_it_promises(render_chart: Render) -> None:
         (("pools.small.profile=gpu-huge",), "is not a profile"),
         (("pools.Small_Pool.enabled=true", "pools.Small_Pool.profile=gpu-small"), "pool name"),
         (("pools.small.enabled=false", "pools.large.enabled=false"), "enable at least one pool"),
+        (("picker.failureMode=Open",), "at '/picker/failureMode': value must be one of"),
+        (
+            (
+                "picker.enabled=true",
+                "pools.small.replicaUrls={http://10.1.2.3:8000}",
+                "pools.large.replicaUrls={http://10.1.2.4:8000}",
+            ),
+            "every enabled pool lists replicaUrls",
+        ),
         (
             ("autoscaling.mode=hpa", "pools.small.autoscaling.minReplicas=9"),
             "minReplicas is above maxReplicas",
@@ -546,12 +562,32 @@ def test_keda_scaled_objects_query_the_recording_rule(render_chart: Render) -> N
 
 CHECK_CRDS = """
 import json, sys
+import jsonschema, yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
 from cloudcoil.models.prometheus_operator.v1 import PrometheusRule, ServiceMonitor
 models = {"ScaledObject": ScaledObject, "ServiceMonitor": ServiceMonitor, "PrometheusRule": PrometheusRule}
+
+def strict(schema):
+    # The API server drops unknown fields without a word: here they are errors, like a
+    # misspelt field in the models' round trip below.
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    if schema.get("type") == "object" and "properties" in schema:
+        out.setdefault("additionalProperties", False)
+    return out
+
+crd = yaml.safe_load(open(sys.argv[1]))
+(served,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+pool = jsonschema.Draft7Validator(strict(served["schema"]["openAPIV3Schema"]))
 problems = []
 for doc in json.load(sys.stdin):
     where = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+    if doc["kind"] == "InferencePool":
+        problems += [f"{where}: {e.json_path}: {e.message}" for e in pool.iter_errors(doc)]
+        continue
     try:
         model = models[doc["kind"]].model_validate(doc)
     except Exception as exc:
@@ -567,15 +603,19 @@ print(json.dumps(problems))
 def check_crds(tools: Tools, docs: Docs) -> list[str]:
     crds = [d for d in docs if d["kind"] in CRD_KINDS]
     assert crds
-    done = run([tools.need("venv_python"), "-c", CHECK_CRDS], stdin=json.dumps(crds))
+    argv = [tools.need("venv_python"), "-c", CHECK_CRDS, INFERENCE_POOL_CRD]
+    done = run(argv, stdin=json.dumps(crds))
     assert done.returncode == 0, done.stderr
     problems: list[str] = json.loads(done.stdout)
     return problems
 
 
 def test_crds_validate_against_their_models(tools: Tools, render_chart: Render) -> None:
-    """ScaledObject (KEDA), ServiceMonitor and PrometheusRule (Prometheus Operator)."""
-    assert check_crds(tools, render_chart(*VARIANTS["everything"])) == []
+    """ScaledObject (KEDA), ServiceMonitor and PrometheusRule (Prometheus Operator), and the
+    InferencePool against the Gateway API Inference Extension's CRD."""
+    docs = render_chart(*VARIANTS["everything"]) + render_chart(*VARIANTS["picker"])
+    assert {"ScaledObject", "InferencePool"} <= {d["kind"] for d in docs}
+    assert check_crds(tools, docs) == []
 
 
 def test_prometheus_rule_is_the_tested_rules_file(render_chart: Render) -> None:
@@ -649,6 +689,52 @@ def test_crd_models_reject_broken_scaled_objects(tools: Tools, render_chart: Ren
     wrong_type, misspelt = check_crds(tools, broken)
     assert "minReplicaCount" in wrong_type
     assert "does not know" in misspelt
+
+
+def test_the_inference_pool_crd_rejects_a_misspelt_field_and_an_unknown_failure_mode(
+    tools: Tools, render_chart: Render
+) -> None:
+    (pool,) = by_kind(render_chart(*VARIANTS["picker"]), "InferencePool").values()
+    misspelt, wrong_mode = json.loads(json.dumps([pool, pool]))
+    misspelt["spec"]["targetPort"] = misspelt["spec"].pop("targetPorts")
+    wrong_mode["spec"]["endpointPickerRef"]["failureMode"] = "FailSometimes"
+    problems = check_crds(tools, [misspelt, wrong_mode])
+    assert any("'targetPorts' is a required property" in p for p in problems), problems
+    assert any("'targetPort' was unexpected" in p for p in problems), problems
+    assert any("endpointPickerRef.failureMode" in p for p in problems), problems
+
+
+def test_the_picker_serves_the_policy_and_its_inference_pool_selects_every_vllm_pod(
+    render_chart: Render,
+) -> None:
+    docs = render_chart(*VARIANTS["picker"])
+    assert not by_kind(render_chart(), "InferencePool")  # off by default
+    (pool,) = by_kind(docs, "InferencePool").values()
+    spec = pool["spec"]
+    # One pool of every vLLM pod the chart runs: the picker chooses the model's pool itself.
+    for name in ("small", "large"):
+        pod_labels = one(docs, "StatefulSet", sts_name(name))["spec"]["template"]["metadata"]
+        assert spec["selector"]["matchLabels"].items() <= pod_labels["labels"].items()
+    picker = one(docs, "Deployment", f"{RELEASE}-llm-gateway-picker")
+    assert not spec["selector"]["matchLabels"].items() <= (
+        picker["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert spec["targetPorts"] == [{"number": 8000}]
+    ref = spec["endpointPickerRef"]
+    service = one(docs, "Service", ref["name"])
+    grpc = next(p for p in service["spec"]["ports"] if p["port"] == ref["port"]["number"])
+    assert grpc["appProtocol"] == "kubernetes.io/h2c"
+    assert ref["failureMode"] == "FailClose"
+    assert service["spec"]["selector"].items() <= (
+        picker["spec"]["template"]["metadata"]["labels"].items()
+    )
+    (container,) = picker["spec"]["template"]["spec"]["containers"]
+    assert container["args"][:3] == ["epp", "--policy", "$(GATEWAY_POLICY)"]
+    assert container["args"][3:] == ["--port", str(ref["port"]["number"]), "--http-port", "8081"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GATEWAY_REDIS_URL"]  # redis: auto is on, the gateway and picker share state
+    volumes = picker["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "policy", "configMap": {"name": f"{RELEASE}-llm-gateway-policy"}} in volumes
 
 
 # --- Grafana dashboard --------------------------------------------------------------------------

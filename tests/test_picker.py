@@ -9,25 +9,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
 import yaml
+from aiohttp import web
 from openai import AsyncOpenAI
 
 from bench.envoy import EnvoyProcess, envoy_binary, start_envoy
 from bench.launcher import GatewayProcess, start_picker
 from bench.replica_counters import delta, fleet_cache, reset_and_verify, snapshot, wait_quiet
 from bench.workloads import generated_shared_prefix
-from gateway.picker.envoy_config import DESTINATION, bootstrap
+from gateway.picker.envoy_config import DESTINATION, SERVED, bootstrap
 from router_policies.schema import parse_policy
 from tests.conftest import (
     FAST_PROBES,
     MODEL,
     chat,
+    fake_replica,
     get_text,
     metric,
     pool_policy,
@@ -42,11 +44,12 @@ SYSTEM = "You are the support assistant of a bicycle shop. " * 80
 
 @contextlib.asynccontextmanager
 async def behind_envoy(
-    replicas: int = 2, *, fail_open: bool = True
+    replicas: int = 2, *, fail_open: bool = True, more: Sequence[str] = ()
 ) -> AsyncIterator[tuple[GatewayProcess, EnvoyProcess, dict[str, Any]]]:
-    """Simulated replicas, the picker and Envoy, all real processes."""
+    """Simulated replicas, the picker and Envoy, all real processes; ``more``: the URLs of
+    other replicas the pool lists."""
     async with running_sims(replicas) as sims:
-        policy = pool_policy([sim.url for sim in sims])
+        policy = pool_policy([*(sim.url for sim in sims), *more])
         picker = await start_picker(policy, env=FAST_PROBES)
         try:
             assert picker.picker_port is not None
@@ -187,3 +190,26 @@ async def test_failing_closed_envoy_refuses_while_the_picker_is_gone() -> None:
         await picker.kill()
         with pytest.raises(openai.InternalServerError):
             await client(envoy).chat.completions.create(**chat(SYSTEM, "refused"))
+
+
+async def test_a_replica_failing_before_its_first_byte_is_retried_on_a_fallback() -> None:
+    """A replica that passes its health checks and answers every completion 503: the picker
+    names fallbacks after it, Envoy retries there, and the answer names the replica that
+    served it."""
+    tried = 0
+
+    async def unavailable(request: web.Request) -> web.Response:
+        nonlocal tried
+        tried += 1
+        error = {"error": {"message": "engine dead", "type": "InternalServerError", "code": 503}}
+        return web.json_response(error, status=503)
+
+    async with fake_replica(unavailable) as broken, behind_envoy(1, more=[broken]) as (_, envoy, _):
+        for i in range(6):
+            raw = await client(envoy).chat.completions.with_raw_response.create(
+                **chat(f"Conversation {i}. " + SYSTEM, "hello", max_tokens=2)
+            )
+            assert raw.parse().choices[0].message.content
+            assert raw.headers["x-gateway-replica"] != broken.removeprefix("http://")
+            assert SERVED not in raw.headers
+    assert tried >= 1  # it was picked, and failed, before Envoy tried the fallback

@@ -21,6 +21,7 @@ import pytest_asyncio
 from pydantic import ValidationError
 
 from bench.launcher import start_gateway
+from bench.tier_eval.conversations import EVAL_FOLLOW_UPS, TRAIN_FOLLOW_UPS, conversations
 from bench.tier_eval.evaluation import Example
 from bench.tier_eval.tiers_cli import SPLITS
 from bench.tier_eval.train import TrainConfig, train
@@ -131,6 +132,28 @@ def test_punctuation_marks_are_features_of_their_own() -> None:
     text, _ = features(chat("f(x) = x^2 + $y$"))
     assert {ord(c) for c in "()=^+$"} <= text
     assert b"f" in text and b"x" in text
+
+
+def test_sentence_punctuation_is_no_feature() -> None:
+    """A full stop or a question mark is the style of a data set, not a sign of difficulty."""
+    text, _ = features(chat('Hi there. "Really?" Yes, really: fine; go!'))
+    assert text == {b"hi", b"there", b"really", b"yes", b"fine", b"go"}
+
+
+def test_a_conversation_is_read_by_its_first_and_latest_user_messages() -> None:
+    body = {
+        "messages": [
+            {"role": "system", "content": "be nice"},
+            {"role": "user", "content": "prove the theorem"},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "middle turn"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "now shorter"},
+        ]
+    }
+    text, meta = features(body)
+    assert text == {b"prove", b"the", b"theorem", b"now", b"shorter"}
+    assert "#len:2" in meta  # the latest message's length: "now shorter", 11 characters
 
 
 @pytest.mark.parametrize(
@@ -482,3 +505,16 @@ def test_build_data_labels_each_source_by_category(tmp_path: Path) -> None:
     seed = {r["body"]["messages"][0]["content"]: r["label"] for r in records("selfinstruct_seed")}
     assert seed == {"Sort this in Python.\n\n[3,1]": "hard", "Write a cover letter.": "easy"}
     assert records("nq_open")[0]["body"]["messages"][0]["content"] == "Who wrote hamlet?"
+
+
+def test_training_also_sees_a_share_of_prompts_as_two_turn_conversations() -> None:
+    examples = tiny_examples()
+    made = conversations(examples, TRAIN_FOLLOW_UPS, 1.0, seed=3)
+    assert [e.label for e in made] == [e.label for e in examples]
+    for example, conversation in zip(examples, made, strict=True):
+        first, reply, follow_up = conversation.body["messages"][-3:]
+        assert first == example.body["messages"][-1] and reply["role"] == "assistant"
+        assert follow_up["content"] in TRAIN_FOLLOW_UPS
+    assert not set(TRAIN_FOLLOW_UPS) & set(EVAL_FOLLOW_UPS)  # the evaluation's are unseen
+    model = train(examples, TrainConfig(min_df=1, conversation_share=0.5))
+    assert model.meta["examples"] == len(examples) and model.meta["conversations"] > 0

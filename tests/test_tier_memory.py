@@ -1,5 +1,6 @@
-"""A conversation keeps its tier: once it has gone large, its later turns stay large even where
-they read as easy on their own (an upgrade is always allowed); a dry run remembers nothing."""
+"""A conversation is scored by its task, its first and latest user messages, and keeps its tier:
+once it has gone large, its later turns stay large even where those two read as easy (an
+upgrade is always allowed); a dry run remembers nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ HARD = (
     "then compare two derivations and justify which is more rigorous."
 )
 EASY = "Thanks! And what is the capital of France?"
+OPENING = "Hi! I have a few questions for you today."
 
 
 def chat(*users: str) -> dict[str, Any]:
@@ -31,13 +33,21 @@ def router(**settings: Any) -> TierRouter:
     return TierRouter("auto", TierSettings(small="small", large="large", **settings))
 
 
+def test_a_follow_up_is_scored_with_the_conversations_first_message() -> None:
+    forgetful = router(conversation_memory=0)
+    assert forgetful.classify(chat(EASY)).tier is Tier.SMALL  # read alone, the follow-up is easy
+    assert forgetful.classify(chat(HARD, EASY)).tier is Tier.LARGE  # the task is the first turn's
+    # The turns between the first and the latest are not read.
+    assert forgetful.classify(chat(OPENING, HARD, EASY)).tier is Tier.SMALL
+
+
 def test_a_conversation_that_went_large_stays_large_for_its_later_turns() -> None:
     tiers = router()
-    assert tiers.classify(chat(EASY)).tier is Tier.SMALL  # read alone, the follow-up is easy
-    first = tiers.classify(chat(HARD))
-    assert first.tier is Tier.LARGE and not first.kept
-    tiers.observe(first)
-    later = tiers.classify(chat(HARD, EASY))
+    assert tiers.classify(chat(OPENING, EASY)).tier is Tier.SMALL
+    went = tiers.classify(chat(OPENING, HARD))
+    assert went.tier is Tier.LARGE and not went.kept
+    tiers.observe(went)
+    later = tiers.classify(chat(OPENING, HARD, EASY))
     assert later.tier is Tier.LARGE and later.kept
     assert tiers.classify(chat("Hi there.", EASY)).tier is Tier.SMALL  # another conversation
 
@@ -55,11 +65,11 @@ def test_a_conversation_may_go_large_later_but_never_back() -> None:
 
 def test_a_dry_run_remembers_nothing_and_memory_zero_scores_every_turn_alone() -> None:
     tiers = router()
-    tiers.classify(chat(HARD))  # as POST /admin/route does: never observed
-    assert tiers.classify(chat(HARD, EASY)).tier is Tier.SMALL
+    tiers.classify(chat(OPENING, HARD))  # as POST /admin/route does: never observed
+    assert tiers.classify(chat(OPENING, HARD, EASY)).tier is Tier.SMALL
     forgetful = router(conversation_memory=0)
-    forgetful.observe(forgetful.classify(chat(HARD)))
-    assert forgetful.classify(chat(HARD, EASY)).tier is Tier.SMALL
+    forgetful.observe(forgetful.classify(chat(OPENING, HARD)))
+    assert forgetful.classify(chat(OPENING, HARD, EASY)).tier is Tier.SMALL
 
 
 def test_a_conversation_is_known_by_its_lead_and_first_user_message() -> None:

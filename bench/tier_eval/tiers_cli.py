@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.tier_eval.conversations import EVAL_FOLLOW_UPS, conversations
 from bench.tier_eval.evaluation import DEFAULT_DATA, Example, calibrated_threshold, load_examples
 from bench.tier_eval.roc import roc_auc
 from bench.tier_eval.train import TrainConfig, train
@@ -63,23 +64,31 @@ class Figures:
     n: int
     n_hard: int
     auc: float
+    threshold: float
     recall: float
-    """Recall of hard at the threshold that sends TARGET_SHARE of the prompts large."""
+    """Recall of hard at ``threshold``: by default the one that sends TARGET_SHARE of the
+    prompts large."""
     large_precision: float
+    large_share: float
 
 
-def figures(classifier: TierClassifier, examples: Sequence[Example]) -> Figures:
+def figures(
+    classifier: TierClassifier, examples: Sequence[Example], threshold: float | None = None
+) -> Figures:
     scores = [classifier.score(e.body).score for e in examples]
     positives = [e.hard for e in examples]
-    threshold = calibrated_threshold(scores, TARGET_SHARE)
+    if threshold is None:
+        threshold = calibrated_threshold(scores, TARGET_SHARE)
     large = [s > threshold for s in scores]
     true_large = sum(g and p for g, p in zip(large, positives, strict=True))
     return Figures(
         n=len(examples),
         n_hard=sum(positives),
         auc=roc_auc(scores, positives),
+        threshold=threshold,
         recall=true_large / max(1, sum(positives)),
         large_precision=true_large / max(1, sum(large)),
+        large_share=sum(large) / max(1, len(large)),
     )
 
 
@@ -122,6 +131,8 @@ def split_report(folder: Path, config: TrainConfig) -> list[str]:
         test = load_sources(test_sources, folder)
         easy = [e for e in test if not e.hard]
         sets = [("all held-out: " + " + ".join(test_sources), test)]
+        followed = conversations(test, EVAL_FOLLOW_UPS, 1.0, config.seed)
+        sets.append(("all held-out, each + a follow-up (two turns)", followed))
         for source in test_sources:
             hard = [e for e in test if e.hard and e.source == source]
             if hard:
@@ -142,16 +153,33 @@ def own_report(model: TierClassifier, path: Path) -> list[str]:
     lines = [
         "### The project's own set (bench/data/tier_eval.jsonl; no classifier was fitted to it)",
         "",
-        "| classifier | n | hard | ROC AUC | recall@30% | precision@30% |",
-        "|---|---:|---:|---:|---:|---:|",
+        "Recall and precision of hard, and the share sent large, at the threshold that sends "
+        f"{TARGET_SHARE:.0%} of the whole set large (the calibrated threshold's target).",
+        "",
+        "| classifier | requests | n | hard | ROC AUC | sent large | recall | precision |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+    subsets = (
+        ("all", examples),
+        ("single-turn", [e for e in examples if _user_turns(e) <= 1]),
+        ("multi-turn", [e for e in examples if _user_turns(e) > 1]),
+    )
     for name, clf in (("learned", model), ("cue", CueClassifier(TierWeights()))):
-        f = figures(clf, examples)
-        lines.append(
-            f"| {name} | {f.n} | {f.n_hard} | {f.auc:.3f} | {f.recall:.3f} "
-            f"| {f.large_precision:.3f} |"
-        )
+        threshold = figures(clf, examples).threshold
+        for subset, chosen in subsets:
+            if len({e.hard for e in chosen}) < 2:
+                continue  # no AUC without both labels (a set with no multi-turn prompts)
+            f = figures(clf, chosen, threshold)
+            lines.append(
+                f"| {name} | {subset} | {f.n} | {f.n_hard} | {f.auc:.3f} | {f.large_share:.2f} "
+                f"| {f.recall:.3f} | {f.large_precision:.3f} |"
+            )
     return lines
+
+
+def _user_turns(example: Example) -> int:
+    messages = example.body.get("messages") or []
+    return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "user")
 
 
 def _timing_bodies(size: int, folder: Path) -> list[dict[str, object]]:
@@ -228,7 +256,7 @@ def timing_report(model_path: str | None, folder: Path) -> list[str]:
 def _config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         min_df=args.min_df, l2=args.l2, iterations=args.iterations,
-        max_features=args.max_features,
+        max_features=args.max_features, conversation_share=args.conversation_share,
     )  # fmt: skip
 
 
@@ -249,6 +277,13 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-features", type=int, default=d.max_features,
                         help=f"weights kept in the file (default {d.max_features})")  # fmt: skip
+    parser.add_argument(
+        "--conversation-share",
+        type=float,
+        default=d.conversation_share,
+        help="share of prompts also trained on as two-turn conversations with a neutral "
+        f"follow-up (default {d.conversation_share})",
+    )
 
 
 def _train(args: argparse.Namespace) -> int:

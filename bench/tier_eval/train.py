@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.tier_eval.conversations import TRAIN_FOLLOW_UPS, conversations
 from bench.tier_eval.evaluation import Example
 from router_policies.tier_classifier_learned import (
     Feature,
@@ -35,6 +36,11 @@ class TrainConfig:
     learning_rate: float = 0.1
     max_features: int = 20_000
     """The model file keeps only the strongest weights (the rest change scores by < 1e-3)."""
+    conversation_share: float = 0.3
+    """The share of prompts also trained on as the first turn of a two-turn conversation with
+    a neutral follow-up (bench/tier_eval/conversations.py): the public sets are single prompts,
+    and a model that never saw a follow-up reads one as a request of its own."""
+    seed: int = 9
 
 
 def _sample_weights(examples: Sequence[Example]) -> np.ndarray:
@@ -55,6 +61,9 @@ def train(
 ) -> LearnedTierModel:
     if not any(e.hard for e in examples) or all(e.hard for e in examples):
         raise ValueError("training needs both easy and hard examples")
+    prompts = len(examples)
+    share, seed = config.conversation_share, config.seed
+    examples = [*examples, *conversations(examples, TRAIN_FOLLOW_UPS, share, seed)]
     featurized = [features(e.body) for e in examples]
     df: Counter[Feature] = Counter()
     for text, req in featurized:
@@ -109,12 +118,14 @@ def train(
     keep = np.argsort(-np.abs(w), kind="stable")[: config.max_features]
     weights = {feature_name(vocab[j]): float(w[j]) for j in sorted(keep) if abs(w[j]) >= 1e-3}
     info: dict[str, object] = {
-        "examples": n_docs,
+        "examples": prompts,
+        "conversations": n_docs - prompts,
         "hard": int(y.sum()),
         "sources": sorted({e.source for e in examples}),
         "min_df": config.min_df,
         "l2": config.l2,
         "iterations": config.iterations,
+        "conversation_share": config.conversation_share,
         "features": len(weights),
     }
     info.update(meta or {})

@@ -18,6 +18,12 @@ DESTINATION = "x-gateway-destination-endpoint"
 """Where the picker names the replica: a request header and an `envoy.lb` metadata key (the
 Gateway API Inference Extension's endpoint-picker protocol)."""
 LB_NAMESPACE = "envoy.lb"
+SERVED = "x-gateway-destination-endpoint-served"
+"""The endpoint that served the request (Envoy's %UPSTREAM_HOST%), on the answer's headers as
+the picker sees them: a fallback when the picked replica failed. The client never gets it."""
+FALLBACKS = 2
+"""Replicas the picker names after its choice, and so Envoy's retries: a replica failing before
+its first byte (refused, reset, a 5xx) is retried on the next, as `serve` retries it."""
 
 _TYPES = "type.googleapis.com/envoy."
 _EXT_PROC = "envoy.filters.http.ext_proc"
@@ -133,7 +139,21 @@ def bootstrap(
                     "routes": [
                         {
                             "match": {"prefix": "/"},
-                            "route": {"cluster": "replicas", "timeout": "0s"},
+                            "route": {
+                                "cluster": "replicas",
+                                "timeout": "0s",
+                                # Override_host takes the picker's fallbacks in turn.
+                                "retry_policy": {
+                                    "retry_on": "5xx,reset",
+                                    "num_retries": FALLBACKS,
+                                },
+                            },
+                            "response_headers_to_add": [
+                                {
+                                    "header": {"key": SERVED, "value": "%UPSTREAM_HOST%"},
+                                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                                }
+                            ],
                         }
                     ],
                 }

@@ -7,7 +7,7 @@ an immediate response) and to the answer's headers (the gateway's x-gateway-* he
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -19,7 +19,7 @@ from google.protobuf import struct_pb2
 from gateway import headers
 from gateway.errors import ApiError
 from gateway.logs import REQUEST_ID
-from gateway.picker.envoy_config import DESTINATION, LB_NAMESPACE
+from gateway.picker.envoy_config import DESTINATION, LB_NAMESPACE, SERVED
 from gateway.routed import CLIENT_CLOSED
 
 _CONTINUE = {
@@ -37,16 +37,17 @@ def go_on(message: Any) -> Any:
     return _CONTINUE[message.WhichOneof("request")]
 
 
-def _mutation(values: Mapping[str, str]) -> Any:
+def _mutation(values: Mapping[str, str], remove: Sequence[str] = ()) -> Any:
     """Sets each header, replacing what the client (or the replica) sent under its name."""
     return pb.HeaderMutation(
+        remove_headers=remove,
         set_headers=[
             core.HeaderValueOption(
                 header=core.HeaderValue(key=k.lower(), raw_value=v.encode()),
                 append_action=core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
             )
             for k, v in values.items()
-        ]
+        ],
     )
 
 
@@ -100,7 +101,7 @@ class PickerExchange:
     def __init__(self, envoy: Envoy) -> None:
         self._envoy = envoy
         self.picked = False
-        self._answer_headers: Any = None
+        self._answer_headers: Mapping[str, str] = {}
 
     async def refuse(self, error: ApiError) -> None:
         hdrs = error.answer_headers({headers.REQUEST_ID: REQUEST_ID.get()})
@@ -115,27 +116,32 @@ class PickerExchange:
             )
         )
 
-    async def pick(self, endpoint: str, answer_headers: Mapping[str, str]) -> None:
-        """Sends the request to ``endpoint`` (ip:port); its answer will carry
-        ``answer_headers``."""
+    async def pick(self, endpoints: Sequence[str], answer_headers: Mapping[str, str]) -> None:
+        """Sends the request to ``endpoints[0]`` (ip:port), the others its fallbacks in turn;
+        its answer will carry ``answer_headers``."""
+        value = ",".join(endpoints)
         metadata = struct_pb2.Struct()
-        metadata.update({LB_NAMESPACE: {DESTINATION: endpoint}})
+        metadata.update({LB_NAMESPACE: {DESTINATION: value}})
         await self._envoy.write(
             pb.ProcessingResponse(
                 request_body=pb.BodyResponse(
-                    response=pb.CommonResponse(header_mutation=_mutation({DESTINATION: endpoint}))
+                    response=pb.CommonResponse(header_mutation=_mutation({DESTINATION: value}))
                 ),
                 dynamic_metadata=metadata,
             )
         )
         self.picked = True
-        self._answer_headers = _mutation(answer_headers)
+        self._answer_headers = answer_headers
 
     async def follow(
-        self, on_status: Callable[[int, str], None], on_chunk: Callable[[bytes], None]
+        self,
+        on_status: Callable[[int, str, str], Mapping[str, str]],
+        on_chunk: Callable[[bytes], None],
     ) -> int:
         """Answers Envoy's messages about the replica's answer until its end: its status, or
-        CLIENT_CLOSED when the stream ended first (the client left, or Envoy gave up)."""
+        CLIENT_CLOSED when the stream ended first (the client left, or Envoy gave up).
+        ``on_status`` gets the status, the content type and the endpoint that served, and
+        returns headers that replace answer headers of the pick."""
         envoy = self._envoy
         status = CLIENT_CLOSED
         while (message := await envoy.read()) is not None:
@@ -144,11 +150,12 @@ class PickerExchange:
                 sent = message.response_headers.headers.headers
                 values = {h.key: (h.raw_value or h.value.encode()).decode() for h in sent}
                 answer = int(values.get(":status", "0") or 0)
-                on_status(answer, values.get("content-type", ""))
+                changed = on_status(answer, values.get("content-type", ""), values.get(SERVED, ""))
+                mutation = _mutation({**self._answer_headers, **changed}, remove=(SERVED,))
                 await envoy.write(
                     pb.ProcessingResponse(
                         response_headers=pb.HeadersResponse(
-                            response=pb.CommonResponse(header_mutation=self._answer_headers)
+                            response=pb.CommonResponse(header_mutation=mutation)
                         )
                     )
                 )

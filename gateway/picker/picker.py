@@ -11,12 +11,14 @@ import asyncio
 import ipaddress
 import socket
 import time
+from collections.abc import Collection, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from gateway import answers, headers
 from gateway.errors import ApiError, no_healthy_replica, pool_saturated
 from gateway.metrics import GatewayMetrics
 from gateway.outlier import OutlierDetector
+from gateway.picker.envoy_config import FALLBACKS
 from gateway.picker.exchange import PickerExchange
 from gateway.replica_state import Dispatch, ReplicaState
 from gateway.routed import Outcome, Routed
@@ -25,13 +27,17 @@ from gateway.usage import prompt_usage
 
 _TAIL = 512
 """Bytes of the previous chunk kept for finding `usage` split across two."""
+ADDRESS_TTL_S = 10.0
+"""How long a replica's resolved address is reused. A StatefulSet pod that restarts keeps its
+name and gets a new IP, which Envoy's endpoints (an InferencePool's, a STRICT_DNS cluster's)
+follow within seconds; an address kept for good would name a pod that is gone."""
 
 
 class Picker:
     def __init__(self, metrics: GatewayMetrics, outliers: OutlierDetector) -> None:
         self._metrics = metrics
         self._outliers = outliers
-        self._addresses: dict[str, str] = {}
+        self._addresses = Addresses()
 
     async def forward(self, exchange: PickerExchange, routed: Routed) -> int:
         """Picks the replica and follows its answer; the status the answer ended with."""
@@ -65,35 +71,71 @@ class Picker:
                 headers.REPLICA: dispatch.replica.name,
                 headers.ROUTE: outcome.route,
             }
-            await exchange.pick(await self._address(dispatch.replica), answer_headers)
-            outcome.status = await self._follow(exchange, routed, dispatch)
+            fallbacks = _fallbacks(
+                pool.replicas.values(), dispatch.replica, exclude, time.monotonic()
+            )
+            named = [await self._addresses.of(r.url) for r in (dispatch.replica, *fallbacks)]
+            await exchange.pick(named, answer_headers)
+            by_address = dict(zip(named, (dispatch.replica, *fallbacks), strict=True))
+            outcome.status = await self._follow(exchange, routed, dispatch, by_address)
         finally:
             pool.end(dispatch)
 
-    async def _follow(self, exchange: PickerExchange, routed: Routed, dispatch: Dispatch) -> int:
-        answer = _Answer(self._metrics, self._outliers, routed, dispatch)
+    async def _follow(
+        self,
+        exchange: PickerExchange,
+        routed: Routed,
+        dispatch: Dispatch,
+        by_address: Mapping[str, ReplicaState],
+    ) -> int:
+        answer = _Answer(self._metrics, self._outliers, routed, dispatch, by_address)
         status = await exchange.follow(answer.began, answer.chunk)
         if 0 < status < 500:
-            self._outliers.success(dispatch.replica)
+            self._outliers.success(answer.replica)
         return status
 
-    async def _address(self, replica: ReplicaState) -> str:
-        """The replica as Envoy's override_host reads it: ip:port (a name resolved once)."""
-        address = self._addresses.get(replica.url)
-        if address is None:
-            parts = urlsplit(replica.url)
-            host = parts.hostname or ""
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            try:
-                ip = ipaddress.ip_address(host)
-            except ValueError:
-                infos = await asyncio.get_running_loop().getaddrinfo(
-                    host, port, type=socket.SOCK_STREAM
-                )
-                ip = ipaddress.ip_address(infos[0][4][0])
-            address = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
-            self._addresses[replica.url] = address
+
+class Addresses:
+    """Replicas as Envoy's override_host reads them: ip:port, a name resolved again after
+    ADDRESS_TTL_S; while it does not resolve, the last address stands."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[str, float]] = {}
+
+    async def of(self, url: str) -> str:
+        now = time.monotonic()
+        known = self._known.get(url)
+        if known is not None and now - known[1] < ADDRESS_TTL_S:
+            return known[0]
+        try:
+            address = await _resolve(url)
+        except OSError:
+            if known is None:
+                raise
+            address = known[0]
+        self._known[url] = (address, now)
         return address
+
+
+async def _resolve(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        ip = ipaddress.ip_address(infos[0][4][0])
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+def _fallbacks(
+    replicas: Iterable[ReplicaState], chosen: ReplicaState, exclude: Collection[str], now: float
+) -> list[ReplicaState]:
+    """Where Envoy retries a request whose replica failed before its first byte: the least
+    busy of the pool's other available replicas (``exclude``: names it must not go to)."""
+    others = [r for r in replicas if r is not chosen and r.name not in exclude and r.available(now)]
+    return sorted(others, key=lambda r: r.inflight + r.remote_inflight)[:FALLBACKS]
 
 
 class _Answer:
@@ -101,31 +143,50 @@ class _Answer:
     bytes it relays itself."""
 
     def __init__(
-        self, metrics: GatewayMetrics, outliers: OutlierDetector, routed: Routed, dispatch: Dispatch
+        self,
+        metrics: GatewayMetrics,
+        outliers: OutlierDetector,
+        routed: Routed,
+        dispatch: Dispatch,
+        by_address: Mapping[str, ReplicaState],
     ) -> None:
         self._metrics = metrics
         self._outliers = outliers
         self._routed = routed
         self._dispatch = dispatch
+        self._by_address = by_address
+        self.replica = dispatch.replica
+        """The replica whose answer this is: a fallback when the picked one failed."""
         self._watch = routed.hooks.answered if routed.hooks is not None else None
         self._status = 0
         self._stream = False
         self._tail = b""
 
-    def began(self, status: int, content_type: str) -> None:
+    def began(self, status: int, content_type: str, served: str) -> Mapping[str, str]:
+        """Takes the answer's status; the answer headers that change (the replica, when a
+        fallback served)."""
         self._status = status
         self._stream = content_type.startswith(answers.SSE) and status < 400
+        pool, now = self._routed.pool, time.monotonic()
+        changed: dict[str, str] = {}
+        fallback = self._by_address.get(served)
+        if fallback is not None and fallback is not self.replica:
+            # Envoy retried it: the picked replica failed before its first byte.
+            self._outliers.failure(pool, self.replica, "failed before its first byte", now)
+            self.replica = fallback
+            changed[headers.REPLICA] = fallback.name
         if status >= 500:
-            pool, replica = self._routed.pool, self._dispatch.replica
-            self._outliers.failure(pool, replica, f"HTTP {status}", time.monotonic())
+            self._outliers.failure(pool, self.replica, f"HTTP {status}", now)
+        return changed
 
     def chunk(self, chunk: bytes) -> None:
         routed, dispatch = self._routed, self._dispatch
         pool = routed.pool
         if self._stream and dispatch.pending:
             self._metrics.ttft_of(pool.name).observe(time.perf_counter() - routed.started)
-            pool.first_byte(dispatch, time.monotonic() - dispatch.at)
-        if self._watch is not None and not self._watch(dispatch.replica.name, self._status, chunk):
+            if self.replica is dispatch.replica:  # a fallback's first byte says nothing of it
+                pool.first_byte(dispatch, time.monotonic() - dispatch.at)
+        if self._watch is not None and not self._watch(self.replica.name, self._status, chunk):
             self._watch = None
         seen = self._tail + chunk
         usage = prompt_usage(seen)

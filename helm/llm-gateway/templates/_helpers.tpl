@@ -163,7 +163,12 @@ urls: {{ toYaml $urls | nindent 2 }}
 pods; never when redis.url names an external one. */}}
 {{- define "llm-gateway.redisEnabled" -}}
 {{- $enabled := toString .Values.redis.enabled -}}
-{{- if and (not .Values.redis.url) (or (eq $enabled "true") (and (eq $enabled "auto") (gt (int .Values.gateway.replicas) 1))) -}}
+{{- /* Every process that routes to the replicas: the gateway pods and the pickers. */ -}}
+{{- $routers := int .Values.gateway.replicas -}}
+{{- if .Values.picker.enabled -}}
+{{- $routers = add $routers (int .Values.picker.replicas) -}}
+{{- end -}}
+{{- if and (not .Values.redis.url) (or (eq $enabled "true") (and (eq $enabled "auto") (gt (int $routers) 1))) -}}
 true
 {{- end -}}
 {{- end -}}
