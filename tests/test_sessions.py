@@ -17,7 +17,14 @@ from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
 from router_policies.schema import PoolPolicy
 from router_policies.session_settings import SessionSettings
 from router_policies.sessions import Sessions
-from tests.conftest import MODEL, in_process_gateway, in_process_sims, pool_policy
+from tests.conftest import (
+    MODEL,
+    in_process_gateway,
+    in_process_sims,
+    pool_policy,
+    running_gateway,
+    running_sims,
+)
 from tests.routing import NAMES, POOL, candidate, choose, features, holding, snapshot
 
 UNIQUE = features(CanonicalPrompt(b"q" * 4096))  # its own text: no replica holds any of it
@@ -119,3 +126,21 @@ async def test_a_users_requests_stay_on_one_replica_through_the_gateway() -> Non
                 messages=[{"role": "user", "content": "hi"}],
                 extra_headers={headers.TTFT_OBJECTIVE: "soon"},
             )
+
+
+async def test_a_requests_own_objective_reaches_the_routing_of_a_real_gateway() -> None:
+    """Real processes: with an objective no replica can meet (1 ms), the request is routed by
+    the late rule; without one, by its prefix."""
+    async with running_sims(2) as sims, running_gateway([s.url for s in sims]) as gateway:
+        client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+        routes = []
+        for objective in (None, "1"):
+            extra = {} if objective is None else {headers.TTFT_OBJECTIVE: objective}
+            answer = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Tell me about harbours. " * 50}],
+                max_tokens=2,
+                extra_headers=extra,
+            )
+            routes.append(answer.headers[headers.ROUTE])
+    assert routes[0] != Route.LATE and routes[1] == Route.LATE
