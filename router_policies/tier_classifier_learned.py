@@ -5,10 +5,10 @@ score = sigmoid(bias + sum(w[f] for f in text features) / sqrt(#text features)
 
 - Text features are the distinct lower-cased words (digits written as ``0``) of the task's
   user messages, the first and the latest (a conversation's task is set in its first turn:
-  "Now do it in Rust" alone says nothing), and each ASCII punctuation mark present (a binary
-  bag of words, L2-normalised):
-  ``$``, ``^``, ``\\``, ``(`` and ``=`` carry much of the signal in maths and code. Pairs of
-  neighbouring words were tried: no better on held-out sources, and 2.5x the decision time.
+  "Can you make it shorter?" alone says nothing), and each maths or code punctuation mark present
+  (``_MARKS``; a binary bag of words, L2-normalised): ``$``, ``^``, ``\\``, ``(`` and ``=``
+  carry much of the signal in maths and code. Pairs of neighbouring words were tried: no
+  better on held-out sources, and 2.5x the decision time.
 - Request features (``#len:k``, ``#turns:k``, ``#tools``, ...) are coarse buckets of what the
   body says besides its text; they are named strings too, so one weight table holds everything.
 - Only the head and the tail of a long message are read (``SCAN_HEAD`` + ``SCAN_TAIL``

@@ -1,5 +1,5 @@
 """Tiers kept per conversation: once a conversation has gone to the large pool, its later turns
-go there too. A follow-up ("now do it in Rust", "what if the ratio were 3:1?") read alone
+go there too. A follow-up ("can you make it shorter?", "and the second case?") read alone
 looks easy; the task it continues is not, and a switch to the small model midway loses both
 the quality the task needed and the large pool's cache of the conversation. An upgrade is
 always allowed: a conversation that turns hard goes large from that turn on.
