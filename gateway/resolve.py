@@ -81,6 +81,7 @@ def resolve(
     pool = fleet.pool_for_model(parsed.model)
     adapter = None
     verdict = choice = tier_router = None
+    features: RequestFeatures | None = None
     if pool is None:
         pool = adapter_pool(fleet, parsed.model, memory.learned_adapters if memory else None)
         adapter = parsed.model if pool is not None else None
@@ -94,12 +95,13 @@ def resolve(
         choice = choose_pool(verdict.tier, settings, small.load(), large.load())
         close = is_close_call(verdict.score.score, verdict.threshold, settings.close_call_margin)
         if close and not (choice.overflow or verdict.forced or verdict.kept):
-            choice = _close_call(choice, settings, fleet, parsed)
+            choice, features = _close_call(choice, settings, fleet, parsed)
         pool = fleet.pools[choice.pool]
         body = {**parsed.body, "model": pool.model}
         parsed = dataclasses.replace(parsed, body=body, raw=orjson.dumps(body), model=pool.model)
-    salt = parsed.cache_salt if adapter is None else f"{parsed.cache_salt}\x00lora:{adapter}"
-    features = _features(pool, parsed, parsed.model, salt)
+    if features is None:
+        salt = parsed.cache_salt if adapter is None else f"{parsed.cache_salt}\x00lora:{adapter}"
+        features = _features(pool, parsed, parsed.model, salt)
     hooks = _hooks(memory, pool, parsed, adapter) if memory is not None else None
     return Resolution(parsed, pool, features, verdict, choice, tier_router, hooks)
 
@@ -114,16 +116,18 @@ def _features(pool: PoolState, parsed: ParsedRequest, model: str, salt: str) -> 
 
 def _close_call(
     choice: PoolChoice, settings: TierSettings, fleet: Fleet, parsed: ParsedRequest
-) -> PoolChoice:
-    """Each pool's predicted TTFT for the request, as its policy would route it now."""
-    own = fleet.pools[choice.pool]
-    other = fleet.pools[settings.large if choice.pool == settings.small else settings.small]
+) -> tuple[PoolChoice, RequestFeatures]:
+    """The close call's pool, from each pool's predicted TTFT for the request as its policy
+    would route it now; and the request's features in that pool."""
+    pools = (fleet.pools[choice.pool], fleet.pools[settings.other_pool(choice.pool)])
+    features = [_features(pool, parsed, pool.model, parsed.cache_salt) for pool in pools]
     predicted = []
-    for pool in (own, other):
-        decision = pool.decide(_features(pool, parsed, pool.model, parsed.cache_salt))
+    for pool, seen in zip(pools, features, strict=True):
+        decision = pool.decide(seen)
         estimate = decision.estimate if decision is not None else None
         predicted.append(estimate.total_s if estimate is not None else None)
-    return close_call_choice(choice, settings, predicted[0], predicted[1], other.load())
+    chosen = close_call_choice(choice, settings, predicted[0], predicted[1], pools[1].load())
+    return chosen, features[0] if chosen is choice else features[1]
 
 
 def _hooks(

@@ -77,6 +77,10 @@ class TierSettings(StrictModel):
     second routing decision). A conversation kept large, a forced tier and overflow are never
     close calls."""
 
+    def other_pool(self, pool: str) -> str:
+        """The pool of the other tier."""
+        return self.large if pool == self.small else self.small
+
     @model_validator(mode="after")
     def _model_needs_learned(self) -> TierSettings:
         if self.model is not None and self.classifier is not TierClassifierName.LEARNED:

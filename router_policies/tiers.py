@@ -76,5 +76,4 @@ def close_call_choice(
     cannot predict (a policy without a cost model)."""
     if own_s is None or other_s is None or other.saturated or not other_s < own_s:
         return choice
-    pool = settings.large if choice.pool == settings.small else settings.small
-    return PoolChoice(pool, overflow=False, close_call=True)
+    return PoolChoice(settings.other_pool(choice.pool), overflow=False, close_call=True)

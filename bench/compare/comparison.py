@@ -25,7 +25,13 @@ from bench.compare.mooncake import (
     mooncake_workload,
 )
 from bench.compare.overload import OVERLOAD_VARIANT, overload_workload
-from bench.compare.plan import DEFAULT_SEEDS, SimScale, real_workloads, sim_workloads
+from bench.compare.plan import (
+    DEFAULT_SEEDS,
+    PlannedWorkload,
+    SimScale,
+    real_workloads,
+    sim_workloads,
+)
 from bench.compare.results import (
     CACHE_AWARE_PEERS,
     ESTIMATE_TARGET,
@@ -34,8 +40,9 @@ from bench.compare.results import (
     PREFIX_AWARE,
     ROUND_ROBIN,
     FleetResult,
+    Target,
 )
-from bench.compare.runner import run_sim_variant
+from bench.compare.runner import SimVariant, run_sim_variant
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +171,13 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
         + (len(real_plan) * len(real_targets) if run_real and real_reason is None else 0)
     )
     with tqdm(total=total, unit="run", desc="compare", disable=not config.progress) as bar:
+
+        async def variant(
+            v: SimVariant, plan: list[PlannedWorkload], targets: list[Target]
+        ) -> FleetResult:
+            run = run_sim_variant(v, plan, targets, skipped_targets=skipped, bar=bar)
+            return await _fleet_or_failure(v.key, v.title, run, out)
+
         if run_sim:
             sim = await _fleet_or_failure(
                 "sim",
@@ -173,38 +187,12 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
             )
             fleets.append(sim)
             checks += sim_checks(sim)
-            agents = await _fleet_or_failure(
-                AGENTS_VARIANT.key,
-                AGENTS_VARIANT.title,
-                run_sim_variant(
-                    AGENTS_VARIANT, agents_plan, sim_targets, skipped_targets=skipped, bar=bar
-                ),
-                out,
-            )
-            fleets.append(agents)
-            heavy = await _fleet_or_failure(
-                OVERLOAD_VARIANT.key,
-                OVERLOAD_VARIANT.title,
-                run_sim_variant(
-                    OVERLOAD_VARIANT, overload_plan, sim_targets, skipped_targets=skipped, bar=bar
-                ),
-                out,
-            )
+            fleets.append(await variant(AGENTS_VARIANT, agents_plan, sim_targets))
+            heavy = await variant(OVERLOAD_VARIANT, overload_plan, sim_targets)
             fleets.append(heavy)
             checks += overload_checks(heavy)
         if run_mooncake:
-            mooncake = await _fleet_or_failure(
-                MOONCAKE_VARIANT.key,
-                MOONCAKE_VARIANT.title,
-                run_sim_variant(
-                    MOONCAKE_VARIANT,
-                    mooncake_plan,
-                    mooncake_targets,
-                    skipped_targets=skipped,
-                    bar=bar,
-                ),
-                out,
-            )
+            mooncake = await variant(MOONCAKE_VARIANT, mooncake_plan, mooncake_targets)
             fleets.append(mooncake)
             checks += mooncake_checks(mooncake, {w.key for w in REPORT_WINDOWS})
         if run_real:

@@ -160,16 +160,16 @@ def own_report(model: TierClassifier, path: Path) -> list[str]:
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     subsets = (
-        ("all", examples),
         ("single-turn", [e for e in examples if _user_turns(e) <= 1]),
         ("multi-turn", [e for e in examples if _user_turns(e) > 1]),
     )
     for name, clf in (("learned", model), ("cue", CueClassifier(TierWeights()))):
-        threshold = figures(clf, examples).threshold
+        whole = figures(clf, examples)
+        rows = [("all", whole)]
         for subset, chosen in subsets:
-            if len({e.hard for e in chosen}) < 2:
-                continue  # no AUC without both labels (a set with no multi-turn prompts)
-            f = figures(clf, chosen, threshold)
+            if len({e.hard for e in chosen}) == 2:  # no AUC without both labels
+                rows.append((subset, figures(clf, chosen, whole.threshold)))
+        for subset, f in rows:
             lines.append(
                 f"| {name} | {subset} | {f.n} | {f.n_hard} | {f.auc:.3f} | {f.large_share:.2f} "
                 f"| {f.recall:.3f} | {f.large_precision:.3f} |"

@@ -74,9 +74,10 @@ class Picker:
             fallbacks = _fallbacks(
                 pool.replicas.values(), dispatch.replica, exclude, time.monotonic()
             )
-            named = [await self._addresses.of(r.url) for r in (dispatch.replica, *fallbacks)]
-            await exchange.pick(named, answer_headers)
-            by_address = dict(zip(named, (dispatch.replica, *fallbacks), strict=True))
+            by_address = {
+                await self._addresses.of(r.url): r for r in (dispatch.replica, *fallbacks)
+            }
+            await exchange.pick(list(by_address), answer_headers)
             outcome.status = await self._follow(exchange, routed, dispatch, by_address)
         finally:
             pool.end(dispatch)
