@@ -57,6 +57,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.priority",
         "priority classes under overload: high kept, sheddable refused (x-gateway-priority)",
     ),
+    "close-calls": (
+        "bench.close_calls",
+        "tier close calls to the pool predicted to answer first, against the quality rule",
+    ),
     "hang": (
         "bench.hang",
         "one of two workers SIGSTOPped: how soon throughput is back (the watchdog)",

@@ -7,7 +7,6 @@ and the errors the gateway answers itself, in the OpenAI shape with the request'
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import itertools
 import logging
@@ -97,9 +96,9 @@ async def complete(
     if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
         admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
     pool.arrivals += 1
-    if resolution.tier_router is not None and resolution.verdict is not None:
-        if not resolution.verdict.forced:
-            resolution.tier_router.observe(resolution.verdict)
+    tiers, verdict = resolution.tier_router, resolution.verdict
+    if tiers is not None and verdict is not None and not verdict.forced:
+        tiers.observe(verdict, sent_large=pool.name == tiers.settings.large)
     if pool.events_on:
         features = await app[TOKEN_KEYS].attach(pool, parsed, features)
     routed = Routed(
@@ -128,7 +127,7 @@ async def serve_framed(app: web.Application, request: Request, exchange: FrontEx
     """A request the front framed, end to end: what the aiohttp middleware does for the
     others (the request's id in every log line, shutdown able to find it, errors answered)."""
     REQUEST_ID.set(request_id(request.headers))
-    task = asyncio.current_task()
+    task = request.task
     inflight = app[LIFECYCLE].inflight
     if task is not None:
         inflight.add(task)

@@ -38,13 +38,15 @@ _HANDED_OVER = frozenset((b"expect", b"transfer-encoding", b"content-encoding"))
 class Request:
     """A completion request the front framed: its endpoint, headers and body."""
 
-    __slots__ = ("body", "endpoint", "headers", "started")
+    __slots__ = ("body", "endpoint", "headers", "started", "task")
 
     def __init__(self, endpoint: Endpoint, headers: CIMultiDictProxy[str], body: bytes) -> None:
         self.endpoint = endpoint
         self.headers = headers
         self.body = body
         self.started = time.perf_counter()
+        self.task: asyncio.Task[None] | None = None
+        """The task serving it (asyncio.current_task() would cost a getpid() per request)."""
 
 
 class _Head:
@@ -271,7 +273,7 @@ class FrontConnection(asyncio.Protocol):
         if not parser.should_keep_alive():
             self._closing = True  # the answer says so, and the connection closes after it
         request = Request(endpoint, headers, body)
-        self._task = self._loop.create_task(self._serve(request))
+        self._task = request.task = self._loop.create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:
         exchange = FrontExchange(self, request.headers)

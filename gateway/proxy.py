@@ -53,6 +53,7 @@ STREAM_FAILED = 502
 """Status recorded for a stream that ended with an SSE error event (its wire status is 200)."""
 SHUTTING_DOWN = 503
 """Status recorded for a request the drain deadline ended."""
+_UNBOUNDED: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
 
 
 class Forwarder:
@@ -157,7 +158,10 @@ class Forwarder:
         upstream: UpstreamResponse | None = None
         first = b""
         try:
-            async with asyncio.timeout(self._settings.first_token_timeout_s if stream else None):
+            # Not streamed: no context (its getpid() per request); the read timeout bounds it.
+            wait = self._settings.first_token_timeout_s
+            deadline = asyncio.timeout(wait) if stream else _UNBOUNDED
+            async with deadline:
                 upstream = await self._upstreams.post(
                     replica.url, routed.parsed.endpoint.value, routed.parsed.raw, out
                 )
@@ -234,9 +238,9 @@ class Forwarder:
             headers.POOL: routed.pool.name,
             headers.REPLICA: replica.name,
             headers.ROUTE: outcome.route,
-            "Content-Type": upstream.headers.get("content-type", "application/json"),
+            "Content-Type": upstream.content_type_header or answers.JSON,
         }
-        encoding = upstream.headers.get("content-encoding")
+        encoding = upstream.content_encoding
         if encoding is not None:
             out["Content-Encoding"] = encoding  # the bytes are relayed as they came
         clean = False

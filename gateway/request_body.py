@@ -8,7 +8,6 @@ field, never a 500.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -22,6 +21,7 @@ from router_policies.fingerprint import (
     canonical_prompt,
     canonical_responses,
 )
+from router_policies.value import value
 
 
 class Endpoint(StrEnum):
@@ -51,7 +51,7 @@ class Endpoint(StrEnum):
 _PREFIX_ROUTED = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES))
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ParsedRequest:
     endpoint: Endpoint
     raw: bytes

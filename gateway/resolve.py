@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import orjson
 
@@ -15,13 +14,14 @@ from gateway.errors import ApiError, bad_request, model_not_found
 from gateway.request_body import Endpoint, ParsedRequest
 from gateway.state import Fleet, PoolState
 from router_policies.decision import Route
-from router_policies.fingerprint import RequestFeatures
+from router_policies.fingerprint import RequestFeatures, load_only
 from router_policies.tier_router import TierRouter, TierVerdict
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import PoolChoice, choose_pool, close_call_choice, is_close_call
+from router_policies.value import value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Resolution:
     parsed: ParsedRequest
     """As forwarded: a tiered request's `model` is rewritten to the chosen pool's model."""
@@ -77,7 +77,7 @@ def resolve(
                 "'model' is required: the gateway serves more than one model.", param="model"
             )
         only = next(iter(fleet.pools.values()))
-        return Resolution(parsed, only, RequestFeatures(only.model, (), 0))
+        return Resolution(parsed, only, load_only(only.model))
     pool = fleet.pool_for_model(parsed.model)
     adapter = None
     verdict = choice = tier_router = None
@@ -108,7 +108,7 @@ def resolve(
 
 def _features(pool: PoolState, parsed: ParsedRequest, model: str, salt: str) -> RequestFeatures:
     if not parsed.endpoint.prefix_routed:
-        return RequestFeatures(model, (), 0)  # by load alone: nothing to match
+        return load_only(model)
     # An adapter's KV cache is its own: the adapter salts the fingerprint (its name is also
     # the model the chain is seeded with), so no prefix matches across adapters.
     return pool.router.features(model, parsed.canonical_text, salt)

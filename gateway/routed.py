@@ -11,12 +11,13 @@ from gateway.request_body import ParsedRequest
 from gateway.state import PoolState
 from router_policies.decision import Route
 from router_policies.fingerprint import RequestFeatures
+from router_policies.value import value
 
 CLIENT_CLOSED = 499
 """Status recorded for a request whose client went away first (nginx's convention)."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Routed:
     """A request with its pool and features, ready to forward."""
 

@@ -46,7 +46,8 @@ class UpstreamResponse:
 
     __slots__ = (
         "_buffered", "_chunks", "_conn", "_done", "_error", "_heard", "_loop", "_paused",
-        "_sink", "_timeout_s", "_waiter", "content_length", "content_type", "headers", "status",
+        "_sink", "_timeout_s", "_waiter", "content_encoding", "content_length", "content_type",
+        "content_type_header", "status",
     )  # fmt: skip
 
     def __init__(self, conn: _Connection, timeout_s: float) -> None:
@@ -62,11 +63,13 @@ class UpstreamResponse:
         self._sink: Callable[[bytes], None] | None = None
         self._heard = 0.0
         """When the last bytes came, while a sink takes them."""
+        # The headers the relay reads, and no others (a repeated one keeps its last value).
         self.status = 0
-        self.headers: dict[str, str] = {}
-        """Lower-case names; a repeated header keeps its last value."""
         self.content_type = ""
         """The media type alone, lower case, as aiohttp names it; "" when there is none."""
+        self.content_type_header: str | None = None
+        """The Content-Type header as sent (parameters included), relayed as it came."""
+        self.content_encoding: str | None = None
         self.content_length: int | None = None
 
     async def readany(self) -> bytes:
@@ -261,14 +264,22 @@ class _Connection(asyncio.Protocol):
         head = self._head
         if response is None or head is None or head.done():
             return
-        parser = self._parser
-        response.status = parser.get_status_code()
-        fields = {n.decode("latin-1").lower(): v.decode("latin-1") for n, v in self._headers}
-        response.headers = fields
-        response.content_type = fields.get("content-type", "").split(";", 1)[0].strip().lower()
-        length = fields.get("content-length")
+        response.status = self._parser.get_status_code()
+        length: bytes | None = None
+        chunked = False
+        for name, value in self._headers:
+            lower = name.lower()
+            if lower == b"content-type":
+                kind = response.content_type_header = value.decode("latin-1")
+                response.content_type = kind.split(";", 1)[0].strip().lower()
+            elif lower == b"content-length":
+                length = value
+            elif lower == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif lower == b"content-encoding":
+                response.content_encoding = value.decode("latin-1")
         response.content_length = int(length) if length and length.isdigit() else None
-        self._delimited = length is not None or "chunked" in fields.get("transfer-encoding", "")
+        self._delimited = length is not None or chunked
         head.set_result(response)
 
     def on_body(self, body: bytes) -> None:

@@ -10,13 +10,14 @@ sets it).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from router_policies.value import value
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class PromptUsage:
     prompt_tokens: int
     cached_tokens: int | None

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 from router_policies.cost.rates import Rates
 from router_policies.cost.ttft import IDLE, ReplicaLoad, TtftEstimate
+from router_policies.value import value
 
 
 class Route(StrEnum):
@@ -33,7 +33,7 @@ class Route(StrEnum):
     the other tier's pool because it was predicted to answer first."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Candidate:
     """A healthy replica as the router sees it at dispatch time."""
 
@@ -56,7 +56,7 @@ class Candidate:
         return self.inflight + self.load.engine_waiting
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class PoolSnapshot:
     candidates: tuple[Candidate, ...]
     """Healthy replicas not yet tried for this request, in the pool's configured order."""
@@ -68,7 +68,7 @@ class PoolSnapshot:
     """Bytes of canonical prompt per model token, as learned for the pool's model."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class CandidateCost:
     """One candidate's part in a cost-model decision, for explanations (/admin/route)."""
 
@@ -80,7 +80,7 @@ class CandidateCost:
     rates: Rates
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Decision:
     replica: str
     route: Route

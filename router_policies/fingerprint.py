@@ -9,21 +9,22 @@ because replicas never share KV cache across models or salts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import xxhash
 
 from router_policies.block_layout import BlockLayout
+from router_policies.value import value
 
 _ROLE_SEP = b"\x1f"
 _MSG_END = b"\x1e"
 _LEADING_ROLES = frozenset(("system", "developer"))
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class RequestFeatures:
     """What the router knows of a request: computed once, before any decision."""
 
@@ -58,6 +59,13 @@ class RequestFeatures:
         return self.block_hashes[min(self.home_block, len(self.block_hashes) - 1)]
 
 
+@functools.lru_cache(maxsize=1024)
+def load_only(model: str) -> RequestFeatures:
+    """A request routed by load alone: nothing to match. The features are immutable, so one
+    per model serves every such request (a frozen instance costs ~1.5 us to build)."""
+    return RequestFeatures(model, (), 0)
+
+
 def _model_seed(model: str, salt: str) -> int:
     return xxhash.xxh3_64_intdigest(f"{model}\x00{salt}".encode())
 
@@ -83,7 +91,7 @@ def _message_bytes(message: Mapping[str, Any]) -> bytes:
     return role + _ROLE_SEP + _content_bytes(message.get("content")) + _MSG_END
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class CanonicalPrompt:
     text: bytes
     lead_bytes: int = 0

@@ -21,6 +21,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from router_policies.value import value
+
 SECONDS_PER_MINUTE = 60.0
 
 
@@ -46,7 +48,7 @@ class Bucket:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class BucketView:
     """What the x-ratelimit-* headers report of one bucket after the decision."""
 
@@ -56,7 +58,7 @@ class BucketView:
     """Seconds until the bucket is full again."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Verdict:
     allowed: bool
     buckets: tuple[Bucket, ...]

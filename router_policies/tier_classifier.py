@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from router_policies.tier_settings import TierWeights
+from router_policies.value import value
 
 _SCAN_CHARS = 4000
 """Cues are searched in the head and tail of the last user message: long pastes add cost,
@@ -45,7 +45,7 @@ _TURNS_SATURATION = 6
 _MAX_TOKENS_SATURATION = 4096
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class TierScore:
     score: float
     features: Mapping[str, float]

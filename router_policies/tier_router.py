@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from router_policies.calibration import QuantileThreshold
@@ -13,11 +12,12 @@ from router_policies.tier_classifiers import CueClassifier, TierClassifier, buil
 from router_policies.tier_memory import ConversationTiers, conversation_key
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import Tier, tier_for
+from router_policies.value import value
 
 _TIER_NAMES = frozenset(t.value for t in Tier)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class TierVerdict:
     tier: Tier
     score: TierScore
@@ -83,12 +83,14 @@ class TierRouter:
             tier = Tier.LARGE
         return TierVerdict(tier, result, threshold, False, key, kept)
 
-    def observe(self, verdict: TierVerdict) -> None:
+    def observe(self, verdict: TierVerdict, *, sent_large: bool) -> None:
         """Real traffic (never a dry run): the calibration's window, and the conversations
-        that went large."""
+        that went large. A large verdict a close call sent to the small pool is not
+        remembered: the conversation's history is cached there, and its next turn is judged
+        afresh rather than sent cold to the large pool."""
         if self._calibrator is not None:
             self._calibrator.observe(verdict.score.score)
-        if verdict.tier is Tier.LARGE and verdict.conversation is not None:
+        if verdict.tier is Tier.LARGE and sent_large and verdict.conversation is not None:
             self.conversations.remember(verdict.conversation)
 
 

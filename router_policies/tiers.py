@@ -5,10 +5,10 @@ Pure, like the replica decision: it sees each pool's load as plain numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 from router_policies.tier_settings import TierSettings
+from router_policies.value import value
 
 
 class Tier(StrEnum):
@@ -16,7 +16,7 @@ class Tier(StrEnum):
     LARGE = "large"
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class PoolLoad:
     healthy: int
     queue_depth: float
@@ -30,7 +30,7 @@ class PoolLoad:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class PoolChoice:
     pool: str
     overflow: bool

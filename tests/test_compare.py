@@ -417,3 +417,33 @@ def test_a_fleet_that_raises_is_reported_as_failed_and_the_report_still_written(
     assert cli.run(args, out=io.StringIO()) == 1
     report = (tmp_path / "benchmarks.md").read_text()
     assert "Not run: failed: RuntimeError('gateway not healthy at /ready')" in report
+
+
+def test_workloads_narrow_the_simulated_fleets_to_the_named_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bench.compare import cli, comparison
+
+    planned: list[str] = []
+    variants: list[str] = []
+
+    async def sim_fleet(plan: list[PlannedWorkload], *args: object, **kwargs: object) -> None:
+        planned.extend(w.info.key for w in plan)
+        raise RuntimeError("not measured here")
+
+    async def variant(v: object, plan: list[PlannedWorkload], *args: object, **kw: object) -> None:
+        variants.extend(w.info.key for w in plan)
+        raise RuntimeError("not measured here")
+
+    monkeypatch.setattr(comparison, "run_sim_fleet", sim_fleet)
+    monkeypatch.setattr(comparison, "run_sim_variant", variant)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    argv = ["--fleet", "sim", "--no-peers", "--no-install", "--no-progress", "--no-out"]
+    args = parser.parse_args([*argv, "--workloads", "gsp", "--seeds", "6,7,8,9,10"])
+    assert cli.run(args, out=io.StringIO()) == 1
+    assert planned == ["gsp"] * 5
+    assert variants == []  # neither agents, overload nor the Mooncake replay
+    assert "--workloads gsp" in CompareConfig(workloads=("gsp",)).command()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--workloads", "gsp,nope"])

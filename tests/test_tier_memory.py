@@ -46,7 +46,7 @@ def test_a_conversation_that_went_large_stays_large_for_its_later_turns() -> Non
     assert tiers.classify(chat(OPENING, EASY)).tier is Tier.SMALL
     went = tiers.classify(chat(OPENING, HARD))
     assert went.tier is Tier.LARGE and not went.kept
-    tiers.observe(went)
+    tiers.observe(went, sent_large=True)
     later = tiers.classify(chat(OPENING, HARD, EASY))
     assert later.tier is Tier.LARGE and later.kept
     assert tiers.classify(chat("Hi there.", EASY)).tier is Tier.SMALL  # another conversation
@@ -55,12 +55,21 @@ def test_a_conversation_that_went_large_stays_large_for_its_later_turns() -> Non
 def test_a_conversation_may_go_large_later_but_never_back() -> None:
     tiers = router()
     first = tiers.classify(chat(EASY))
-    tiers.observe(first)
+    tiers.observe(first, sent_large=False)
     assert first.tier is Tier.SMALL
     harder = tiers.classify(chat(EASY, HARD))
     assert harder.tier is Tier.LARGE
-    tiers.observe(harder)
+    tiers.observe(harder, sent_large=True)
     assert tiers.classify(chat(EASY, HARD, EASY)).tier is Tier.LARGE
+
+
+def test_a_large_verdict_a_close_call_sent_small_is_not_remembered() -> None:
+    tiers = router()
+    went = tiers.classify(chat(OPENING, HARD))
+    assert went.tier is Tier.LARGE
+    tiers.observe(went, sent_large=False)  # its history is cached in the small pool
+    later = tiers.classify(chat(OPENING, HARD, EASY))
+    assert later.tier is Tier.SMALL and not later.kept
 
 
 def test_a_dry_run_remembers_nothing_and_memory_zero_scores_every_turn_alone() -> None:
@@ -68,7 +77,7 @@ def test_a_dry_run_remembers_nothing_and_memory_zero_scores_every_turn_alone() -
     tiers.classify(chat(OPENING, HARD))  # as POST /admin/route does: never observed
     assert tiers.classify(chat(OPENING, HARD, EASY)).tier is Tier.SMALL
     forgetful = router(conversation_memory=0)
-    forgetful.observe(forgetful.classify(chat(OPENING, HARD)))
+    forgetful.observe(forgetful.classify(chat(OPENING, HARD)), sent_large=True)
     assert forgetful.classify(chat(OPENING, HARD, EASY)).tier is Tier.SMALL
 
 

@@ -24,7 +24,7 @@ from bench.compare.mooncake import (
     parse_window,
 )
 from bench.compare.notes import METHOD, notes
-from bench.compare.plan import DEFAULT_SEEDS, TUNING_SEEDS
+from bench.compare.plan import DEFAULT_SEEDS, MOONCAKE, SIM_FLEET_WORKLOADS, TUNING_SEEDS
 from bench.compare.plots import plots_available, write_plots
 from bench.compare.seeds import Spread, all_figures, mean, seeds_text
 from bench.host import machine_description
@@ -193,7 +193,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where Mooncake's whole traces are: a folder holding conversation_trace.jsonl "
         f"and synthetic_trace.jsonl, or 'download' to fetch them once into {CACHE_DIR}/",
     )
+    parser.add_argument(
+        "--workloads",
+        type=_workloads,
+        metavar="NAMES",
+        help="run only these of the simulated fleets' workloads, comma-separated, of: "
+        f"{', '.join(SIM_WORKLOADS_NAMED)} (mooncake: the trace replay of --fleet sim); "
+        "default: all. Spreads over many seeds: --fleet sim --workloads gsp --seeds 6,7,8,9,10",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+SIM_WORKLOADS_NAMED = (*SIM_FLEET_WORKLOADS, MOONCAKE)
+
+
+def _workloads(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in SIM_WORKLOADS_NAMED]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown workload {', '.join(unknown) or text!r}; "
+            f"choose from {', '.join(SIM_WORKLOADS_NAMED)}"
+        )
+    return names
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
@@ -210,6 +232,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         peers=not args.no_peers,
         estimate=args.estimate,
         progress=not args.no_progress,
+        workloads=args.workloads,
     )
     try:
         result = uvloop.run(run_compare(config))

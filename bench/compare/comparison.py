@@ -26,7 +26,10 @@ from bench.compare.mooncake import (
 )
 from bench.compare.overload import OVERLOAD_VARIANT, overload_workload
 from bench.compare.plan import (
+    AGENTS,
     DEFAULT_SEEDS,
+    MOONCAKE,
+    OVERLOAD,
     PlannedWorkload,
     SimScale,
     real_workloads,
@@ -62,6 +65,11 @@ class CompareConfig:
     """Where the whole traces are (a folder, or "download"); None: the shipped window only."""
     estimate: bool = False
     """Also run prefix-aware on its estimate only (prefix.source: estimate)."""
+    workloads: tuple[str, ...] | None = None
+    """The simulated fleets' workloads to run (plan.SIM_FLEET_WORKLOADS); None: all."""
+
+    def runs(self, workload: str) -> bool:
+        return self.workloads is None or workload in self.workloads
 
     def command(self) -> str:
         parts = ["llm-gateway bench compare", f"--fleet {self.fleet}"]
@@ -77,6 +85,8 @@ class CompareConfig:
             parts.append("--no-peers")
         if self.estimate:
             parts.append("--estimate")
+        if self.workloads is not None:
+            parts.append(f"--workloads {','.join(self.workloads)}")
         parts.append(f"--out {self.out}" if self.out is not None else "--no-out")
         return " ".join(parts)
 
@@ -142,13 +152,15 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
     else:
         skipped = {t.label: peer_reason for t in PEER_TARGETS}
     run_sim = config.fleet in ("sim", "all")
-    run_mooncake = config.fleet in ("sim", "all", "mooncake")
+    run_mooncake = config.fleet == "mooncake" or (
+        config.fleet in ("sim", "all") and config.runs(MOONCAKE)
+    )
     run_real = config.fleet in ("real", "all")
     scale = SimScale.quick() if config.quick else SimScale()
     seeds = config.seeds[:1] if config.quick else config.seeds
-    sim_plan = sim_workloads(scale, seeds)
-    agents_plan = [agents_workload(config.quick, seeds[0])]
-    overload_plan = [overload_workload(config.quick, seeds[0])]
+    sim_plan = [w for w in sim_workloads(scale, seeds) if config.runs(w.info.key)]
+    agents_plan = [agents_workload(config.quick, seeds[0])] if config.runs(AGENTS) else []
+    overload_plan = [overload_workload(config.quick, seeds[0])] if config.runs(OVERLOAD) else []
     mooncake_plan = (
         [
             mooncake_workload(w, traces=config.traces, quick=config.quick, seed=seeds[0])
@@ -178,7 +190,7 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
             run = run_sim_variant(v, plan, targets, skipped_targets=skipped, bar=bar)
             return await _fleet_or_failure(v.key, v.title, run, out)
 
-        if run_sim:
+        if run_sim and sim_plan:
             sim = await _fleet_or_failure(
                 "sim",
                 "Simulated fleet",
@@ -187,7 +199,9 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
             )
             fleets.append(sim)
             checks += sim_checks(sim)
+        if run_sim and agents_plan:
             fleets.append(await variant(AGENTS_VARIANT, agents_plan, sim_targets))
+        if run_sim and overload_plan:
             heavy = await variant(OVERLOAD_VARIANT, overload_plan, sim_targets)
             fleets.append(heavy)
             checks += overload_checks(heavy)

@@ -12,8 +12,9 @@ favoured nor shunned by noise.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from router_policies.value import value
 
 if TYPE_CHECKING:
     from router_policies.schema import CostSettings
@@ -26,7 +27,7 @@ _MIN_PREFILL = 1e-8
 _MIN_STEP = 1e-5
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Rates:
     """Seconds per unit of work on one replica."""
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from router_policies.cost.rates import Rates
+from router_policies.value import value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ReplicaLoad:
     """What is known of a replica's work at dispatch time."""
 
@@ -33,7 +33,7 @@ class ReplicaLoad:
 IDLE = ReplicaLoad()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class TtftEstimate:
     slot_s: float
     """Waiting for a place in a full batch: the requests ahead of it beyond the engine's

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 from router_policies.decision import Decision, PoolSnapshot
-from router_policies.fingerprint import CanonicalPrompt, RequestFeatures, fingerprint
+from router_policies.fingerprint import CanonicalPrompt, RequestFeatures, fingerprint, load_only
 from router_policies.schema import PrefixSettings
 
 
@@ -36,7 +36,7 @@ class SelectionPolicy:
         """What the policy reads of a request, computed once before any decision. ``prompt``
         builds the canonical text only when called: a policy that reads none pays nothing."""
         if self.prefix is None:
-            return RequestFeatures(model, (), 0)
+            return load_only(model)
         return fingerprint(model, prompt(), self.prefix.layout, self.prefix.max_blocks, salt)
 
     def select(

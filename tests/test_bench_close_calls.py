@@ -1,0 +1,35 @@
+"""`llm-gateway bench close-calls`: the like-for-like baseline sends the same share large as
+the close calls did, and the offline share (the workload's scores, conversation memory
+included) is what the gateway itself routes."""
+
+from __future__ import annotations
+
+from bench.close_calls import Workload, build_workload, measure, table
+
+
+def test_a_conversation_that_went_large_stays_large_in_the_offline_share() -> None:
+    workload = Workload((), (), ((0.9, 0.1, 0.2), (0.1, 0.2)))
+    assert workload.share_large(0.5) == 3 / 5
+    assert workload.share_large(0.15) == 4 / 5  # the second conversation goes large on turn 2
+    assert workload.within(0.5, 0.35) == 2 / 5  # the two turns scored 0.2
+
+
+def test_the_matched_threshold_sends_the_asked_share_large() -> None:
+    workload = build_workload(60, 4.0, seed=0)
+    shares = [workload.share_large(t / 20) for t in range(21)]
+    assert shares == sorted(shares, reverse=True)
+    for share in (0.2, 0.3, 0.5):
+        assert abs(workload.share_large(workload.threshold_for(share)) - share) <= 0.05
+
+
+async def test_the_gateway_routes_the_quality_rule_as_the_offline_share_says() -> None:
+    workload = build_workload(10, 20.0, seed=0)
+    quality, close, same = await measure(workload, margin=0.02)
+    for outcome in (quality, close, same):
+        assert len(outcome.ok()) == workload.requests
+    assert quality.close_calls() == same.close_calls() == 0
+    assert quality.share_large() == workload.share_large(quality.threshold)
+    assert same.share_large() == workload.share_large(same.threshold)
+    assert abs(same.share_large() - close.share_large()) <= 1 / workload.requests + 0.05
+    text = table([quality, close, same])
+    assert "| quality rule |" in text and "| close calls |" in text
