@@ -9,9 +9,10 @@ alone, like for like:
   routing within each pool; overflow off, so that only the close calls move requests between
   pools.
 - Workload: conversations of 1 to 4 user turns. Each opens with a labelled public prompt
-  (bench/data/tier_train, easy and hard alike) under its group's system prompt, and goes on
-  with neutral follow-ups (the tier training's, bench/tier_eval/conversations.py); they arrive
-  as a Poisson process, the same arrivals for every target.
+  (bench/data/tier_train, easy and hard alike) under its group's system prompt (1,000 tokens)
+  and its own context (2,000 tokens, as a retrieved document would be), and goes on with
+  neutral follow-ups (the tier training's, bench/tier_eval/conversations.py); they arrive as a
+  Poisson process, the same arrivals for every target.
 - Targets, one after another, the replicas' caches emptied before each: the quality rule at
   the threshold that sends 30% of the workload's requests large (the calibration's default
   target, computed from the workload's own scores); close calls at that threshold; and the
@@ -56,6 +57,8 @@ SLOWER = 3.0
 LARGE_SHARE = 0.3
 """Share of requests the quality rule sends large: the calibration's default target."""
 ROUTE_CLOSE_CALL = "close-call"
+CONTEXT_TOKENS = 2000
+"""Tokens of each conversation's own context, behind its group's system prompt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,13 @@ def _prompts(seed: int) -> list[str]:
 
 
 def build_workload(
-    conversations: int, rate: float, seed: int, groups: int = 6, system_tokens: int = 1500
+    conversations: int,
+    rate: float,
+    seed: int,
+    *,
+    context_tokens: int = CONTEXT_TOKENS,
+    groups: int = 6,
+    system_tokens: int = 1000,
 ) -> Workload:
     rng = random.Random(f"{seed}:close-calls")
     systems = [
@@ -121,8 +130,11 @@ def build_workload(
     for i in range(conversations):
         follow_ups = rng.sample(TRAIN_FOLLOW_UPS, rng.randint(0, 3))
         group = rng.randrange(groups)
+        # The conversation's own context (a retrieved document, say) after the group's system
+        # prompt: the history a pool holds of it. The classifier reads only user messages.
+        system = systems[group] + "\n\n" + random_text(rng, context_tokens)
         questions = (openings[i % len(openings)], *follow_ups)
-        built.append(Conversation(f"cc-{seed}-{i}", group, systems[group], questions, 64))
+        built.append(Conversation(f"cc-{seed}-{i}", group, system, questions, 64))
     router = TierRouter(TIER_MODEL, TierSettings(small=SMALL, large=LARGE))
     scores = tuple(tuple(_scores(router, c)) for c in built)
     return Workload(tuple(built), tuple(poisson_arrivals(len(built), rate, seed)), scores)
@@ -250,6 +262,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conversations", type=int, default=240, help="per seed")
     parser.add_argument("--rate", type=float, default=4.0, help="conversations per second")
     parser.add_argument(
+        "--context-tokens",
+        type=int,
+        default=CONTEXT_TOKENS,
+        help="each conversation's own context, in tokens (0: none; a pool then holds little "
+        "of a conversation beyond its group's system prompt)",
+    )
+    parser.add_argument(
         "--margin",
         type=float,
         default=0.02,
@@ -267,7 +286,9 @@ def run(args: argparse.Namespace) -> int:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     sections = []
     for seed in seeds:
-        workload = build_workload(args.conversations, args.rate, seed)
+        workload = build_workload(
+            args.conversations, args.rate, seed, context_tokens=args.context_tokens
+        )
         threshold = workload.threshold_for(LARGE_SHARE)
         head = (
             f"Seed {seed}: {workload.requests} requests in {len(workload.conversations)} "
@@ -286,7 +307,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         command = (
             f"llm-gateway bench close-calls --conversations {args.conversations} --rate "
-            f"{args.rate:g} --margin {args.margin:g} --seeds {args.seeds} --out {args.out}"
+            f"{args.rate:g} --context-tokens {args.context_tokens} --margin {args.margin:g} "
+            f"--seeds {args.seeds} --out {args.out}"
         )
         text = "\n".join(
             [
