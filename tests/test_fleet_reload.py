@@ -193,7 +193,7 @@ def calibrated(f: Fleet) -> float:
     for i in range(10):
         text = "Prove that the sum is convergent step by step. " * i + "hi"
         body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
-        router.observe(router.classify(body))
+        router.observe(router.classify(body), sent_large=False)  # the calibration only
     assert router.threshold != 0.5
     return router.threshold
 

@@ -332,7 +332,7 @@ def test_calibration_survives_a_reload_with_the_same_model_but_not_a_switch() ->
     calibrated = {"calibration": {"target_large_share": 0.3, "min_samples": 10}}
     first = TierRouter("auto", settings(classifier="learned", **calibrated))
     for text in OBVIOUSLY_HARD + OBVIOUSLY_EASY:
-        first.observe(first.classify(chat(text)))
+        first.observe(first.classify(chat(text)), sent_large=False)  # the calibration only
     same = TierRouter("auto", settings(classifier="learned", **calibrated), previous=first)
     assert same.threshold == first.threshold
     switched = TierRouter("auto", settings(classifier="cue", **calibrated), previous=first)
