@@ -34,13 +34,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 import uvloop
 
 from bench.compare.code_state import CodeState, code_line
-from bench.driver import RequestResult, percentile, run_conversations
+from bench.driver import RequestResult, percentile, replica_name, run_conversations
 from bench.fleet_stats import reset_prefix_caches
 from bench.host import machine_description
 from bench.launcher import start_gateway
@@ -195,10 +194,6 @@ class Outcome:
         return 1000 * percentile([r.ttft_s for r in ok if r.ttft_s is not None], q)
 
 
-def _name(url: str) -> str:
-    return urlsplit(url).netloc
-
-
 async def _run(
     label: str,
     workload: Workload,
@@ -219,7 +214,7 @@ async def _run(
         )  # fmt: skip
     finally:
         await gateway.stop()
-    names = frozenset(_name(p.url) for p in large)
+    names = frozenset(replica_name(p.url) for p in large)
     return Outcome(label, threshold, margin, run.results, names)
 
 

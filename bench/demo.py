@@ -23,11 +23,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
-from urllib.parse import urlsplit
 
 import uvloop
 
-from bench.driver import RunResult, percentile, run_conversations
+from bench.driver import RunResult, percentile, replica_name, run_conversations
 from bench.fleet_stats import CacheCounters, delta, fleet_counters, reset_prefix_caches, snapshot
 from bench.launcher import start_gateway
 from bench.workloads import Conversation, multi_turn_shared_prefix
@@ -144,11 +143,6 @@ def _policy(policy: str, replica_urls: Sequence[str]) -> dict[str, Any]:
     return {"pools": {"demo": {"model": MODEL, "replicas": list(replica_urls), "policy": policy}}}
 
 
-def _name(url: str) -> str:
-    """A replica's name as the gateway spells it in x-gateway-replica."""
-    return urlsplit(url).netloc
-
-
 async def _run_policy(
     policy: str,
     gateway: ManagedProcess,
@@ -171,7 +165,7 @@ async def _run_policy(
         description=policy,
     )
     cache = delta(before, await snapshot(urls))
-    return PolicyRun(policy, run, {_name(url): counters for url, counters in cache.items()})
+    return PolicyRun(policy, run, {replica_name(url): counters for url, counters in cache.items()})
 
 
 async def run_demo(config: DemoConfig | None = None, *, progress: bool = False) -> DemoResult:
@@ -199,7 +193,7 @@ async def run_demo(config: DemoConfig | None = None, *, progress: bool = False) 
         # Shielded: after Ctrl-C cancels this task, the children must still be stopped.
         stops = asyncio.gather(*(p.stop() for p in processes), return_exceptions=True)
         await asyncio.shield(stops)
-    return DemoResult(config, tuple(_name(url) for url in urls), runs[0], runs[1])
+    return DemoResult(config, tuple(replica_name(url) for url in urls), runs[0], runs[1])
 
 
 def _pct(value: float | None) -> str:

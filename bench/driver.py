@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -91,6 +92,11 @@ class RunResult:
 
     def latencies(self) -> list[float]:
         return [r.latency_s for r in self.results if r.ok]
+
+
+def replica_name(url: str) -> str:
+    """A replica's name as the gateway spells it in x-gateway-replica (its URL's host:port)."""
+    return urlsplit(url).netloc
 
 
 def percentile(values: Sequence[float], q: float) -> float:

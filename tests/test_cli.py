@@ -64,3 +64,11 @@ def test_serve_without_any_policy_says_how_to_give_one() -> None:
     result = llm_gateway("serve", "--port", "0")
     assert result.returncode == 2
     assert "GATEWAY_POLICY" in result.stderr
+
+
+def test_the_contract_names_every_benchmark() -> None:
+    from bench.cli import BENCHMARKS
+
+    contract = (Path(__file__).parents[1] / "docs" / "contract.md").read_text()
+    line = next(line for line in contract.splitlines() if "`llm-gateway bench " in line)
+    assert set(line.split("`llm-gateway bench ")[1].split(" ")[0].split("|")) == set(BENCHMARKS)
