@@ -17,11 +17,14 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.replica_state import ReplicaState
 from router_policies.adapter_placement import AdapterSettings, preferred_replicas
+from router_policies.tier_memory import conversation_key, follow_up
+from router_policies.tier_router import TierRouter
 
 RESPONSE_HOMES = 100_000
 """Response ids remembered: ~100 bytes each, and vLLM's own store is bounded by its memory."""
@@ -112,12 +115,38 @@ class AdapterHomes:
         return frozenset(name for name, at in served.items() if now - at <= warm_s)
 
 
+class LargeConversations:
+    """The conversations a tier model sent large, between processes. Each tier model remembers
+    its own (router_policies/tier_memory.py); the shared-state backend, when there is one, sets
+    ``publish`` (told each conversation sent large here) and ``fetch`` (asked, before a
+    follow-up turn is scored, whether another process sent its conversation large)."""
+
+    def __init__(self) -> None:
+        self.publish: Callable[[str, int], None] | None = None
+        self.fetch: Callable[[str, int], Awaitable[bool]] | None = None
+
+    async def recall(self, tiers: TierRouter, body: Mapping[str, Any]) -> None:
+        """Before scoring: a follow-up of a conversation another process sent large is
+        remembered here too. Nothing to ask for a first turn, or without a backend."""
+        memory = tiers.conversations
+        if self.fetch is None or not memory.capacity or not follow_up(body):
+            return
+        key = conversation_key(body)
+        if key is not None and not memory.went_large(key) and await self.fetch(tiers.model, key):
+            memory.remember(key)
+
+    def tell(self, tiers: TierRouter, conversation: int) -> None:
+        if self.publish is not None:
+            self.publish(tiers.model, conversation)
+
+
 @dataclass(slots=True)
 class RoutingMemory:
     """What the gateway remembers across requests and policy reloads, for the hooks above."""
 
     responses: ResponseHomes = field(default_factory=ResponseHomes)
     adapters: AdapterHomes = field(default_factory=AdapterHomes)
+    large_conversations: LargeConversations = field(default_factory=LargeConversations)
     learned_adapters: dict[str, frozenset[str]] = field(default_factory=dict)
     """Pool name -> adapters its replicas list that the policy does not declare
     (gateway/adapter_discovery.py)."""

@@ -85,6 +85,9 @@ async def complete(
         await responses_lookup.readable_home(
             memory.responses, parsed.previous_response_id, owner, "previous_response_id"
         )
+    tiered = fleet.tiers.get(parsed.model)
+    if tiered is not None:
+        await memory.large_conversations.recall(tiered, parsed.body)
     resolution = resolve(fleet, parsed, sent.get(headers.TIER), memory)
     pool = resolution.pool
     # Before the limits and the demand counts: a malformed hint is the client's error.
@@ -98,7 +101,9 @@ async def complete(
     pool.arrivals += 1
     tiers, verdict = resolution.tier_router, resolution.verdict
     if tiers is not None and verdict is not None and not verdict.forced:
-        tiers.observe(verdict, sent_large=pool.name == tiers.settings.large)
+        went_large = tiers.observe(verdict, sent_large=pool.name == tiers.settings.large)
+        if went_large is not None:
+            memory.large_conversations.tell(tiers, went_large)
     if pool.events_on:
         features = await app[TOKEN_KEYS].attach(pool, parsed, features)
     routed = Routed(

@@ -5,8 +5,9 @@ the quality the task needed and the large pool's cache of the conversation. An u
 always allowed: a conversation that turns hard goes large from that turn on.
 
 A conversation is known by what each of its turns resends first: its system and developer
-messages and its first user message. Remembered per tier model and per process (not shared
-through Redis), the least recently used forgotten first.
+messages and its first user message. Remembered per tier model and per process, the least
+recently used forgotten first; instances sharing state through Redis also tell each other
+(gateway/shared_state/conversations.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,21 @@ def conversation_key(body: Mapping[str, Any]) -> int | None:
             text = json.dumps(lead, sort_keys=True, default=str)
             return xxhash.xxh3_64_intdigest(text.encode())
     return None
+
+
+def follow_up(body: Mapping[str, Any]) -> bool:
+    """Whether a chat request continues a conversation (a second user turn or later): only
+    those can have gone large before."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return False
+    users = 0
+    for message in messages:
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            users += 1
+            if users == 2:
+                return True
+    return False
 
 
 class ConversationTiers:

@@ -83,15 +83,18 @@ class TierRouter:
             tier = Tier.LARGE
         return TierVerdict(tier, result, threshold, False, key, kept)
 
-    def observe(self, verdict: TierVerdict, *, sent_large: bool) -> None:
+    def observe(self, verdict: TierVerdict, *, sent_large: bool) -> int | None:
         """Real traffic (never a dry run): the calibration's window, and the conversations
-        that went large. A large verdict a close call sent to the small pool is not
-        remembered: the conversation's history is cached there, and its next turn is judged
-        afresh rather than sent cold to the large pool."""
+        that went large; the request's conversation when it was remembered as large. A large
+        verdict a close call sent to the small pool is not remembered: the conversation's
+        history is cached there, and its next turn is judged afresh rather than sent cold to
+        the large pool."""
         if self._calibrator is not None:
             self._calibrator.observe(verdict.score.score)
         if verdict.tier is Tier.LARGE and sent_large and verdict.conversation is not None:
             self.conversations.remember(verdict.conversation)
+            return verdict.conversation
+        return None
 
 
 def _same_scores(old: TierRouter, new: TierRouter) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router_policies.tier_memory import conversation_key
+from router_policies.tier_memory import conversation_key, follow_up
 from router_policies.tier_router import TierRouter
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import Tier
@@ -86,3 +86,8 @@ def test_a_conversation_is_known_by_its_lead_and_first_user_message() -> None:
     assert conversation_key(chat(HARD)) != conversation_key(chat(EASY))
     assert conversation_key({"prompt": "a completion"}) is None
     assert conversation_key({"messages": [{"role": "system", "content": "no user"}]}) is None
+
+
+def test_only_a_second_user_turn_or_later_is_a_follow_up() -> None:
+    assert follow_up(chat(OPENING, HARD)) and follow_up(chat(OPENING, HARD, EASY))
+    assert not follow_up(chat(OPENING)) and not follow_up({"prompt": "a completion"})

@@ -39,6 +39,7 @@ from redis.exceptions import RedisError
 from gateway.background import finish_within, stop_tasks
 from gateway.shared_state import responses
 from gateway.shared_state.base import SharedState
+from gateway.shared_state.conversations import RedisConversations
 from gateway.shared_state.figures import RemoteFigures, own_figures
 from gateway.shared_state.outbox import Outbox
 from gateway.shared_state.replay import MAX_AGE_S, apply_batch, encode_batch
@@ -154,7 +155,8 @@ class RedisState(SharedState):
         self._read_epoch = 0
         self._adapters: AdapterHomes | None = None
         self._writes: set[asyncio.Task[None]] = set()
-        """Response homes being written (the request path does not wait for them)."""
+        """Response homes and large conversations being written (the request path does not
+        wait for them)."""
 
     def _connect(self, timeout_s: float) -> aioredis.Redis:
         return aioredis.from_url(
@@ -185,6 +187,11 @@ class RedisState(SharedState):
         self._adapters = memory.adapters
         memory.responses.publish = self._publish_home
         memory.responses.fetch = self._fetch_home
+        large = RedisConversations(
+            self._client, self.settings.key_prefix, lambda: self.up, self._writes
+        )
+        memory.large_conversations.publish = large.publish
+        memory.large_conversations.fetch = large.fetch
 
     def _publish_home(self, response_id: str, home: ReplicaRef) -> None:
         if not self._link.up:
