@@ -1,7 +1,8 @@
 """The workers of one `serve --workers N` share routing state without Redis, over Unix sockets:
 a dispatch through one is a prefix hit through the other, each counts the other's requests in
 flight, a worker that goes is forgotten at once, one that stops reading never holds the
-sender up, and one that starts late is joined. (Real worker processes: tests/test_workers.py.)"""
+sender up, one that starts late is joined, and a conversation one sent large is large on the
+other. (Real worker processes: tests/test_workers.py.)"""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
+from gateway.affinity import RoutingMemory
 from gateway.shared_state import Outbox
 from gateway.shared_state.worker_mesh import _BACKLOG_BYTES, MeshPlace, MeshSettings, WorkerMesh
 from gateway.state import Fleet
@@ -32,6 +34,7 @@ from tests.test_shared_state import (
     routes_to,
 )
 from tests.test_shared_state_redis import returns
+from tests.test_tier_close_calls import fleet as tiered_fleet
 
 
 @pytest.fixture
@@ -148,3 +151,22 @@ async def mesh_of_one(
 
 async def _all_up(workers: list[WorkerMesh]) -> bool:
     return all(w.up for w in workers)
+
+
+async def test_a_conversation_one_worker_sent_large_is_large_on_the_other(
+    short_dir: Path,
+) -> None:
+    here, there = tiered_fleet(0.0), tiered_fleet(0.0)
+    memories = [RoutingMemory(), RoutingMemory()]
+    async with mesh(short_dir, here, there) as workers:
+        for w, memory in zip(workers, memories, strict=True):
+            w.share_memory(memory)
+        assert await eventually(lambda: _all_up(workers))
+        conversation = 2**64 - 12345  # keys are unsigned 64-bit digests
+        memories[0].large_conversations.tell(here.tiers["auto"], conversation)
+
+        async def went_large() -> bool:
+            return there.tiers["auto"].conversations.went_large(conversation)
+
+        assert await eventually(went_large)
+        assert not here.tiers["auto"].conversations.went_large(conversation)  # told, not kept

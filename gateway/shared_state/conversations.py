@@ -1,4 +1,5 @@
-"""The conversations a tier model sent large, between instances: one Redis key each, with a TTL.
+"""The conversations a tier model sent large, between instances: one Redis key each, with a TTL
+(the workers of one instance without Redis push them over the mesh instead).
 
 A conversation keeps its tier (router_policies/tier_memory.py): once it has gone large, its
 later turns go large too. Each instance remembers that for the conversations it served; behind

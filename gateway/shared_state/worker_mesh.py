@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!cI")
 """Each message: its kind, the payload's length."""
-DISPATCHES, COUNTS, RESPONSE = b"d", b"c", b"r"
+DISPATCHES, COUNTS, RESPONSE, LARGE = b"d", b"c", b"r", b"l"
 _BATCH_LIMIT = 2000
 """Most dispatches in one message."""
 _BACKLOG_BYTES = 4 << 20
@@ -154,9 +154,17 @@ class WorkerMesh(SharedState):
         homes = self._homes = memory.responses
         homes.publish = self._publish_home
         homes.fetch = self._await_home
+        # Pushed, not asked for: a sibling's message lands in the tier model's memory within a
+        # millisecond, long before the conversation's next turn (it waits for this answer).
+        memory.large_conversations.publish = self._publish_large
 
     def _publish_home(self, response_id: str, home: ReplicaRef) -> None:
         message = frame(RESPONSE, responses.encode(response_id, home))
+        for peer in self._peers.values():
+            peer.send(message)
+
+    def _publish_large(self, model: str, conversation: int) -> None:
+        message = frame(LARGE, orjson.dumps([model, conversation]))
         for peer in self._peers.values():
             peer.send(message)
 
@@ -261,6 +269,8 @@ class WorkerMesh(SharedState):
                     learned = responses.decode(payload)
                     if learned is not None:
                         self._homes.learn(*learned)
+                elif kind == LARGE:
+                    _went_large(fleet(), payload)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -278,3 +288,14 @@ class WorkerMesh(SharedState):
             return None
         self._figures[sender] = (time.monotonic(), figures)
         return sender
+
+
+def _went_large(fleet: Fleet, payload: bytes) -> None:
+    """A sibling sent a conversation large: its tier model here remembers it too."""
+    try:
+        model, conversation = orjson.loads(payload)
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        return
+    tiers = fleet.tiers.get(model) if isinstance(model, str) else None
+    if tiers is not None and tiers.conversations.capacity and isinstance(conversation, int):
+        tiers.conversations.remember(conversation)
