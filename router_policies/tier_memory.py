@@ -7,7 +7,7 @@ always allowed: a conversation that turns hard goes large from that turn on.
 A conversation is known by what each of its turns resends first: its system and developer
 messages and its first user message. Remembered per tier model and per process, the least
 recently used forgotten first; processes that share state tell each other (the worker mesh,
-gateway/shared_state/conversations.py for Redis).
+or Redis: gateway/shared_state/).
 """
 
 from __future__ import annotations

@@ -30,9 +30,9 @@ REAL_SIZE = "small"
 GSP, MRQA, LOW, ZIPF, REAL_GSP = "gsp", "mrqa", "low", "zipf", "real-gsp"
 AGENTS, OVERLOAD, MOONCAKE = "agents", "overload", "mooncake"
 SEEDED = (GSP, ZIPF, REAL_GSP)
+"""The workloads run on every seed given; the others run on the first seed only."""
 SIM_FLEET_WORKLOADS = (GSP, MRQA, LOW, ZIPF, AGENTS, OVERLOAD)
 """What ``bench compare --workloads`` may name: the simulated fleets' workloads."""
-"""The workloads run on every seed given; the others run on the first seed only."""
 TUNING_SEEDS = (0, 1, 2, 3, 4, 5)
 """Seeds routing parameters were chosen on: spread_factor, copy_weight 1, the valley rule and
 the placement rule on Zipf 0-5; copy_weight's later value was checked on gsp and Zipf 3-4."""

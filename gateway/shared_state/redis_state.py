@@ -14,6 +14,8 @@
   waiting, arrivals, completions) with a TTL of ``ttl_s`` and reads the others' hashes, in one
   round trip: a dead instance's counts expire with its hash, and the instances whose hashes
   are live are the ones whose streams are read.
+- Keys written without the request waiting: stored responses' homes, and the conversations a
+  tier model sent large (looked up before a follow-up turn not known as large is scored).
 - Redis away or slow (a timeout of ``timeout_s``): one warning, gateway_state_backend_up 0,
   routing on local state only, retries with backoff up to ``_MAX_BACKOFF_S``; on return one
   info line, and what the outbox kept meanwhile is published (resync).
@@ -39,7 +41,6 @@ from redis.exceptions import RedisError
 from gateway.background import finish_within, stop_tasks
 from gateway.shared_state import responses
 from gateway.shared_state.base import SharedState
-from gateway.shared_state.conversations import RedisConversations
 from gateway.shared_state.figures import RemoteFigures, own_figures
 from gateway.shared_state.outbox import Outbox
 from gateway.shared_state.replay import MAX_AGE_S, apply_batch, encode_batch
@@ -61,6 +62,8 @@ _INSTANCES_FORGET_S = 600.0
 _REPLAY_S = 5.0
 """How far back an instance starts reading the stream when another instance appears."""
 _FAILURES = (RedisError, OSError, TimeoutError)
+LARGE_TTL_S = 86_400
+"""A conversation resumed within a day keeps its large tier; the keys (~80 bytes) stay bounded."""
 _BLOCK_MS = 100
 """Longest wait of one XREAD: how soon the reader notices a new instance."""
 _WITHDRAW_S = 1.0
@@ -155,8 +158,7 @@ class RedisState(SharedState):
         self._read_epoch = 0
         self._adapters: AdapterHomes | None = None
         self._writes: set[asyncio.Task[None]] = set()
-        """Response homes and large conversations being written (the request path does not
-        wait for them)."""
+        """Keys being written (the request path does not wait for them)."""
 
     def _connect(self, timeout_s: float) -> aioredis.Redis:
         return aioredis.from_url(
@@ -181,32 +183,44 @@ class RedisState(SharedState):
     def _response_key(self, response_id: str) -> str:
         return f"{self.settings.key_prefix}:response:{response_id}"
 
-    # -- stored responses ---------------------------------------------------------------------
+    def _large_key(self, model: str, conversation: int) -> str:
+        return f"{self.settings.key_prefix}:large:{model}:{conversation:x}"
+
+    # -- stored responses and large conversations -----------------------------------------
 
     def share_memory(self, memory: RoutingMemory) -> None:
         self._adapters = memory.adapters
         memory.responses.publish = self._publish_home
         memory.responses.fetch = self._fetch_home
-        large = RedisConversations(
-            self._client, self.settings.key_prefix, lambda: self.up, self._writes
-        )
-        memory.large_conversations.publish = large.publish
-        memory.large_conversations.fetch = large.fetch
+        memory.large_conversations.publish = self._publish_large
+        memory.large_conversations.fetch = self._fetch_large
 
     def _publish_home(self, response_id: str, home: ReplicaRef) -> None:
+        key, value = self._response_key(response_id), responses.encode(response_id, home)
+        self._write_soon(key, value, responses.REDIS_TTL_S)
+
+    def _publish_large(self, model: str, conversation: int) -> None:
+        self._write_soon(self._large_key(model, conversation), b"1", LARGE_TTL_S)
+
+    def _write_soon(self, key: str, value: bytes, ttl_s: int) -> None:
+        """In the background, the request not waiting; with Redis away only this one knows it."""
         if not self._link.up:
-            return  # soft state: with Redis away, only this instance knows the home
-        task = asyncio.create_task(self._write_home(response_id, home))
+            return
+        task = asyncio.create_task(self._write(key, value, ttl_s))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _write_home(self, response_id: str, home: ReplicaRef) -> None:
+    async def _write(self, key: str, value: bytes, ttl_s: int) -> None:
         with contextlib.suppress(*_FAILURES):
-            await self._client.set(
-                self._response_key(response_id),
-                responses.encode(response_id, home),
-                ex=responses.REDIS_TTL_S,
-            )
+            await self._client.set(key, value, ex=ttl_s)
+
+    async def _fetch_large(self, model: str, conversation: int) -> bool:
+        if not self._link.up:
+            return False
+        try:
+            return bool(await self._client.exists(self._large_key(model, conversation)))
+        except _FAILURES:
+            return False
 
     async def _fetch_home(self, response_id: str) -> ReplicaRef | None:
         if not self._link.up or len(response_id) > responses.MAX_ID_CHARS:

@@ -159,12 +159,12 @@ class WorkerMesh(SharedState):
         memory.large_conversations.publish = self._publish_large
 
     def _publish_home(self, response_id: str, home: ReplicaRef) -> None:
-        message = frame(RESPONSE, responses.encode(response_id, home))
-        for peer in self._peers.values():
-            peer.send(message)
+        self._to_all(frame(RESPONSE, responses.encode(response_id, home)))
 
     def _publish_large(self, model: str, conversation: int) -> None:
-        message = frame(LARGE, orjson.dumps([model, conversation]))
+        self._to_all(frame(LARGE, orjson.dumps([model, conversation])))
+
+    def _to_all(self, message: bytes) -> None:
         for peer in self._peers.values():
             peer.send(message)
 
@@ -225,9 +225,7 @@ class WorkerMesh(SharedState):
         await self.outbox.filled()
         while len(self.outbox):
             batch = self.outbox.peek(_BATCH_LIMIT)
-            message = frame(DISPATCHES, encode_batch(batch))
-            for peer in self._peers.values():
-                peer.send(message)
+            self._to_all(frame(DISPATCHES, encode_batch(batch)))
             self.outbox.drop(len(batch))
 
     async def _sync(self, fleet: Fleet) -> None:
@@ -236,9 +234,7 @@ class WorkerMesh(SharedState):
             await peer.connect()
         self._up.set(1 if self.up else 0)
         mine = orjson.dumps({"w": str(self.place.index), "f": own_figures(fleet)})
-        message = frame(COUNTS, mine)
-        for peer in self._peers.values():
-            peer.send(message)
+        self._to_all(frame(COUNTS, mine))
         oldest = time.monotonic() - self.settings.ttl_s
         live = {w: figures for w, (at, figures) in self._figures.items() if at >= oldest}
         self._remote.apply(fleet, live)
