@@ -37,25 +37,25 @@ from bench.overhead.runner import round_robin
 from replica.processes import ManagedProcess, start_sim_replicas
 
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("client side: front", ("gateway/front.py",)),
+    ("client side: front", ("gateway/http/front.py",)),
     # aiohttp's writer and parser serve its client and server alike: their frames count for
     # the frame that called them.
     ("client side: aiohttp", ("aiohttp/web_",)),
-    ("replica side", ("gateway/upstream.py", "aiohttp/client", "aiohttp/connector")),
-    ("metrics and logs", ("prometheus_client/", "gateway/metrics.py", "logging/")),
+    ("replica side", ("gateway/relay/upstream.py", "aiohttp/client", "aiohttp/connector")),
+    ("metrics and logs", ("prometheus_client/", "gateway/telemetry/metrics.py", "logging/")),
     (
         "parsing and routing",
         (
-            "gateway/request_body.py", "gateway/resolve.py", "gateway/state.py",
-            "gateway/replica_state.py", "gateway/affinity.py", "router_policies/",
+            "gateway/http/request_body.py", "gateway/routing/resolve.py", "gateway/fleet/pools.py",
+            "gateway/fleet/replicas.py", "gateway/routing/affinity.py", "router_policies/",
             "gateway/rate_limit/", "orjson",
         ),
     ),
     (
         "forwarding",
         (
-            "gateway/proxy.py", "gateway/answers.py", "gateway/completions.py",
-            "gateway/usage.py", "gateway/outlier.py", "gateway/exchange.py",
+            "gateway/relay/proxy.py", "gateway/relay/answers.py", "gateway/http/completions.py",
+            "gateway/relay/usage.py", "gateway/fleet/outlier.py", "gateway/http/exchange.py",
         ),
     ),
     ("asyncio: tasks, futures, timeouts", ("asyncio/",)),

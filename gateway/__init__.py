@@ -1,5 +1,7 @@
-"""The gateway process: CLI and settings; client connections (gateway/front.py takes the
-completion requests at the protocol level, aiohttp the rest: gateway/app.py); the fleet's
-state, probes, shared state and limits; the forwarding (gateway/proxy.py) and the requests to
-the replicas (gateway/upstream.py); metrics and logs. Routing decisions themselves live in
-router_policies/."""
+"""The gateway process, one sub-package per concern: `http/` (the application, the front that
+takes completion requests, connections, errors), `routing/` (model to pool, affinity, the routed
+record), `relay/` (the proxy and the upstream client), `fleet/` (pools, replicas, probes, KV
+events, autoscaling), `shared_state/` and `rate_limit/` (what instances share), `telemetry/`
+(metrics, logs, traces), `policy/` (the live policy file) and `picker/` (Envoy's endpoint
+picker). Here: the CLI, settings, the process runner and its worker watchdog. Routing decisions
+themselves live in router_policies/."""

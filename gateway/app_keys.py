@@ -1,5 +1,5 @@
 """What the gateway process keeps on its aiohttp application, by typed key: read by the
-handlers aiohttp serves and by the front's (gateway/front.py) alike."""
+handlers aiohttp serves and by the front's (gateway/http/front.py) alike."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import asyncio
 
 from aiohttp import web
 
-from gateway.affinity import RoutingMemory
-from gateway.metrics import GatewayMetrics
-from gateway.outlier import OutlierDetector
-from gateway.policy_reload import PolicyHolder
-from gateway.proxy import Forwarder
+from gateway.fleet.outlier import OutlierDetector
+from gateway.policy.reload import PolicyHolder
 from gateway.rate_limit import RateLimiter
+from gateway.relay.proxy import Forwarder
+from gateway.routing.affinity import RoutingMemory
+from gateway.routing.tokenize import TokenKeys
 from gateway.settings import Settings
-from gateway.tokenize import TokenKeys
+from gateway.telemetry.metrics import GatewayMetrics
 
 
 class Lifecycle:

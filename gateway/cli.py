@@ -31,8 +31,8 @@ _TOOL_HELP = {
 def _process_config(flags: Sequence[tuple[str, object]]) -> tuple[Settings, Policy] | None:
     """What `serve` and `epp` run with: the settings (``flags`` over GATEWAY_*), logging
     configured, and the policy checked; None (and the reason on stderr) when unusable."""
-    from gateway.logs import configure
     from gateway.settings_errors import load_settings
+    from gateway.telemetry.logs import configure
 
     settings = load_settings({k: v for k, v in flags if v is not None})
     if settings is None:
@@ -132,7 +132,7 @@ def _tracing_usable(settings: Settings) -> bool:
     if not settings.otel:
         return True
     try:
-        from gateway import tracing  # noqa: F401
+        from gateway.telemetry import tracing  # noqa: F401
     except ModuleNotFoundError as exc:
         print(
             f"error: GATEWAY_OTEL needs the otel extra ({exc.name} is missing): "
@@ -153,7 +153,7 @@ def _state_usable(settings: Settings, policy: Policy) -> bool:
 
 
 def _load_or_explain(path: Path) -> Policy | None:
-    from gateway.policy_check import load_checked_policy
+    from gateway.policy.check import load_checked_policy
 
     try:
         return load_checked_policy(path)

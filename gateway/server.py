@@ -38,11 +38,11 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
-from gateway.app import build_app
 from gateway.app_keys import FORWARDER, LIFECYCLE, METRICS, POLICY, SETTINGS
-from gateway.completions import count_error, serve_framed
-from gateway.connections import ConnectionGate, connection_limit
-from gateway.front import Front
+from gateway.http.app import build_app
+from gateway.http.completions import count_error, serve_framed
+from gateway.http.connections import ConnectionGate, connection_limit
+from gateway.http.front import Front
 from gateway.settings import Settings
 from gateway.shared_state.worker_mesh import MeshPlace
 from gateway.state_backend import choose_backend

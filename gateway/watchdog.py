@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.metrics import WORKERS_REPLACED
+from gateway.telemetry.metrics import WORKERS_REPLACED
 
 BEAT_S = 0.5
 """How often a worker's event loop writes its heartbeat."""

@@ -3,7 +3,7 @@ lately (vLLM loads adapters on demand, so a cold replica pays a load and a slot 
 --max-loras first), else the adapter's rendezvous home, on which every gateway instance
 agrees; no preference when those are much busier than the pool, where loading the adapter
 elsewhere costs less than waiting for them. The pool's policy still chooses among the replicas
-this leaves it (gateway/affinity.py applies it)."""
+this leaves it (gateway/routing/affinity.py applies it)."""
 
 from __future__ import annotations
 

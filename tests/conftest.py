@@ -17,8 +17,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.launcher import start_gateway
-from gateway.app import build_app
-from gateway.connections import ConnectionGate
+from gateway.http.app import build_app
+from gateway.http.connections import ConnectionGate
 from gateway.server import client_side
 from gateway.settings import Settings
 from replica.processes import ManagedProcess, start_sim_replicas
@@ -112,7 +112,7 @@ async def in_process_gateway(
 
 class _ServedLikeServe(web.AppRunner):
     """aiohttp's test runner, its connections served as ``serve`` serves them: by the front,
-    which hands aiohttp the requests it does not take (gateway/front.py)."""
+    which hands aiohttp the requests it does not take (gateway/http/front.py)."""
 
     _gate: ConnectionGate | None = None
 

@@ -11,12 +11,12 @@ from bench.profile import LOOP, Profile, parse_raw, part_of, summary
 ROOT = ("_run_module_as_main (<frozen runpy>:198)", f"{LOOP_RUN}:118)")
 RAW = "\n".join(
     [
-        ";".join((*ROOT, "FrontConnection._serve (gateway/front.py:280)",
-                  "Forwarder.forward (gateway/proxy.py:83)",
-                  "_Connection.request (gateway/upstream.py:192)")) + " 30",
-        ";".join((*ROOT, "FrontConnection._serve (gateway/front.py:280)",
-                  "parse_request (gateway/request_body.py:125)")) + " 10",
-        ";".join((*ROOT, "FrontConnection.data_received (gateway/front.py:183)")) + " 20",
+        ";".join((*ROOT, "FrontConnection._serve (gateway/http/front.py:280)",
+                  "Forwarder.forward (gateway/relay/proxy.py:83)",
+                  "_Connection.request (gateway/relay/upstream.py:192)")) + " 30",
+        ";".join((*ROOT, "FrontConnection._serve (gateway/http/front.py:280)",
+                  "parse_request (gateway/http/request_body.py:125)")) + " 10",
+        ";".join((*ROOT, "FrontConnection.data_received (gateway/http/front.py:183)")) + " 20",
         ";".join(ROOT) + " 40",
         "not a stack line",
     ]

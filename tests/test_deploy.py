@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from bench.launcher import start_gateway
-from gateway import metrics as gateway_metrics
+from gateway.telemetry import metrics as gateway_metrics
 from replica import vllm_launch_helm, vllm_metrics
 from replica.processes import ManagedProcess, free_port
 from replica.vllm_launch import (

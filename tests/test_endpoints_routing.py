@@ -17,8 +17,12 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from gateway.adapter_discovery import adapters_in, learned_for
-from gateway.affinity import (
+from gateway.fleet.adapter_discovery import adapters_in, learned_for
+from gateway.fleet.pools import Fleet
+from gateway.http.errors import ApiError
+from gateway.http.models_list import model_card, model_list
+from gateway.http.request_body import Endpoint, parse_request
+from gateway.routing.affinity import (
     AdapterHomes,
     ReplicaRef,
     ResponseHomes,
@@ -26,11 +30,7 @@ from gateway.affinity import (
     RoutingMemory,
     adapter_replicas,
 )
-from gateway.errors import ApiError
-from gateway.models_list import model_card, model_list
-from gateway.request_body import Endpoint, parse_request
-from gateway.resolve import resolve
-from gateway.state import Fleet
+from gateway.routing.resolve import resolve
 from router_policies.adapter_placement import AdapterSettings
 from router_policies.fingerprint import canonical_chat, canonical_responses
 from router_policies.schema import parse_policy

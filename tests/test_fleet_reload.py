@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.state import EngineStats, Fleet, PoolState
+from gateway.fleet.pools import EngineStats, Fleet, PoolState
 from router_policies.fingerprint import RequestFeatures, canonical_chat, fingerprint
 from router_policies.schema import parse_policy
 

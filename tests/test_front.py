@@ -1,4 +1,4 @@
-"""The front (gateway/front.py): completion requests served at the protocol level, any other
+"""The front (gateway/http/front.py): completion requests served at the protocol level, any other
 request handed to aiohttp with the connection's bytes as they came, on one keep-alive
 connection, pipelined or split into small writes."""
 

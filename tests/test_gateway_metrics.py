@@ -8,7 +8,7 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import metrics as names
+from gateway.telemetry import metrics as names
 from tests.conftest import chat, get_text, running_gateway, running_sims
 
 CONTRACT = {

@@ -15,7 +15,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import headers
-from gateway.metrics import NO_POOL
+from gateway.telemetry.metrics import NO_POOL
 from replica.processes import ManagedProcess
 from tests.conftest import MODEL, running_gateway, running_sims
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.outlier import OutlierDetector, OutlierSettings
-from gateway.state import PoolState
+from gateway.fleet.outlier import OutlierDetector, OutlierSettings
+from gateway.fleet.pools import PoolState
 from router_policies.schema import parse_policy
 
 

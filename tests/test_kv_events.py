@@ -17,10 +17,10 @@ from aiohttp import web
 from openai import AsyncOpenAI
 from pydantic import ValidationError
 
-from gateway.kv_event_stream import EventStream
-from gateway.request_body import Endpoint, parse_request
-from gateway.state import PoolState
-from gateway.tokenize import TokenKeys, worth_tokenizing
+from gateway.fleet.kv_event_stream import EventStream
+from gateway.fleet.pools import PoolState
+from gateway.http.request_body import Endpoint, parse_request
+from gateway.routing.tokenize import TokenKeys, worth_tokenizing
 from replica.processes import free_port
 from replica.sim.kv_events import (
     ALL_BLOCKS_CLEARED,

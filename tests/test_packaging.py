@@ -68,7 +68,7 @@ def test_every_module_level_import_of_the_product_is_declared() -> None:
     declared = base_dependencies(pyproject)
     extras = {
         "gateway/picker": base_dependencies(pyproject, "epp"),
-        "gateway/tracing.py": base_dependencies(pyproject, "otel"),
+        "gateway/telemetry/tracing.py": base_dependencies(pyproject, "otel"),
     }
     assert undeclared_imports(ROOT, declared, extras=extras) == []
 
@@ -97,7 +97,7 @@ def test_vllm_virtualenv_libraries_are_imported_only_inside_functions() -> None:
 FAKE_TREE = {
     "router_policies/__init__.py": "",
     "router_policies/good.py": "import json\nfrom router_policies import good\nimport yaml\n",
-    "router_policies/bad.py": "from gateway.state import Fleet\n",
+    "router_policies/bad.py": "from gateway.fleet.pools import Fleet\n",
     "replica/__init__.py": "",
     "replica/sub/__init__.py": "",
     "replica/sub/bad.py": "from ... import gateway\n",

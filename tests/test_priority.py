@@ -11,7 +11,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from gateway.pool_queue import PoolQueue
+from gateway.fleet.pool_queue import PoolQueue
 from tests.conftest import chat, running_gateway, running_sims
 
 SLOW = {"decode_step_s": 0.05}

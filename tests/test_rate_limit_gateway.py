@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway import headers
-from gateway.app import build_app
+from gateway.http.app import build_app
 from gateway.rate_limit import Admission, LocalStore, RateLimiter, hash_key
 from gateway.rate_limit.limiter import Tenant
 from gateway.settings import Settings

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.launcher import start_gateway
 from gateway import headers
-from gateway.scrape import parse_engine_stats
+from gateway.fleet.scrape import parse_engine_stats
 from replica.processes import ManagedProcess, kv_event_endpoints
 from replica.vllm_cpu.fleet import start_vllm_cpu_replicas, vllm_cpu_available
 from replica.vllm_cpu.tiny_model import default_dir

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.replica_state import EngineStats
-from gateway.scrape import parse_engine_stats
-from gateway.state import PoolState, ReplicaState
+from gateway.fleet.pools import PoolState, ReplicaState
+from gateway.fleet.replicas import EngineStats
+from gateway.fleet.scrape import parse_engine_stats
 from router_policies.cost.ttft import queued_tokens
 from router_policies.fingerprint import CanonicalPrompt
 from router_policies.schema import PoolPolicy

@@ -10,8 +10,8 @@ import pytest
 from openai import AsyncOpenAI, BadRequestError
 
 from gateway import headers
-from gateway.client_hints import session_key, ttft_objective_s
-from gateway.errors import ApiError
+from gateway.http.errors import ApiError
+from gateway.routing.client_hints import session_key, ttft_objective_s
 from router_policies.decision import Route
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
 from router_policies.schema import PoolPolicy

@@ -12,13 +12,13 @@ import pytest
 from prometheus_client import Histogram
 from pydantic import SecretStr
 
-from gateway.affinity import AdapterHomes
 from gateway.cli import main
+from gateway.fleet.pools import Fleet, PoolState
+from gateway.routing.affinity import AdapterHomes
 from gateway.settings import Settings
 from gateway.shared_state import LocalState, Outbox, codec
 from gateway.shared_state.figures import RemoteFigures, own_figures
 from gateway.shared_state.replay import apply_batch, encode_batch
-from gateway.state import Fleet, PoolState
 from router_policies.decision import Route
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
 from router_policies.schema import parse_policy

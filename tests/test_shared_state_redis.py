@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from bench.launcher import start_gateway
 from gateway import headers
+from gateway.fleet.pools import Fleet as RoutingFleet
 from gateway.shared_state import Outbox
 from gateway.shared_state.redis_state import RedisSettings, RedisState
-from gateway.state import Fleet as RoutingFleet
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, chat, eventually, metric_sum, pool_policy, running_sims
 from tests.redis_server import RedisServer, running_redis

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter
 from pydantic import SecretStr, ValidationError
 
 from bench.launcher import GatewayProcess, start_gateway
-from gateway.policy_reload import STATE_NEEDS_RESTART, PolicyHolder
+from gateway.policy.reload import STATE_NEEDS_RESTART, PolicyHolder
 from gateway.settings import Settings
 from gateway.state_backend import NoRedisUrl, choose_backend, limits_problem, startup_problem
 from replica.processes import ManagedProcess

@@ -17,7 +17,7 @@ from openai import AsyncOpenAI
 
 from bench.launcher import start_gateway
 from gateway import headers
-from gateway.affinity import ReplicaRef
+from gateway.routing.affinity import ReplicaRef
 from gateway.shared_state import responses
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, MODEL, eventually, pool_policy, running_sims

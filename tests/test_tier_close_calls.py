@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.request_body import Endpoint, parse_request
-from gateway.resolve import resolve
-from gateway.state import Fleet
+from gateway.fleet.pools import Fleet
+from gateway.http.request_body import Endpoint, parse_request
+from gateway.routing.resolve import resolve
 from router_policies.decision import Route
 from router_policies.schema import parse_policy
 from router_policies.tier_settings import TierSettings

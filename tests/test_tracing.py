@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gateway.tracing import REQUEST_SPAN, ROUTE_SPAN, UPSTREAM_SPAN
+from gateway.telemetry.tracing import REQUEST_SPAN, ROUTE_SPAN, UPSTREAM_SPAN
 from tests.conftest import MODEL, chat, fake_replica, in_process_gateway, pool_policy
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

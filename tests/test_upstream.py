@@ -10,9 +10,9 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from gateway import upstream
-from gateway.upstream import UpstreamResponse, Upstreams
-from gateway.upstream_errors import (
+from gateway.relay import upstream
+from gateway.relay.upstream import UpstreamResponse, Upstreams
+from gateway.relay.upstream_errors import (
     BadAnswer,
     ReadTimeout,
     ReplicaDisconnected,

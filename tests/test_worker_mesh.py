@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from gateway.affinity import RoutingMemory
+from gateway.fleet.pools import Fleet
+from gateway.routing.affinity import RoutingMemory
 from gateway.shared_state import Outbox
 from gateway.shared_state.worker_mesh import _BACKLOG_BYTES, MeshPlace, MeshSettings, WorkerMesh
-from gateway.state import Fleet
 from tests.conftest import eventually
 from tests.test_shared_state import (
     NAMES,

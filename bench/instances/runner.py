@@ -19,7 +19,7 @@ from bench.driver import run_conversations
 from bench.launcher import start_gateway
 from bench.redis_server import start_redis
 from bench.replica_counters import delta, reset_and_verify, wait_quiet
-from gateway.metrics import STATE_APPLY_LAG
+from gateway.telemetry.metrics import STATE_APPLY_LAG
 from replica.processes import ManagedProcess, start_sim_replicas
 
 

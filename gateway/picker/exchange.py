@@ -17,10 +17,10 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from gateway import headers
-from gateway.errors import ApiError
-from gateway.logs import REQUEST_ID
+from gateway.http.errors import ApiError
 from gateway.picker.envoy_config import DESTINATION, LB_NAMESPACE, SERVED
-from gateway.routed import CLIENT_CLOSED
+from gateway.routing.routed import CLIENT_CLOSED
+from gateway.telemetry.logs import REQUEST_ID
 
 _CONTINUE = {
     "request_headers": pb.ProcessingResponse(request_headers=pb.HeadersResponse()),

@@ -1,4 +1,4 @@
-"""The picker's half of a request: what the Forwarder does for `serve` (gateway/proxy.py),
+"""The picker's half of a request: what the Forwarder does for `serve` (gateway/relay/proxy.py),
 except that Envoy relays the bytes. It dispatches the request to a replica of its pool, names
 that replica to Envoy, and follows the answer for what routing learns: the first byte (the
 replica's prefill is done), the usage the replica reports, the end (its slot is free), and
@@ -14,16 +14,17 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from urllib.parse import urlsplit
 
-from gateway import answers, headers
-from gateway.errors import ApiError, no_healthy_replica, pool_saturated
-from gateway.metrics import GatewayMetrics
-from gateway.outlier import OutlierDetector
+from gateway import headers
+from gateway.fleet.outlier import OutlierDetector
+from gateway.fleet.pools import PoolSaturated
+from gateway.fleet.replicas import Dispatch, ReplicaState
+from gateway.http.errors import ApiError, no_healthy_replica, pool_saturated
 from gateway.picker.envoy_config import FALLBACKS
 from gateway.picker.exchange import PickerExchange
-from gateway.replica_state import Dispatch, ReplicaState
-from gateway.routed import Outcome, Routed
-from gateway.state import PoolSaturated
-from gateway.usage import prompt_usage
+from gateway.relay import answers
+from gateway.relay.usage import prompt_usage
+from gateway.routing.routed import Outcome, Routed
+from gateway.telemetry.metrics import GatewayMetrics
 
 _TAIL = 512
 """Bytes of the previous chunk kept for finding `usage` split across two."""

@@ -22,12 +22,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from multidict import CIMultiDict
 
 from gateway.app_keys import LIFECYCLE, LIMITER, POLICY
-from gateway.completions import complete, count_error, request_id
-from gateway.errors import ApiError, internal_error
-from gateway.logs import REQUEST_ID
+from gateway.http.completions import complete, count_error, request_id
+from gateway.http.errors import ApiError, internal_error
+from gateway.http.request_body import Endpoint
 from gateway.picker.exchange import Envoy, PickerExchange, go_on
 from gateway.picker.picker import Picker
-from gateway.request_body import Endpoint
+from gateway.telemetry.logs import REQUEST_ID
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from gateway import headers
-from gateway.errors import ApiError
+from gateway.http.errors import ApiError
+from gateway.http.request_body import Endpoint, ParsedRequest
 from gateway.rate_limit.keys import TenantIndex, bearer
 from gateway.rate_limit.store import BucketStore
-from gateway.request_body import Endpoint, ParsedRequest
-from gateway.resolve import Resolution
+from gateway.routing.resolve import Resolution
 from router_policies.limits_settings import LimitsSettings, TenantLimits
 from router_policies.rate_limit import BucketView, Limit, format_reset, needed
 

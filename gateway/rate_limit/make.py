@@ -4,11 +4,11 @@ limits on its own)."""
 
 from __future__ import annotations
 
-from gateway.metrics import GatewayMetrics
 from gateway.rate_limit.limiter import RateLimiter
 from gateway.rate_limit.store import BucketStore, LocalStore
 from gateway.settings import Settings
 from gateway.state_backend import BackendChoice
+from gateway.telemetry.metrics import GatewayMetrics
 
 
 def make_limiter(settings: Settings, choice: BackendChoice, metrics: GatewayMetrics) -> RateLimiter:

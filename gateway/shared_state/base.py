@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.affinity import RoutingMemory
-    from gateway.state import Fleet
+    from gateway.fleet.pools import Fleet
+    from gateway.routing.affinity import RoutingMemory
 
 
 class SharedState:

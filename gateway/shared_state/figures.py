@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.state import Fleet
+    from gateway.fleet.pools import Fleet
 
 _SEP = "\x1f"
 ARRIVALS, COMPLETIONS, WAITING, INFLIGHT = "a", "c", "w", "i"

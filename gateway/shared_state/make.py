@@ -3,13 +3,13 @@ for a worker of `serve --workers N`, else local."""
 
 from __future__ import annotations
 
-from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
 from gateway.shared_state.base import SharedState
 from gateway.shared_state.local import LocalState
 from gateway.shared_state.outbox import Outbox
 from gateway.shared_state.worker_mesh import MeshPlace, MeshSettings, WorkerMesh
 from gateway.state_backend import BackendChoice
+from gateway.telemetry.metrics import GatewayMetrics
 
 
 def make_shared_state(

@@ -1,5 +1,5 @@
 """The outbox the request path writes its dispatches to, for a shared-state backend to
-publish (gateway/shared_state/). A module of its own: pool state (gateway/state.py) holds one,
+publish (gateway/shared_state/). A module of its own: pool state (gateway/fleet/pools.py) holds one,
 and the backends read it, without either importing the other."""
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ from gateway.shared_state.replay import MAX_AGE_S, apply_batch, encode_batch
 from router_policies.schema import StateSettings
 
 if TYPE_CHECKING:
-    from gateway.affinity import AdapterHomes, ReplicaRef, RoutingMemory
-    from gateway.state import Fleet
+    from gateway.fleet.pools import Fleet
+    from gateway.routing.affinity import AdapterHomes, ReplicaRef, RoutingMemory
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from gateway.shared_state import codec
 from gateway.shared_state.outbox import Sent
 
 if TYPE_CHECKING:
-    from gateway.affinity import AdapterHomes
-    from gateway.state import Fleet
+    from gateway.fleet.pools import Fleet
+    from gateway.routing.affinity import AdapterHomes
 
 MAX_AGE_S = 60.0
 """A dispatch older than this when it arrives (kept through an outage) is not replayed."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.affinity import ReplicaRef
+from gateway.routing.affinity import ReplicaRef
 
 REDIS_TTL_S = 86_400
 """How long Redis keeps a home: vLLM keeps stored responses until it restarts, and a day

@@ -36,8 +36,8 @@ from gateway.shared_state.outbox import Outbox
 from gateway.shared_state.replay import apply_batch, encode_batch
 
 if TYPE_CHECKING:
-    from gateway.affinity import AdapterHomes, ReplicaRef, ResponseHomes, RoutingMemory
-    from gateway.state import Fleet
+    from gateway.fleet.pools import Fleet
+    from gateway.routing.affinity import AdapterHomes, ReplicaRef, ResponseHomes, RoutingMemory
 
 log = logging.getLogger(__name__)
 

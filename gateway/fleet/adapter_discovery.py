@@ -1,0 +1,99 @@
+"""LoRA adapters learned from the replicas' own `GET /v1/models`, beside those a pool declares.
+
+vLLM lists each adapter it serves (from `--lora-modules`, or loaded at runtime) as a model card
+whose `parent` is the base model. A pool that learns an adapter this way routes it like a
+declared one, so adapters loaded on the replicas need no policy edit. Background work, never on
+the request path; a replica that does not answer keeps what was last learned from the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+import aiohttp
+import orjson
+
+from gateway.fleet.pools import Fleet, PoolState
+
+log = logging.getLogger(__name__)
+
+ROUNDS_PER_SCRAPE = 10
+"""Adapters change far more rarely than load: one listing per 10 metrics scrapes."""
+_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+_PLAIN = {"Accept-Encoding": "identity"}
+"""The gateway's session does not decompress (it relays bytes as they come)."""
+
+
+def adapters_in(cards: object, base_model: str) -> set[str]:
+    """The adapter names in a /v1/models body: cards whose parent is `base_model`."""
+    data = cards.get("data") if isinstance(cards, Mapping) else None
+    if not isinstance(data, list):
+        return set()
+    return {
+        card["id"]
+        for card in data
+        if isinstance(card, Mapping)
+        and isinstance(card.get("id"), str)
+        and card.get("parent") == base_model
+        and card["id"] != base_model
+    }
+
+
+def learned_for(fleet: Fleet, found: Mapping[str, set[str]]) -> dict[str, frozenset[str]]:
+    """Per pool, the adapters its replicas list that no pool declares and that are no model or
+    tier name: a declared name, or the first pool to list one, keeps it."""
+    taken = set(fleet.models())
+    for pool in fleet.pools.values():
+        taken.update(pool.policy.adapters)
+    learned: dict[str, frozenset[str]] = {}
+    for name, names in found.items():
+        fresh = frozenset(names - taken)
+        taken |= fresh
+        learned[name] = fresh
+    return learned
+
+
+async def _list(session: aiohttp.ClientSession, pool: PoolState) -> set[str] | None:
+    names: set[str] = set()
+    answered = False
+    for replica in pool.healthy():
+        try:
+            async with session.get(
+                f"{replica.url}/v1/models", timeout=_TIMEOUT, headers=_PLAIN
+            ) as response:
+                if response.status != 200:
+                    continue
+                names |= adapters_in(orjson.loads(await response.read()), pool.model)
+                answered = True
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            log.debug("no model list from %s: %r", replica.name, exc)
+    return names if answered else None
+
+
+async def discover_once(
+    fleet: Fleet, session: aiohttp.ClientSession, learned: dict[str, frozenset[str]]
+) -> None:
+    """Updates `learned` (pool name -> adapter names) in place from one round of listings."""
+    found: dict[str, set[str]] = {}
+    for name, pool in fleet.pools.items():
+        listed = await _list(session, pool)
+        found[name] = listed if listed is not None else set(learned.get(name, ()))
+    fresh = learned_for(fleet, found)
+    learned.clear()
+    learned.update(fresh)
+
+
+async def discover_forever(
+    fleet: Callable[[], Fleet],
+    session: aiohttp.ClientSession,
+    learned: dict[str, frozenset[str]],
+    interval_s: float,
+) -> None:
+    while True:
+        try:
+            await discover_once(fleet(), session, learned)
+        except Exception:  # one bad round must not end discovery
+            log.exception("adapter discovery round failed")
+        await asyncio.sleep(interval_s)

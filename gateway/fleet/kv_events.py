@@ -1,0 +1,78 @@
+"""Subscriptions to the replicas' KV-cache events: one stream task per replica that publishes
+(prefix.source auto or events, an endpoint configured), reconciled with the fleet every
+second, so a policy reload or a replica's restart is picked up without restarting the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from gateway.background import stop_tasks
+from gateway.fleet.kv_event_stream import EventStream
+from gateway.fleet.pools import Fleet
+
+log = logging.getLogger(__name__)
+
+_RECONCILE_S = 1.0
+
+
+class KvEventSubscriptions:
+    def __init__(self, current: Callable[[], Fleet]) -> None:
+        self._current = current
+        self._tasks: dict[EventStream, asyncio.Task[None]] = {}
+        self._loop: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.reconcile()
+        self._loop = asyncio.create_task(self._every_second(), name="KV event subscriptions")
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        if self._loop is not None:
+            tasks.append(self._loop)
+        await stop_tasks(tasks)
+        self._tasks.clear()
+
+    async def _every_second(self) -> None:
+        while True:
+            await asyncio.sleep(_RECONCILE_S)
+            self.reconcile()
+
+    def reconcile(self) -> None:
+        wanted: set[EventStream] = set()
+        for pool, replica in self._current().replicas():
+            where = pool.policy.events_endpoint(replica.url)
+            if where is None:
+                replica.kv_events = None
+                continue
+            settings = pool.policy.prefix.events
+            stream = replica.kv_events
+            if stream is None or (stream.endpoint, stream.replay, stream.topic) != (
+                where.endpoint,
+                where.replay,
+                settings.topic,
+            ):
+                stream = replica.kv_events = EventStream(
+                    where.endpoint, where.replay, settings.topic
+                )
+            stream.stall_s, stream.resync_s = settings.stall_s, settings.resync_s
+            if not replica.healthy and stream.next_seq is not None:
+                log.info("replica %s is down: its KV-event index starts over", replica.name)
+                stream.reset()
+            exact = stream.exact(time.monotonic())
+            if exact != stream.was_exact:
+                stream.was_exact = exact
+                log.info(
+                    "replica %s: routing on its %s", replica.name,
+                    "KV-cache events" if exact else "estimate (its event stream is not whole)",
+                )  # fmt: skip
+            wanted.add(stream)
+            if stream not in self._tasks:
+                self._tasks[stream] = asyncio.create_task(
+                    stream.run(replica.name), name=f"KV events of {replica.name}"
+                )
+        for gone in [s for s in self._tasks if s not in wanted]:
+            self._tasks.pop(gone).cancel()

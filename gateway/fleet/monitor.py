@@ -1,0 +1,102 @@
+"""Background probes of every replica: health checks and metric scrapes, off the request path."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from gateway.background import stop_tasks
+from gateway.fleet.pools import Fleet, PoolState, ReplicaState
+from gateway.fleet.scrape import parse_engine_stats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    health_interval_s: float
+    health_timeout_s: float
+    unhealthy_after: int
+    healthy_after: int
+    scrape_interval_s: float
+
+
+class ReplicaMonitor:
+    """Runs the health and scrape loops over whatever fleet `current()` returns each round,
+    so a policy reload is picked up without restarting the loops."""
+
+    def __init__(
+        self, current: Callable[[], Fleet], session: aiohttp.ClientSession, probes: ProbeSettings
+    ) -> None:
+        self._current = current
+        self._session = session
+        self._probes = probes
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        # One health round before serving, so /ready and routing start from the truth.
+        await self.check_health_once()
+        self._tasks = [
+            asyncio.create_task(
+                self._every(self._probes.health_interval_s, self.check_health_once),
+                name="replica health checks",
+            ),
+            asyncio.create_task(
+                self._every(self._probes.scrape_interval_s, self.scrape_once),
+                name="replica metrics scrapes",
+            ),
+        ]
+
+    async def stop(self) -> None:
+        await stop_tasks(self._tasks)
+        self._tasks = []
+
+    @staticmethod
+    async def _every(interval: float, round_: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await round_()
+            except Exception:  # a probe bug must not kill the loop that keeps routing honest
+                log.exception("replica probe round failed")
+
+    async def check_health_once(self) -> None:
+        fleet = self._current()
+        await asyncio.gather(*(self._check(pool, r) for pool, r in fleet.replicas()))
+
+    async def scrape_once(self) -> None:
+        fleet = self._current()
+        await asyncio.gather(*(self._scrape(pool, r) for pool, r in fleet.replicas() if r.healthy))
+        now = time.monotonic()
+        for pool in fleet.pools.values():
+            pool.update_desired(now)
+
+    async def _check(self, pool: PoolState, replica: ReplicaState) -> None:
+        probes = self._probes
+        timeout = aiohttp.ClientTimeout(total=probes.health_timeout_s)
+        try:
+            async with self._session.get(f"{replica.url}/health", timeout=timeout) as resp:
+                ok = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        was = replica.healthy
+        replica.record_probe(ok, probes.unhealthy_after, probes.healthy_after)
+        if replica.healthy != was:
+            state = "healthy" if replica.healthy else "unhealthy"
+            log.warning("replica %s of pool %s is now %s", replica.name, pool.name, state)
+
+    async def _scrape(self, pool: PoolState, replica: ReplicaState) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(self._probes.scrape_interval_s, 0.5))
+        try:
+            async with self._session.get(f"{replica.url}/metrics", timeout=timeout) as resp:
+                if resp.status != 200:
+                    return
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return  # health checks decide about liveness; a missed scrape keeps the last figures
+        pool.apply_engine_stats(replica, parse_engine_stats(text))

@@ -1,0 +1,366 @@
+"""What the gateway knows of each pool, and the bookkeeping done at dispatch and at the end."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.fleet.autoscale import PoolAutoscale
+from gateway.fleet.pool_queue import PoolQueue, PoolSaturated
+from gateway.fleet.prediction_errors import PredictionErrors
+from gateway.fleet.replicas import Dispatch, EngineStats, ReplicaState
+from gateway.relay.usage import PromptUsage
+from router_policies.cost.ttft import IDLE, queued_tokens
+from router_policies.decision import Candidate, Decision, PoolSnapshot, Route
+from router_policies.fingerprint import RequestFeatures
+from router_policies.policies import Need, SelectionPolicy, make_policy
+from router_policies.schema import Policy, PoolPolicy
+from router_policies.tier_router import TierRouter
+from router_policies.tiers import PoolLoad
+
+if TYPE_CHECKING:
+    from gateway.shared_state.outbox import Outbox
+
+# Replica state lives in gateway/fleet/replicas.py; the pool hands its types out too.
+__all__ = [
+    "Dispatch",
+    "EngineStats",
+    "Fleet",
+    "PoolQueue",
+    "PoolSaturated",
+    "PoolState",
+    "ReplicaState",
+]
+
+_RECHECK_S = 0.25
+"""A waiting request re-checks at least this often: replicas also free up by turning healthy."""
+_SERVICE_WEIGHT = 0.1
+"""Weight of each finished request in a replica's mean time per request (~last 10)."""
+_CHARS_PER_TOKEN_WEIGHT = 0.05
+"""Weight of each new usage report in a pool's learned characters per token (~last 20)."""
+
+
+@dataclass(slots=True)
+class RemoteCounts:
+    """The other gateway instances' counts for a pool (shared state; all 0 when none)."""
+
+    arrivals: int = 0
+    """Their arrivals since this instance started (only grows)."""
+    completions: int = 0
+    waiting: int = 0
+    """Requests waiting inside them for a replica of this pool, now."""
+
+
+class PoolState:
+    """A pool's replicas and the dispatch bookkeeping the routing decision reads.
+
+    Built anew on every policy reload; replica state (health, in-flight counts, learned rates),
+    the policy's own state (the prefix index) and the waiting queue carry over from the
+    previous generation, so a reload neither forgets caches nor strands requests in flight.
+    """
+
+    def __init__(self, name: str, policy: PoolPolicy, previous: PoolState | None = None) -> None:
+        self.name = name
+        self.policy = policy
+        old = previous.replicas if previous is not None else {}
+        self.replicas: dict[str, ReplicaState] = {}
+        for url in policy.replicas:
+            replica = next((r for r in old.values() if r.url == url), None)
+            if replica is None:
+                replica = ReplicaState.for_pool(url, policy)
+            self.replicas[replica.name] = replica
+        self.events_on = any(policy.events_endpoint(url) for url in policy.replicas)
+        """Some replica publishes KV-cache events the policy reads: requests get token keys."""
+        self.router: SelectionPolicy = make_policy(
+            policy, previous.router if previous is not None else None
+        )
+        self._needs = self.router.needs
+        self.dispatched: int = previous.dispatched if previous is not None else 0
+        self.queue: PoolQueue = previous.queue if previous is not None else PoolQueue()
+        self.chars_per_token: float = (
+            previous.chars_per_token if previous is not None else policy.prefix.chars_per_token
+        )
+        """Bytes of canonical prompt per model token, learned from the replicas' usage."""
+        self.autoscale: PoolAutoscale = PoolAutoscale(
+            policy.autoscale, previous.autoscale if previous is not None else None
+        )
+        """The autoscaling signal and its meters (gateway/fleet/autoscale.py)."""
+        self.arrivals: int = previous.arrivals if previous is not None else 0
+        """Requests routed to this pool, counted on arrival: demand, not throughput."""
+        self.completions: int = previous.completions if previous is not None else 0
+        """Requests (attempts) that ended: with saturation, they teach the capacity."""
+        self.remote: RemoteCounts = previous.remote if previous is not None else RemoteCounts()
+        self.prediction_errors: PredictionErrors = (
+            previous.prediction_errors if previous is not None else PredictionErrors()
+        )
+        self.outbox: Outbox | None = previous.outbox if previous is not None else None
+        """Where dispatches go to be shared with other instances (None: nothing shared)."""
+
+    @property
+    def model(self) -> str:
+        return self.policy.model
+
+    @property
+    def gateway_waiting(self) -> int:
+        return len(self.queue)
+
+    def healthy(self) -> list[ReplicaState]:
+        return [r for r in self.replicas.values() if r.healthy]
+
+    def _has_slot(self, replica: ReplicaState) -> bool:
+        limit = self.policy.max_inflight_per_replica
+        return limit is None or replica.inflight + replica.remote_inflight < limit
+
+    def snapshot(
+        self,
+        exclude: Iterable[str] = (),
+        now: float | None = None,
+        features: RequestFeatures | None = None,
+    ) -> PoolSnapshot:
+        """The candidates as the policy needs to see them (nothing it does not read); with
+        the request's token keys, what each engine's events say it holds of it."""
+        skip = set(exclude)
+        now = time.monotonic() if now is None else now
+        with_load = Need.LOAD in self._needs
+        with_rates = Need.RATES in self._needs
+        # Without token keys (a unique prompt, or /tokenize failed) the estimate stands.
+        tokenized = features if features is not None and features.token_keys else None
+        candidates = tuple(
+            Candidate(
+                r.name,
+                r.inflight + r.remote_inflight,
+                r.load() if with_load else IDLE,
+                r.learner.rates() if with_rates else None,
+                r.recent.value(now) if with_load else 0.0,
+                self._held_bytes(r, tokenized, now) if tokenized is not None else None,
+            )
+            for r in self.replicas.values()
+            if r.available(now) and r.name not in skip and self._has_slot(r)
+        )
+        return PoolSnapshot(candidates, self.dispatched, now, self.chars_per_token)
+
+    def _held_bytes(
+        self, replica: ReplicaState, features: RequestFeatures, now: float
+    ) -> int | None:
+        events = replica.exact_events(now)
+        if events is None:
+            return None
+        estimated = self.router.estimated_cached_bytes(replica.name, features)
+        return events.held_bytes(features, self.policy.prefix.layout, estimated)
+
+    def decide(
+        self, features: RequestFeatures, exclude: Iterable[str] = (), *, explain: bool = False
+    ) -> Decision | None:
+        snapshot = self.snapshot(exclude, features=features)
+        return self.router.select(features, snapshot, explain=explain)
+
+    async def acquire(
+        self, features: RequestFeatures, exclude: Iterable[str] = (), *, retry: bool = False
+    ) -> Dispatch | None:
+        """A dispatched attempt; waits in line while every replica is full.
+
+        None when no healthy replica is left to try; PoolSaturated when the wait times out, or
+        at once for a sheddable request (priority below 0).
+        """
+        skip = set(exclude)
+        deadline = time.monotonic() + self.policy.queue_timeout_s
+        priority = features.priority
+        # Newcomers queue behind those already waiting (of their priority or higher) rather
+        # than jump the line.
+        if not self.queue.ahead_of(priority):
+            decision = self.decide(features, skip)
+            if decision is not None:
+                return self.begin(decision, features, retry=retry)
+        while True:
+            now = time.monotonic()
+            if not any(r.available(now) and r.name not in skip for r in self.replicas.values()):
+                return None
+            remaining = deadline - time.monotonic()
+            if priority < 0 or remaining <= 0:
+                raise PoolSaturated(self.name, shed=priority < 0)
+            await self.queue.wait(min(remaining, _RECHECK_S), priority)
+            if self.queue.ahead_of(priority + 1):
+                continue  # woken by its own recheck: a higher priority waiting goes first
+            decision = self.decide(features, skip)
+            if decision is not None:
+                return self.begin(decision, features, retry=retry)
+
+    def begin(
+        self,
+        decision: Decision,
+        features: RequestFeatures,
+        *,
+        retry: bool = False,
+        now: float | None = None,
+    ) -> Dispatch:
+        """Book the dispatch. A retry does not advance round-robin's cursor: the request's
+        turn was already taken by its first attempt. ``now``: monotonic time (a simulation's
+        clock; default the real one)."""
+        now = time.monotonic() if now is None else now
+        replica = self.replicas[decision.replica]
+        load = replica.load()
+        own = decision.uncached_tokens
+        ahead = queued_tokens(load, features.hashed_bytes / self.chars_per_token)
+        dispatch = Dispatch(replica, decision, features, ahead, load.running, now)
+        if self.events_on:
+            # Both predictions, for the error metric: what the events are worth, measured.
+            estimated = self.router.estimated_cached_bytes(replica.name, features)
+            dispatch.estimated_cached = estimated / self.chars_per_token
+            if replica.kv_events is not None:
+                dispatch.exact_cached = replica.kv_events.dispatched(features, now)
+        replica.inflight += 1
+        replica.pending_requests += 1
+        replica.pending_prefill_tokens += own
+        replica.recent.add(now)
+        if not retry:
+            self.dispatched += 1
+        self.router.record(features, decision, now)
+        if self.outbox is not None:
+            self.outbox.dispatched(self.name, decision.replica, features)
+        return dispatch
+
+    def apply_remote_dispatch(self, replica: str, features: RequestFeatures, at: float) -> None:
+        """Another gateway instance dispatched this request to ``replica`` at ``at``: learn it
+        as if it were our own dispatch (the prefix index, the recent counts), but it is not
+        in flight here (its instance's counts say so)."""
+        state = self.replicas.get(replica)
+        if state is None:
+            return
+        # Weighted by its age: a decayed count adds a past event at full weight otherwise
+        # (dispatches kept through a Redis outage arrive seconds late).
+        now = time.monotonic()
+        age = max(now - at, 0.0)
+        state.recent.add(now, 0.5 ** (age / self.policy.load.recent_half_life_s))
+        self.router.record(features, Decision(replica, Route.PREFIX_HIT), min(at, now))
+
+    def first_byte(self, dispatch: Dispatch, ttft_s: float) -> None:
+        """The replica started streaming: its prefill is done."""
+        if dispatch.pending:
+            self._settle(dispatch)
+            dispatch.ttft_s = ttft_s
+
+    def observe_usage(self, dispatch: Dispatch, usage: PromptUsage) -> None:
+        """The replica reported the prompt's size: learn characters per token, the request's
+        true prefill work, and how far the prefix index's belief held."""
+        if usage.prompt_tokens <= 0:
+            return
+        if dispatch.request.hashed_bytes > 0:
+            ratio = dispatch.request.hashed_bytes / usage.prompt_tokens
+            self.chars_per_token += _CHARS_PER_TOKEN_WEIGHT * (ratio - self.chars_per_token)
+        if usage.cached_tokens is not None:
+            dispatch.uncached_tokens = max(usage.prompt_tokens - usage.cached_tokens, 0)
+            expected = usage.prompt_tokens - dispatch.decision.uncached_tokens
+            if dispatch.exact_cached is not None and dispatch.estimated_cached is not None:
+                # The decision read the events; the belief sizes the estimate, so judge that.
+                expected = dispatch.estimated_cached
+            dispatch.replica.index_belief.observe(expected, usage.cached_tokens)
+            self.prediction_errors.observe(dispatch, usage.cached_tokens)
+
+    def end(self, dispatch: Dispatch, now: float | None = None) -> None:
+        if dispatch.pending:
+            self._settle(dispatch)
+        replica = dispatch.replica
+        replica.inflight -= 1
+        self.completions += 1
+        # The time it held a batch slot: from its first token when streamed (the wait before
+        # it was the queue, and counting it would make a queue look like slow service, which
+        # the slot wait would then count twice); the whole stay otherwise.
+        now = time.monotonic() if now is None else now
+        held = now - dispatch.at - (dispatch.ttft_s or 0.0)
+        replica.service_s += _SERVICE_WEIGHT * (held - replica.service_s)
+        self.queue.wake_one()
+        own = dispatch.uncached_tokens
+        if own is None:
+            own = dispatch.decision.uncached_tokens
+        if replica.kv_events is not None:
+            replica.kv_events.ended(dispatch.request, own, dispatch.at, now)
+        # Streamed, its decode time tells its output length (capacity estimate).
+        self.autoscale.workload.observe(
+            own, held if dispatch.ttft_s is not None else None, dispatch.running
+        )
+        if dispatch.ttft_s is not None and self.policy.cost.learn:
+            replica.learner.observe(dispatch.queued_tokens + own, dispatch.running, dispatch.ttft_s)
+
+    @staticmethod
+    def _settle(dispatch: Dispatch) -> None:
+        dispatch.pending = False
+        replica = dispatch.replica
+        replica.pending_requests -= 1
+        replica.started_since_scrape += 1
+        replica.pending_prefill_tokens = max(
+            replica.pending_prefill_tokens - dispatch.decision.uncached_tokens, 0.0
+        )
+
+    def apply_engine_stats(self, replica: ReplicaState, stats: EngineStats) -> None:
+        replica.engine = stats
+        replica.started_since_scrape = 0
+        replica.slots.observe(stats.running, stats.waiting)
+        if stats.kv_capacity_tokens:
+            tokens = stats.kv_capacity_tokens * replica.index_belief.value
+            blocks = tokens * self.chars_per_token / self.policy.prefix.block_bytes
+            self.router.size_index(replica.name, int(blocks))
+
+    def engine_waiting(self) -> float:
+        return sum(r.engine.waiting for r in self.replicas.values() if r.healthy)
+
+    def mean_kv_usage(self) -> float:
+        healthy = self.healthy()
+        return sum(r.engine.kv_usage for r in healthy) / len(healthy) if healthy else 0.0
+
+    def update_desired(self, now: float) -> None:
+        """Called once per scrape round, so the stabilisation window counts real time."""
+        remote = self.remote
+        depth = self.gateway_waiting + remote.waiting + self.engine_waiting()
+        self.autoscale.update(
+            now,
+            self.healthy(),
+            depth,
+            self.mean_kv_usage(),
+            self.arrivals + remote.arrivals,
+            self.completions + remote.completions,
+        )
+
+    def load(self) -> PoolLoad:
+        return PoolLoad(
+            len(self.healthy()),
+            self.gateway_waiting + self.engine_waiting(),
+            self.policy.saturation_queue_per_replica,
+        )
+
+
+class Fleet:
+    """All pools and tiers of one policy generation, found by the model clients ask for."""
+
+    def __init__(self, policy: Policy, previous: Fleet | None = None) -> None:
+        self.policy = policy
+        old_pools: dict[str, PoolState] = previous.pools if previous is not None else {}
+        old_tiers: dict[str, TierRouter] = previous.tiers if previous is not None else {}
+        self.pools: dict[str, PoolState] = {
+            name: PoolState(name, p, old_pools.get(name)) for name, p in policy.pools.items()
+        }
+        self.tiers: dict[str, TierRouter] = {
+            model: TierRouter(model, t, old_tiers.get(model)) for model, t in policy.tiers.items()
+        }
+        self._by_model = {p.model: p for p in self.pools.values()}
+        self.outbox: Outbox | None = None
+        if previous is not None and previous.outbox is not None:
+            self.attach(previous.outbox)
+
+    def attach(self, outbox: Outbox) -> None:
+        """Share this fleet's dispatches with other instances (a reload's fleet inherits it)."""
+        self.outbox = outbox
+        for pool in self.pools.values():
+            pool.outbox = outbox
+
+    def pool_for_model(self, model: str) -> PoolState | None:
+        return self._by_model.get(model)
+
+    def models(self) -> list[str]:
+        return [*self._by_model, *self.tiers]
+
+    def replicas(self) -> Iterable[tuple[PoolState, ReplicaState]]:
+        for pool in self.pools.values():
+            for replica in pool.replicas.values():
+                yield pool, replica

@@ -1,0 +1,384 @@
+"""The aiohttp application: routes, error handling and the lifecycle of background work."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
+
+from gateway import headers
+from gateway.app_keys import (
+    FORWARDER,
+    LIFECYCLE,
+    LIMITER,
+    MEMORY,
+    METRICS,
+    OUTLIERS,
+    POLICY,
+    SETTINGS,
+    TOKEN_KEYS,
+    Lifecycle,
+)
+from gateway.background import stop_tasks
+from gateway.fleet.adapter_discovery import ROUNDS_PER_SCRAPE, discover_forever
+from gateway.fleet.kv_events import KvEventSubscriptions
+from gateway.fleet.monitor import ProbeSettings, ReplicaMonitor
+from gateway.fleet.outlier import OutlierDetector, OutlierSettings
+from gateway.http import responses_lookup
+from gateway.http.completions import complete, count_error, request_id
+from gateway.http.errors import ApiError, internal_error
+from gateway.http.exchange import AiohttpExchange
+from gateway.http.models_list import model_card, model_list
+from gateway.http.request_body import Endpoint, UnreadBody, parse_request, read_body
+from gateway.policy.reload import PolicyHolder
+from gateway.rate_limit.make import make_limiter
+from gateway.relay.proxy import Forwarder
+from gateway.relay.upstream import Upstreams
+from gateway.routing.affinity import RoutingMemory
+from gateway.routing.client_hints import with_client_hints
+from gateway.routing.explain import explain
+from gateway.routing.resolve import resolve
+from gateway.routing.tokenize import TokenKeys
+from gateway.settings import Settings
+from gateway.shared_state import make_shared_state
+from gateway.shared_state.worker_mesh import MeshPlace
+from gateway.state_backend import choose_backend, limits_problem
+from gateway.telemetry.logs import REQUEST_ID
+from gateway.telemetry.metrics import NO_POOL, GatewayMetrics
+from router_policies.schema import Policy
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error the gateway answers itself has the OpenAI body, never a stack trace; every
+    log line about the request carries its id; shutdown can find the request while it runs."""
+    REQUEST_ID.set(request_id(request.headers))
+    task = asyncio.current_task()
+    inflight = request.app[LIFECYCLE].inflight
+    if task is not None:
+        inflight.add(task)
+    try:
+        response = await _answer_errors(request, handler)
+        if not response.prepared and request.body_exists and not request.content.is_eof():
+            await _discard_body(request, response)
+        return response
+    finally:
+        if task is not None:
+            inflight.discard(task)
+
+
+async def _discard_body(request: web.Request, response: web.StreamResponse) -> None:
+    """Reads the body of a request answered without it (404, 403, 405...).
+
+    aiohttp would read it after the answer, and log a traceback if it cannot be decoded; and
+    closing the connection with it unread makes the kernel reset the connection, which can
+    destroy the answer before the client reads it."""
+    try:
+        await read_body(request, request.app[SETTINGS].body_timeout_s)
+    except (ApiError, web.HTTPException):
+        response.force_close()  # read_body has marked the rest unreadable
+
+
+async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        error = exc
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SETTINGS].max_body_bytes
+        error = ApiError(
+            413, f"The request body is larger than the limit of {limit} bytes.",
+            code="request_too_large",
+        )  # fmt: skip
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = ApiError(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_"))
+    except ConnectionResetError:
+        raise  # the client is gone: nothing to answer, aiohttp drops the connection
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        if request.writer.output_size > 0:
+            raise  # a response has started: another one would corrupt the connection
+        error = internal_error()
+    count_error(request.app, request.path, error.status)
+    response = error.response({headers.REQUEST_ID: REQUEST_ID.get()})
+    if isinstance(error, UnreadBody):
+        response.force_close()
+    return response
+
+
+def completion_handler(endpoint: Endpoint) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        """A completion request the front handed over (gateway/http/front.py)."""
+        started = time.perf_counter()
+        app = request.app
+        # One generation of the policy for the whole request, however long it streams.
+        fleet = app[POLICY].fleet
+        tenant = app[LIMITER].authenticate(fleet.policy.limits, request.headers)
+        raw = await read_body(request, app[SETTINGS].body_timeout_s)
+        exchange = AiohttpExchange(request)
+        forward = functools.partial(app[FORWARDER].forward, exchange)
+        await complete(app, fleet, tenant, endpoint, request.headers, raw, started, forward)
+        assert exchange.response is not None
+        return exchange.response
+
+    return handle
+
+
+async def list_models(request: web.Request) -> web.Response:
+    request.app[METRICS].requests.labels(NO_POOL, NO_POOL, "200").inc()
+    return _json(model_list(request.app[POLICY].fleet, request.app[MEMORY].learned_adapters))
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    card = model_card(
+        request.app[POLICY].fleet, request.match_info["model"], request.app[MEMORY].learned_adapters
+    )
+    request.app[METRICS].requests.labels(NO_POOL, NO_POOL, "200").inc()
+    return _json(card)
+
+
+async def health(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    pools = {name: len(p.healthy()) for name, p in request.app[POLICY].fleet.pools.items()}
+    if request.app[LIFECYCLE].draining:
+        # Load balancers take the pod out while it still serves what they already sent.
+        return _json({"ready": False, "draining": True, "healthy_replicas": pools}, 503)
+    is_ready = all(pools.values())
+    return _json({"ready": is_ready, "healthy_replicas": pools}, 200 if is_ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def admin(handler: Handler) -> Handler:
+    """Admin endpoints need the bearer token; with no token configured they stay closed."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        token = request.app[SETTINGS].admin_token
+        if token is None:
+            raise ApiError(
+                403, "Admin endpoints are disabled: set GATEWAY_ADMIN_TOKEN to enable them.",
+                type_="permission_error", code="admin_disabled",
+            )  # fmt: skip
+        sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(sent.encode(), token.get_secret_value().encode()):
+            raise ApiError(
+                401, "A valid admin bearer token is required.", type_="authentication_error",
+                code="invalid_admin_token",
+            )  # fmt: skip
+        return await handler(request)
+
+    return guarded
+
+
+async def admin_reload(request: web.Request) -> web.Response:
+    result = request.app[POLICY].reload()
+    return _json(
+        {
+            "reloaded": result.ok,
+            "problems": list(result.problems),
+            "warnings": list(result.warnings),
+        },
+        200 if result.ok else 422,
+    )
+
+
+async def admin_policy(request: web.Request) -> web.Response:
+    return _json(request.app[POLICY].fleet.policy.model_dump(mode="json"))
+
+
+async def admin_route(request: web.Request) -> web.Response:
+    """The decision a request would get, without sending it: for operators tuning weights."""
+    try:
+        endpoint = Endpoint(request.query.get("endpoint", Endpoint.CHAT.value))
+    except ValueError:
+        raise ApiError(400, "'endpoint' must be a completion path.", param="endpoint") from None
+    settings = request.app[SETTINGS]
+    raw = await read_body(request, settings.body_timeout_s)
+    parsed = parse_request(endpoint, raw, settings.max_json_depth)
+    memory = request.app[MEMORY]
+    if parsed.previous_response_id is not None:
+        await memory.responses.find(parsed.previous_response_id)  # stored through another process
+    resolution = resolve(
+        request.app[POLICY].fleet, parsed, request.headers.get(headers.TIER), memory
+    )
+    # As a dispatch would: a stored response's replica, or an adapter's warm replicas.
+    hooks = resolution.hooks
+    exclude = hooks.exclude(resolution.pool.replicas, [], 0) if hooks is not None else ()
+    pool = resolution.pool
+    features = with_client_hints(
+        resolution.features, parsed.body, request.headers, pool.policy.session
+    )
+    if pool.events_on:
+        features = await request.app[TOKEN_KEYS].attach(pool, parsed, features)
+    decision = pool.decide(features, exclude, explain=True)
+    tier = None
+    if resolution.verdict is not None:
+        verdict = resolution.verdict
+        tier = {
+            "tier": verdict.tier.value,
+            "classifier": verdict.score.classifier,
+            "score": verdict.score.score,
+            "threshold": verdict.threshold,
+            "forced": verdict.forced,
+            "kept_by_conversation": verdict.kept,
+            "features": dict(verdict.score.features),
+            "contributions": dict(verdict.score.contributions),
+        }
+    route = resolution.route or (decision.route if decision else None)
+    return _json(
+        {
+            "model": parsed.model,
+            "tier": tier,
+            "pool": resolution.pool.name,
+            "replica": decision.replica if decision else None,
+            "route": route.value if route else None,
+            "matched_blocks": decision.matched_blocks if decision else 0,
+            "fingerprint_blocks": len(resolution.features.block_hashes),
+            "chars_per_token": round(resolution.pool.chars_per_token, 3),
+            **explain(decision),
+        }
+    )
+
+
+def build_app(settings: Settings, policy: Policy, mesh: MeshPlace | None = None) -> web.Application:
+    """The gateway; ``mesh``: this process is one of `serve --workers N`, sharing with the
+    others without Redis (given only when no Redis is configured)."""
+    # *_created series double the exposition for no use an HPA or a dashboard has.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[openai_errors])
+    app[SETTINGS] = settings
+    app[LIFECYCLE] = Lifecycle()
+    app[MEMORY] = RoutingMemory()
+    app[METRICS] = GatewayMetrics(lambda: app[POLICY].fleet)
+    app[POLICY] = PolicyHolder(
+        policy,
+        settings.policy,
+        app[METRICS].policy_reloads,
+        refuse=lambda new: limits_problem(choose_backend(settings, new), new),
+    )
+    app.cleanup_ctx.append(lambda app: _background(app, mesh))
+    for endpoint in Endpoint:
+        app.router.add_post(
+            endpoint.value, completion_handler(endpoint), expect_handler=_expect_continue
+        )
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", retrieve_model)
+    responses_lookup.add_routes(
+        app, lambda: app[POLICY].fleet, app[MEMORY], app[METRICS], lambda: app[LIMITER]
+    )
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/admin/reload", admin(admin_reload))
+    app.router.add_get("/admin/policy", admin(admin_policy))
+    app.router.add_post("/admin/route", admin(admin_route), expect_handler=_expect_continue)
+    return app
+
+
+async def _expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue` is honoured; any other expectation gets the OpenAI body (aiohttp's
+    own answer is plain text, sent before any middleware runs)."""
+    if request.version == aiohttp.HttpVersion11:
+        expect = request.headers.get("Expect", "")
+        if expect.lower() == "100-continue":
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the interim line is not the response
+        elif expect:
+            return ApiError(417, "Only 'Expect: 100-continue' is supported.").response()
+    return None
+
+
+async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    holder = app[POLICY]
+    # No connection cap: the replicas' own batching limits are the back-pressure that counts.
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, enable_cleanup_closed=True)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        outliers = OutlierDetector(
+            OutlierSettings(
+                settings.outlier_consecutive_failures,
+                settings.outlier_base_ejection_s,
+                settings.outlier_max_ejection_s,
+                settings.outlier_max_ejected_share,
+            ),
+            app[METRICS].ejections,
+        )
+        upstreams = Upstreams(settings.connect_timeout_s, settings.first_byte_timeout_s)
+        app[OUTLIERS] = outliers
+        tracing = None
+        if settings.otel:
+            from gateway.telemetry.tracing import TracedForwarder, Tracing, otlp_provider
+
+            tracing = Tracing(otlp_provider())
+            app[FORWARDER] = TracedForwarder(
+                upstreams, settings, app[METRICS], outliers, tracing=tracing
+            )
+        else:
+            app[FORWARDER] = Forwarder(upstreams, settings, app[METRICS], outliers)
+        monitor = ReplicaMonitor(
+            lambda: holder.fleet,
+            session,
+            ProbeSettings(
+                settings.health_interval_s,
+                settings.health_timeout_s,
+                settings.unhealthy_after,
+                settings.healthy_after,
+                settings.scrape_interval_s,
+            ),
+        )
+        await monitor.start()
+        app[TOKEN_KEYS] = TokenKeys(session)
+        kv_events = KvEventSubscriptions(lambda: holder.fleet)
+        await kv_events.start()
+        # Chosen once: the backend cannot change under a running process (a reload keeps it).
+        backend = choose_backend(settings, holder.fleet.policy)
+        log.info("shared state: %s", backend.describe())
+        shared = make_shared_state(settings, backend, app[METRICS], mesh)
+        shared.share_memory(app[MEMORY])
+        await shared.start(lambda: holder.fleet)
+        app[LIMITER] = make_limiter(settings, backend, app[METRICS])
+        watcher = asyncio.create_task(
+            holder.watch(settings.policy_watch_interval_s), name="policy file watch"
+        )
+        discovery = asyncio.create_task(
+            discover_forever(
+                lambda: holder.fleet, session, app[MEMORY].learned_adapters,
+                settings.scrape_interval_s * ROUNDS_PER_SCRAPE,
+            ),
+            name="adapter discovery",
+        )  # fmt: skip
+        try:
+            yield
+        finally:
+            await stop_tasks((watcher, discovery))
+            if tracing is not None:
+                tracing.provider.shutdown()  # the spans still batched go out
+            await upstreams.close()
+            await shared.stop()
+            await app[LIMITER].close()
+            await kv_events.stop()
+            await monitor.stop()

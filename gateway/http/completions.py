@@ -1,0 +1,167 @@
+"""Serving a completion request, whichever server framed it: the front (gateway/http/front.py)
+or aiohttp (gateway/http/app.py's handler, for the requests the front hands over).
+
+Parse, resolve the pool (tiers, stored responses, adapters), admit (tenant limits), forward;
+and the errors the gateway answers itself, in the OpenAI shape with the request's id.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import os
+import re
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+
+from aiohttp import web
+
+from gateway import headers
+from gateway.app_keys import (
+    FORWARDER,
+    LIFECYCLE,
+    LIMITER,
+    MEMORY,
+    METRICS,
+    POLICY,
+    SETTINGS,
+    TOKEN_KEYS,
+)  # fmt: skip
+from gateway.fleet.pools import Fleet
+from gateway.http import responses_lookup
+from gateway.http.errors import ApiError, internal_error
+from gateway.http.front import FrontExchange, Request
+from gateway.http.request_body import Endpoint, parse_request
+from gateway.rate_limit.limiter import Tenant
+from gateway.routing.client_hints import with_client_hints
+from gateway.routing.resolve import resolve
+from gateway.routing.routed import Routed
+from gateway.telemetry.logs import REQUEST_ID
+from gateway.telemetry.metrics import NO_POOL
+
+log = logging.getLogger(__name__)
+
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+_ID_PREFIX = secrets.token_hex(6)
+_id_counter = itertools.count(1)
+
+
+def _new_id_prefix() -> None:
+    global _ID_PREFIX
+    _ID_PREFIX = secrets.token_hex(6)
+
+
+# Worker processes (serve --workers) are forked after this import: each needs its own prefix.
+os.register_at_fork(after_in_child=_new_id_prefix)
+
+
+def request_id(sent: Mapping[str, str]) -> str:
+    """The client's own id if it is a plausible one (it goes into logs and headers);
+    otherwise one is made: unique across processes by the random prefix, within one by the
+    counter, with no syscall per request, unlike uuid4."""
+    own = sent.get(headers.REQUEST_ID)
+    if own is not None and _CLIENT_ID.fullmatch(own):
+        return own
+    return f"{_ID_PREFIX}{next(_id_counter):010x}"
+
+
+async def complete(
+    app: web.Application,
+    fleet: Fleet,
+    tenant: Tenant | None,
+    endpoint: Endpoint,
+    sent: Mapping[str, str],
+    raw: bytes,
+    started: float,
+    forward: Callable[[Routed], Awaitable[int]],
+) -> None:
+    """Hands the request, with its pool and features, to ``forward`` (the proxy's, or the
+    picker's); ``sent``: the client's headers. Raises ApiError for what it refuses."""
+    settings = app[SETTINGS]
+    parsed = parse_request(endpoint, raw, settings.max_json_depth)
+    owner = tenant.name if tenant is not None else None
+    memory = app[MEMORY]
+    if parsed.previous_response_id is not None:
+        await responses_lookup.readable_home(
+            memory.responses, parsed.previous_response_id, owner, "previous_response_id"
+        )
+    tiered = fleet.tiers.get(parsed.model)
+    if tiered is not None:
+        await memory.large_conversations.recall(tiered, parsed.body)
+    resolution = resolve(fleet, parsed, sent.get(headers.TIER), memory)
+    pool = resolution.pool
+    # Before the limits and the demand counts: a malformed hint is the client's error.
+    features = with_client_hints(resolution.features, parsed.body, sent, pool.policy.session)
+    if resolution.hooks is not None:
+        resolution.hooks.owner = owner
+    limiter = app[LIMITER]
+    admission = None
+    if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
+        admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
+    pool.arrivals += 1
+    tiers, verdict = resolution.tier_router, resolution.verdict
+    if tiers is not None and verdict is not None and not verdict.forced:
+        went_large = tiers.observe(verdict, sent_large=pool.name == tiers.settings.large)
+        if went_large is not None:
+            memory.large_conversations.tell(tiers, went_large)
+    if pool.events_on:
+        features = await app[TOKEN_KEYS].attach(pool, parsed, features)
+    routed = Routed(
+        resolution.parsed,
+        pool,
+        features,
+        REQUEST_ID.get(),
+        started,
+        {**resolution.response_headers(), **(admission.headers if admission else {})},
+        resolution.route,
+        resolution.hooks,
+        on_usage=admission.observe if admission is not None else None,
+    )
+    status = await forward(routed)
+    if admission is not None:
+        limiter.settle(admission, status)
+
+
+def count_error(app: web.Application, path: str, status: int) -> None:
+    """An error the gateway answered itself on an API path, counted without a pool."""
+    if path.startswith(("/v1/", "/tokenize", "/detokenize")):
+        app[METRICS].requests.labels(NO_POOL, NO_POOL, str(status)).inc()
+
+
+async def serve_framed(app: web.Application, request: Request, exchange: FrontExchange) -> None:
+    """A request the front framed, end to end: what the aiohttp middleware does for the
+    others (the request's id in every log line, shutdown able to find it, errors answered)."""
+    REQUEST_ID.set(request_id(request.headers))
+    task = request.task
+    inflight = app[LIFECYCLE].inflight
+    if task is not None:
+        inflight.add(task)
+    try:
+        fleet = app[POLICY].fleet  # one generation of the policy for the whole request
+        tenant = app[LIMITER].authenticate(fleet.policy.limits, request.headers)
+        forward = functools.partial(app[FORWARDER].forward, exchange)
+        await complete(
+            app, fleet, tenant, request.endpoint, request.headers, request.body, request.started,
+            forward,
+        )  # fmt: skip
+    except ApiError as error:
+        await _answer(app, request, exchange, error)
+    except ConnectionResetError:
+        raise  # the client is gone, or an answer broke off: the front closes the connection
+    except Exception:
+        log.exception("unhandled error on POST %s", request.endpoint.value)
+        await _answer(app, request, exchange, internal_error())
+    finally:
+        if task is not None:
+            inflight.discard(task)
+
+
+async def _answer(
+    app: web.Application, request: Request, exchange: FrontExchange, error: ApiError
+) -> None:
+    if exchange.started:
+        raise ConnectionResetError("an answer has started: another would corrupt it")
+    count_error(app, request.endpoint.value, error.status)
+    hdrs = error.answer_headers({headers.REQUEST_ID: REQUEST_ID.get()})
+    await exchange.answer(error.status, hdrs, error.body())

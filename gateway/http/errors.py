@@ -1,0 +1,130 @@
+"""OpenAI-style errors for everything the gateway rejects itself."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gateway.fleet.pool_queue import PoolSaturated
+from gateway.headers import RETRY_AFTER, RETRY_AFTER_MS
+from replica.openai_api import ApiError, error_body
+
+__all__ = ["ApiError", "error_body"]
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(
+        404, f"The model {model!r} does not exist.", code="model_not_found", param="model"
+    )
+
+
+def internal_error() -> ApiError:
+    """What a bug in the gateway answers: never its stack trace."""
+    return ApiError(500, "Internal gateway error.", type_="server_error")
+
+
+def no_healthy_replica(pool: str) -> ApiError:
+    return ApiError(
+        503,
+        f"No healthy replica in pool {pool!r}.",
+        type_="service_unavailable_error",
+        code="no_healthy_replica",
+    )
+
+
+SHED_RETRY_AFTER_S = 1
+"""What a shed request is told to wait (Retry-After): about one request's service time."""
+
+
+class RetryLater(ApiError):
+    """An error whose answer says when to try again (Retry-After, and OpenAI's retry-after-ms
+    that the SDKs read first)."""
+
+    def __init__(self, status: int, message: str, retry_after_s: int, **fields: str) -> None:
+        super().__init__(status, message, **fields)
+        self.retry_after_s = retry_after_s
+
+    def answer_headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+        wait = self.retry_after_s
+        later = {RETRY_AFTER: str(wait), RETRY_AFTER_MS: str(1000 * wait)}
+        return super().answer_headers({**later, **(headers or {})})
+
+
+def pool_saturated(saturated: PoolSaturated, waited_s: float) -> ApiError:
+    pool = saturated.pool
+    if saturated.shed:
+        return RetryLater(
+            429,
+            f"Every replica of pool {pool!r} is busy, and the request is sheddable (priority "
+            "below 0).",
+            SHED_RETRY_AFTER_S,
+            type_="requests",
+            code="pool_saturated",
+        )
+    return ApiError(
+        503,
+        f"Every replica of pool {pool!r} stayed busy for {waited_s:g} s.",
+        type_="service_unavailable_error",
+        code="pool_saturated",
+    )
+
+
+def upstream_error(replica: str, exc: BaseException) -> bytes:
+    """Body of an attempt that failed before the replica's first byte."""
+    if isinstance(exc, TimeoutError):
+        what = "timed out before its first byte"
+    else:
+        what = f"could not be reached: {type(exc).__name__}"
+    return error_body(f"Replica {replica} {what}.", "server_error", "upstream_unavailable")
+
+
+def answer_too_long(replica: str) -> bytes:
+    """Body of a failed attempt whose own error answer was too long to keep."""
+    return error_body(
+        f"Replica {replica} failed with an answer too long to relay.", "server_error",
+        "upstream_error",
+    )  # fmt: skip
+
+
+def not_openai(replica: str, content_type: str) -> bytes:
+    """Body of an attempt whose replica answered something vLLM never sends."""
+    return error_body(
+        f"Replica {replica} answered {content_type}, not an OpenAI answer.", "server_error",
+        "upstream_error",
+    )  # fmt: skip
+
+
+def sse_error(exc: BaseException) -> bytes:
+    """The end of a stream whose replica failed after the first byte."""
+    # The stream already has a 200 status: the failure can only be reported in-band. The
+    # OpenAI SDKs raise on an event carrying an "error" object.
+    body = error_body(
+        f"The replica failed mid-stream: {type(exc).__name__}.", "server_error", "upstream_error"
+    )
+    return b"data: " + body + b"\n\ndata: [DONE]\n\n"
+
+
+def shutting_down() -> ApiError:
+    return ApiError(
+        503,
+        "The gateway is shutting down; retry the request.",
+        type_="service_unavailable_error",
+        code="shutting_down",
+    )
+
+
+def shutdown_event() -> bytes:
+    """The end of a stream still open at the drain deadline."""
+    return b"data: " + shutting_down().body() + b"\n\ndata: [DONE]\n\n"
+
+
+def too_many_connections(limit: int) -> ApiError:
+    return ApiError(
+        503,
+        f"The gateway has {limit} client connections open, its limit; retry shortly.",
+        type_="service_unavailable_error",
+        code="too_many_connections",
+    )

@@ -1,0 +1,104 @@
+"""The client's side of one relayed request, whatever serves its connection: the front's
+protocol (gateway/http/front.py) or aiohttp (every request the front hands over).
+
+The forwarder answers through this and nothing else: a whole answer with its length in one
+write, or a streamed one whose head leaves with its first chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from aiohttp import web
+
+
+class Exchange(Protocol):
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The client's request headers, names case-insensitive."""
+
+    @property
+    def started(self) -> bool:
+        """Whether the answer's head has gone out (no other answer is possible then)."""
+
+    async def answer(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        """The whole answer, with its length."""
+
+    async def start(
+        self, status: int, headers: Mapping[str, str], first: bytes, length: int | None = None
+    ) -> None:
+        """The head of an answer relayed as it arrives, with its first bytes; ``length`` when
+        the whole answer's is known."""
+
+    async def write(self, chunk: bytes) -> None:
+        """More of a started answer; waits while the client's socket is full. Raises
+        ConnectionResetError when the client has gone."""
+
+    async def end(self) -> None:
+        """The end of a started answer."""
+
+    @property
+    def direct(self) -> bool:
+        """Whether ``write_nowait`` and ``throttle`` work: a relay may then write each chunk
+        from the replica connection's callback."""
+
+    def write_nowait(self, chunk: bytes) -> None:
+        """More of a started answer, at once; ConnectionResetError when the client has gone."""
+
+    def throttle(self, hooks: tuple[Callable[[], None], Callable[[], None]] | None) -> None:
+        """Calls the first of ``hooks`` when the client's socket is full and the second when
+        it drains, until called with None."""
+
+
+class AiohttpExchange:
+    """An exchange aiohttp serves: a whole answer is returned to it from the handler, a
+    streamed one written through its StreamResponse."""
+
+    __slots__ = ("_request", "response")
+    direct = False  # aiohttp's writes are coroutines
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self.response: web.StreamResponse | None = None
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._request.headers
+
+    @property
+    def started(self) -> bool:
+        return self.response is not None and self.response.prepared
+
+    async def answer(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        self.response = web.Response(status=status, body=body, headers=headers)
+
+    async def start(
+        self, status: int, headers: Mapping[str, str], first: bytes, length: int | None = None
+    ) -> None:
+        response = self.response = _HeadWithFirstChunk(status=status, headers=headers)
+        if length is not None:
+            response.content_length = length
+        await response.prepare(self._request)
+        await response.write(first)
+
+    async def write(self, chunk: bytes) -> None:
+        assert self.response is not None
+        await self.response.write(chunk)
+
+    async def end(self) -> None:
+        assert self.response is not None
+        await self.response.write_eof()
+
+    def write_nowait(self, chunk: bytes) -> None:
+        raise NotImplementedError("aiohttp writes only through `write`")
+
+    def throttle(self, hooks: tuple[Callable[[], None], Callable[[], None]] | None) -> None:
+        raise NotImplementedError("aiohttp writes only through `write`")
+
+
+class _HeadWithFirstChunk(web.StreamResponse):
+    """Sends the headers together with the first chunk rather than in a packet of their own,
+    as aiohttp's own web.Response does: one write fewer before the first token."""
+
+    _send_headers_immediately = False

@@ -1,0 +1,397 @@
+"""Client connections at the protocol level: completion requests framed, parsed by llhttp
+(httptools) and answered on the transport; any other request hands its connection to aiohttp.
+
+A web framework builds a request object, a router match, middleware frames, a response object
+and a writer for every request; a relay needs one parse and one write each way. Measured on
+one zero-delay replica (docs/overhead.md), aiohttp's server side was most of the gateway's CPU
+per request once the replica side was protocol-level too (gateway/relay/upstream.py).
+
+The front takes an HTTP/1.1 POST to a completion path with a Content-Length body within the
+body limit and no Expect, Content-Encoding or Transfer-Encoding: what the OpenAI SDKs send.
+Anything else (the other endpoints, a chunked or compressed body, a malformed or oversized
+request, HTTP/1.0) goes to aiohttp with the connection's bytes as they came, and aiohttp serves
+the rest of that connection: its answers, errors included, are the same as ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import cast
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from gateway.http.request_body import Endpoint, body_late
+
+_ENDPOINTS = {endpoint.value.encode(): endpoint for endpoint in Endpoint}
+MAX_HEAD_BYTES = 16 * 1024
+"""A request head longer than this is aiohttp's to judge (its own limits answer 431)."""
+_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+_HANDED_OVER = frozenset((b"expect", b"transfer-encoding", b"content-encoding"))
+"""Request headers that send a request to aiohttp: what they ask for is its to do."""
+
+
+class Request:
+    """A completion request the front framed: its endpoint, headers and body."""
+
+    __slots__ = ("body", "endpoint", "headers", "started", "task")
+
+    def __init__(self, endpoint: Endpoint, headers: CIMultiDictProxy[str], body: bytes) -> None:
+        self.endpoint = endpoint
+        self.headers = headers
+        self.body = body
+        self.started = time.perf_counter()
+        self.task: asyncio.Task[None] | None = None
+        """The task serving it (asyncio.current_task() would cost a getpid() per request)."""
+
+
+class _Head:
+    """llhttp's callbacks for one request head."""
+
+    __slots__ = ("fields", "url")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.fields: list[tuple[bytes, bytes]] = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.fields.append((name, value))
+
+
+class _Date:
+    """The Date header, formatted once a second."""
+
+    __slots__ = ("_line", "_second")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._line = b""
+
+    def line(self) -> bytes:
+        second = int(time.time())
+        if second != self._second:
+            self._second = second
+            self._line = f"Date: {formatdate(second, usegmt=True)}\r\n".encode()
+        return self._line
+
+
+_DATE = _Date()
+
+
+def response_head(status: int, headers: Mapping[str, str], framing: bytes) -> bytes:
+    """Status line and headers; ``framing`` is the length or chunking line(s)."""
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
+    lines += [f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in headers.items()]
+    lines.append(_DATE.line())
+    lines.append(framing)
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+class FrontExchange:
+    """The answer to a request the front framed, written to its connection's transport."""
+
+    __slots__ = ("_chunked", "_conn", "_started", "headers")
+    direct = True  # a relay may write each chunk from the replica connection's callback
+
+    def __init__(self, conn: FrontConnection, headers: CIMultiDictProxy[str]) -> None:
+        self._conn = conn
+        self.headers: Mapping[str, str] = headers
+        self._started = False
+        self._chunked = False
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    async def answer(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        await self._head(status, headers, b"Content-Length: %d\r\n" % len(body), body)
+
+    async def start(
+        self, status: int, headers: Mapping[str, str], first: bytes, length: int | None = None
+    ) -> None:
+        if length is not None:
+            await self._head(status, headers, b"Content-Length: %d\r\n" % length, first)
+        else:
+            self._chunked = True
+            await self._head(status, headers, b"Transfer-Encoding: chunked\r\n", _chunk(first))
+
+    async def _head(
+        self, status: int, headers: Mapping[str, str], framing: bytes, body: bytes
+    ) -> None:
+        conn = self._conn
+        self._started = True
+        conn.write(response_head(status, headers, framing + conn.close_line()) + body)
+        await conn.drain()
+
+    async def write(self, chunk: bytes) -> None:
+        self.write_nowait(chunk)
+        await self._conn.drain()
+
+    async def end(self) -> None:
+        if self._chunked:
+            self._conn.write(b"0\r\n\r\n")
+        await self._conn.drain()
+
+    def write_nowait(self, chunk: bytes) -> None:
+        if chunk:
+            self._conn.write(_chunk(chunk) if self._chunked else chunk)
+
+    def throttle(self, hooks: tuple[Callable[[], None], Callable[[], None]] | None) -> None:
+        self._conn.throttled = hooks
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
+
+
+class FrontConnection(asyncio.Protocol):
+    """One client connection while the front serves it."""
+
+    _transport: asyncio.Transport  # from connection_made, before any other call
+
+    def __init__(self, front: Front) -> None:
+        self._front = front
+        self._loop = front.loop
+        self._buffer = bytearray()
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self._paused = False
+        self._reading_paused = False
+        self._closing = False
+        self._gone = False
+        self.throttled: tuple[Callable[[], None], Callable[[], None]] | None = None
+        """What stops and restarts the replica writing to this client directly, while the
+        client's socket is full."""
+        self._waiting_body: Endpoint | None = None
+        """The endpoint of a request whose head is in and body is not (its timer runs)."""
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._front.opened(self)
+        self._timer = self._loop.call_later(self._front.header_timeout_s, self._idle)
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if self._task is None:
+            self._next()
+        elif len(self._buffer) > self._front.max_buffer and not self._reading_paused:
+            self._reading_paused = True
+            self._transport.pause_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._gone = True
+        self._front.closed(self)
+        self._cancel_timer()
+        if self._task is not None:
+            self._task.cancel()  # the client left: vLLM aborts the request when we close ours
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_exception(ConnectionResetError("the client closed the connection"))
+
+    def pause_writing(self) -> None:
+        self._paused = True
+        if self.throttled is not None:
+            self.throttled[0]()
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self.throttled is not None:
+            self.throttled[1]()
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    # for the exchange
+    def write(self, data: bytes) -> None:
+        if self._gone or self._transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        self._transport.write(data)
+
+    async def drain(self) -> None:
+        if self._paused and not self._gone:
+            self._drained = self._loop.create_future()
+            try:
+                await self._drained
+            finally:
+                self._drained = None
+
+    def close_line(self) -> bytes:
+        return b"Connection: close\r\n" if self._closing or self._front.draining else b""
+
+    def close_when_idle(self) -> None:
+        """Shutdown: close now if no request is in flight, else after its answer."""
+        self._closing = True
+        if self._task is None:
+            self._transport.close()
+
+    # framing
+    def _next(self) -> None:
+        buffer = self._buffer
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buffer) > MAX_HEAD_BYTES:
+                self._hand_over()
+            return
+        front = self._front
+        head = _Head()
+        parser = httptools.HttpRequestParser(head)
+        try:
+            parser.feed_data(bytes(buffer[: end + 4]))
+        except httptools.HttpParserError:
+            self._hand_over()
+            return
+        endpoint = _ENDPOINTS.get(head.url)
+        fast = parser.get_method() == b"POST" and parser.get_http_version() == "1.1"
+        length = _body_length(head.fields, front.max_body_bytes) if fast else -1
+        if endpoint is None or length < 0:
+            self._hand_over()
+            return
+        total = end + 4 + length
+        if len(buffer) < total:
+            if self._waiting_body is None:
+                self._cancel_timer()
+                self._waiting_body = endpoint
+                self._timer = self._loop.call_later(front.body_timeout_s, self._body_late)
+            return
+        self._cancel_timer()
+        self._waiting_body = None
+        body = bytes(buffer[end + 4 : total])
+        del buffer[:total]
+        headers = CIMultiDictProxy(
+            CIMultiDict((n.decode("latin-1"), v.decode("latin-1")) for n, v in head.fields)
+        )
+        if not parser.should_keep_alive():
+            self._closing = True  # the answer says so, and the connection closes after it
+        request = Request(endpoint, headers, body)
+        self._task = request.task = self._loop.create_task(self._serve(request))
+
+    async def _serve(self, request: Request) -> None:
+        exchange = FrontExchange(self, request.headers)
+        try:
+            await self._front.serve(request, exchange)
+        except ConnectionResetError:
+            self._transport.close()  # the client left, or an answer broke off midway
+            return
+        except BaseException:
+            self._transport.close()
+            raise
+        finally:
+            self._task = None
+        if self._closing or self._front.draining:
+            self._transport.close()
+            return
+        if self._reading_paused:
+            self._reading_paused = False
+            self._transport.resume_reading()
+        self._timer = self._loop.call_later(self._front.header_timeout_s, self._idle)
+        if self._buffer:
+            self._next()
+
+    def _hand_over(self) -> None:
+        """aiohttp serves the rest of the connection, from this request's first byte."""
+        self._cancel_timer()
+        transport = self._transport
+        self._front.closed(self)
+        handler = self._front.handler()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if self._reading_paused:
+            transport.resume_reading()
+        if self._buffer:
+            handler.data_received(bytes(self._buffer))
+        self._buffer.clear()
+
+    # timers
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _idle(self) -> None:
+        """No complete request head within the header timeout of the connection's opening or
+        its previous answer: closed, as aiohttp's keep-alive timer does."""
+        self._timer = None
+        if self._task is None:
+            self._transport.close()
+
+    def _body_late(self) -> None:
+        """The body did not arrive within the body timeout of its head: a 408, and the
+        connection closes (what is left of the body cannot be told from a next request)."""
+        self._timer = None
+        error = body_late(self._front.body_timeout_s)
+        if self._waiting_body is not None:
+            self._front.count_error(self._waiting_body.value, error.status)
+        body = error.body()
+        framing = b"Content-Length: %d\r\nConnection: close\r\n" % len(body)
+        self._transport.write(response_head(error.status, error.answer_headers(), framing) + body)
+        self._transport.close()
+
+
+def _body_length(fields: list[tuple[bytes, bytes]], limit: int) -> int:
+    """The body's length when the front may take the request, else -1."""
+    length = -1
+    for name, value in fields:
+        lower = name.lower()
+        if lower == b"content-length":
+            if length >= 0 or not value.isdigit():
+                return -1
+            length = int(value)
+        elif lower in _HANDED_OVER:
+            return -1
+    return length if length <= limit else -1
+
+
+class Front:
+    """The listening socket's connections while the front serves them, and what it needs of
+    the gateway: how to serve a request, and aiohttp's handler to hand a connection to."""
+
+    def __init__(
+        self,
+        serve: Callable[[Request, FrontExchange], Awaitable[None]],
+        handler: Callable[[], asyncio.Protocol],
+        count_error: Callable[[str, int], None],
+        *,
+        header_timeout_s: float,
+        body_timeout_s: float,
+        max_body_bytes: int,
+        on_open: Callable[[int], None],
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.serve = serve
+        self.handler = handler
+        self.count_error = count_error
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.max_body_bytes = max_body_bytes
+        self.max_buffer = max_body_bytes + MAX_HEAD_BYTES
+        self._on_open = on_open
+        self.draining = False
+        self._connections: set[FrontConnection] = set()
+
+    def connection(self) -> FrontConnection:
+        return FrontConnection(self)
+
+    def opened(self, conn: FrontConnection) -> None:
+        self._connections.add(conn)
+        self._on_open(1)
+
+    def closed(self, conn: FrontConnection) -> None:
+        if conn in self._connections:
+            self._connections.discard(conn)
+            self._on_open(-1)
+
+    def pre_shutdown(self) -> None:
+        """Keep-alive connections close after their current answer, idle ones now."""
+        self.draining = True
+        for conn in list(self._connections):
+            conn.close_when_idle()

@@ -1,0 +1,150 @@
+"""`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`: relayed to the replica
+that stored the response (vLLM keeps it in that server's memory; gateway/routing/affinity.py
+learned where, and the shared state tells the other processes).
+
+These calls carry no prompt and are rare (a client polling a background response, or stopping
+one): no routing decision, no retry elsewhere, a plain relay of what the replica answers,
+streamed as it comes (`?stream=true` replays a background response's events). They pass the
+same key check and request limit as the generating endpoints, and a tenant reaches only the
+responses its own requests stored: another tenant's id is not found, as if it did not exist.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+from aiohttp import web
+
+from gateway import headers
+from gateway.fleet.pools import Fleet, PoolState, ReplicaState
+from gateway.http.errors import ApiError
+from gateway.rate_limit import RateLimiter
+from gateway.routing.affinity import ReplicaRef, ResponseHomes, RoutingMemory
+from gateway.telemetry.logs import REQUEST_ID
+from gateway.telemetry.metrics import GatewayMetrics
+
+PINNED = "pinned"
+"""x-gateway-route of a relay to the one replica that holds the response."""
+SESSION = web.AppKey("responses_lookup_session", aiohttp.ClientSession)
+_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=3.0, sock_read=600.0)
+_FORWARDED = ("Authorization", "traceparent", "tracestate", "Accept")
+
+
+def not_found(response_id: str, param: str = "response_id") -> ApiError:
+    """vLLM's own answer for a response it does not hold."""
+    return ApiError(404, f"Response with id '{response_id}' not found.", param=param)
+
+
+async def readable_home(
+    homes: ResponseHomes, response_id: str, tenant: str | None, param: str
+) -> ReplicaRef | None:
+    """Where the response is stored (None: unknown to the gateway); a 404 when it belongs to
+    another tenant."""
+    home = await homes.find(response_id)
+    if home is not None and not home.readable_by(tenant):
+        raise not_found(response_id, param)
+    return home
+
+
+class ResponseLookup:
+    def __init__(
+        self,
+        fleet: Callable[[], Fleet],
+        memory: RoutingMemory,
+        metrics: GatewayMetrics,
+        limiter: Callable[[], RateLimiter],
+    ) -> None:
+        self._fleet = fleet
+        self._memory = memory
+        self._metrics = metrics
+        self._limiter = limiter
+
+    async def _home(self, request: web.Request, response_id: str) -> tuple[PoolState, ReplicaState]:
+        limiter = self._limiter()
+        fleet = self._fleet()  # one policy generation for the whole lookup
+        tenant = limiter.authenticate(fleet.policy.limits, request.headers)
+        if tenant is not None:
+            await limiter.admit(tenant, 0.0)  # the request limit only: nothing is generated
+        owner = tenant.name if tenant is not None else None
+        home = await readable_home(self._memory.responses, response_id, owner, "response_id")
+        pool = fleet.pools.get(home.pool) if home is not None else None
+        replica = pool.replicas.get(home.replica) if pool is not None and home else None
+        if pool is None or replica is None:
+            raise not_found(response_id)
+        if not replica.healthy:
+            raise ApiError(
+                503, f"Response with id '{response_id}' is stored on replica {replica.name}, "
+                "which is not healthy now; retry later.",
+                type_="service_unavailable_error", param="response_id",
+                code="previous_response_unavailable",
+            )  # fmt: skip
+        return pool, replica
+
+    async def retrieve(self, request: web.Request) -> web.StreamResponse:
+        return await self._relay(request, "GET", "")
+
+    async def cancel(self, request: web.Request) -> web.StreamResponse:
+        return await self._relay(request, "POST", "/cancel")
+
+    async def _relay(self, request: web.Request, method: str, suffix: str) -> web.StreamResponse:
+        response_id = request.match_info["response_id"]
+        pool, replica = await self._home(request, response_id)
+        out = {name: request.headers[name] for name in _FORWARDED if name in request.headers}
+        out[headers.REQUEST_ID] = REQUEST_ID.get()
+        out["Accept-Encoding"] = "identity"
+        url = f"{replica.url}/v1/responses/{response_id}{suffix}"
+        started = time.perf_counter()
+        status = 502
+        try:
+            async with request.app[SESSION].request(
+                method, url, params=request.query, headers=out, timeout=_TIMEOUT
+            ) as upstream:
+                status = upstream.status
+                response = web.StreamResponse(
+                    status=upstream.status,
+                    headers={
+                        "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                        headers.REQUEST_ID: REQUEST_ID.get(),
+                        headers.POOL: pool.name,
+                        headers.REPLICA: replica.name,
+                        headers.ROUTE: PINNED,
+                    },
+                )
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            status = 502
+            if request.writer.output_size > 0:
+                raise  # mid-relay: the connection is cut, as any broken stream
+            error = ApiError(
+                502, f"Replica {replica.name} could not be reached: {type(exc).__name__}.",
+                type_="server_error", code="upstream_unavailable",
+            )  # fmt: skip
+            return error.response({headers.REQUEST_ID: REQUEST_ID.get(), headers.POOL: pool.name})
+        finally:
+            self._metrics.requests.labels(pool.name, PINNED, str(status)).inc()
+            self._metrics.duration.labels(pool.name).observe(time.perf_counter() - started)
+
+
+def add_routes(
+    app: web.Application,
+    fleet: Callable[[], Fleet],
+    memory: RoutingMemory,
+    metrics: GatewayMetrics,
+    limiter: Callable[[], RateLimiter],
+) -> None:
+    lookup = ResponseLookup(fleet, memory, metrics, limiter)
+
+    async def session(app: web.Application) -> AsyncIterator[None]:
+        async with aiohttp.ClientSession(auto_decompress=False) as client:
+            app[SESSION] = client
+            yield
+
+    app.cleanup_ctx.append(session)
+    app.router.add_get("/v1/responses/{response_id}", lookup.retrieve)
+    app.router.add_post("/v1/responses/{response_id}/cancel", lookup.cancel)

@@ -1,0 +1,113 @@
+"""The live policy generation, and swapping it: from a file watch, SIGHUP or the admin API.
+
+A reload builds a new Fleet from the new policy and the old one (replica state, prefix indexes
+and calibration carry over), then swaps one reference. Requests already routed keep the pool
+objects they hold, so they finish under the policy they started with. An invalid file changes
+nothing. The `state:` section is the exception: the shared-state backend is built once at
+start-up, so a changed one is reported (a restart applies it) and the current one is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import Counter
+
+from gateway.fleet.pools import Fleet
+from gateway.policy.check import load_checked_policy
+from router_policies.schema import InvalidPolicy, Policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    ok: bool
+    problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    """What the reload could not apply live, though the file is valid."""
+
+
+STATE_NEEDS_RESTART = (
+    "state: the section changed, but the shared-state backend is set up at start-up only: "
+    "restart the gateway to apply it (until then the current one stays)"
+)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    # Following the symlink: a Kubernetes ConfigMap update swaps the ..data link underneath.
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class PolicyHolder:
+    def __init__(
+        self,
+        policy: Policy,
+        path: Path | None,
+        reloads: Counter,
+        refuse: Callable[[Policy], str | None] = lambda _: None,
+    ) -> None:
+        """``refuse``: why this process cannot run a policy that is valid on its own (one
+        line), or None; such a reload fails like an invalid file."""
+        self.fleet = Fleet(policy)
+        self.path = path
+        self._reloads = reloads
+        self._refuse = refuse
+        self._stamp = _stamp(path) if path is not None else None
+
+    def reload(self) -> ReloadResult:
+        if self.path is None:
+            return ReloadResult(False, ("the gateway was started without a policy file",))
+        self._stamp = _stamp(self.path)
+        warnings: tuple[str, ...] = ()
+        try:
+            policy = load_checked_policy(self.path)
+            current = self.fleet.policy.state
+            if policy.state != current:
+                warnings = (STATE_NEEDS_RESTART,)
+                # /admin/policy then shows the section in effect, not the one waiting.
+                policy = policy.model_copy(update={"state": current})
+            refused = self._refuse(policy)
+            if refused is not None:
+                return self._failed((refused,))
+            fleet = Fleet(policy, previous=self.fleet)
+        except OSError as exc:
+            return self._failed((f"cannot read {self.path}: {exc.strerror}",))
+        except UnicodeDecodeError as exc:
+            return self._failed((f"{self.path} is not UTF-8 text (byte {exc.start})",))
+        except InvalidPolicy as exc:
+            return self._failed(tuple(exc.problems))
+        except Exception as exc:
+            # Whatever a file can do to the loader, the current policy stays and the watch
+            # goes on: a reload must never take the process's configuration down with it.
+            log.exception("policy reload failed unexpectedly")
+            return self._failed((f"unexpected error: {type(exc).__name__}: {exc}",))
+        self.fleet = fleet
+        self._reloads.labels("ok").inc()
+        log.info("policy reloaded from %s", self.path)
+        for warning in warnings:
+            log.warning("policy reload: %s", warning)
+        return ReloadResult(True, warnings=warnings)
+
+    def _failed(self, problems: tuple[str, ...]) -> ReloadResult:
+        self._reloads.labels("error").inc()
+        log.error("policy reload failed, the current policy stays: %s", "; ".join(problems))
+        return ReloadResult(False, problems)
+
+    def changed_on_disk(self) -> bool:
+        return self.path is not None and _stamp(self.path) != self._stamp
+
+    async def watch(self, interval_s: float) -> None:
+        """Polls the file: portable, and immune to the inotify pitfalls of symlink swaps."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.changed_on_disk():
+                self.reload()

@@ -1,0 +1,80 @@
+"""A replica's answer: what vLLM sends, and a non-streaming one read with bounded memory.
+
+vLLM's OpenAI server answers JSON or server-sent events, errors included, and ends a chat or
+completions stream with ``data: [DONE]``: anything else (a proxy's HTML error page, a stream
+cut short) is a failed answer, not a success to relay.
+
+The gateway holds an answer whole when it can: it then reads the usage and a stored
+response's id from it and sends it with its length in one write. An answer longer than
+``max_buffered_answer_bytes`` (a runaway replica, a huge error page, logprobs x n) is not
+held: what was read goes to the client and the rest follows as it arrives, so each request
+holds at most the limit whatever the replica sends.
+"""
+
+from __future__ import annotations
+
+from gateway.http.exchange import Exchange
+from gateway.http.request_body import Endpoint
+from gateway.relay.upstream import UpstreamResponse
+from gateway.relay.upstream_errors import UpstreamError
+
+SSE = "text/event-stream"
+JSON = "application/json"
+_OPENAI_TYPES = frozenset((JSON, SSE))
+_DONE = b"data: [DONE]"
+_ENDS_WITH_DONE = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS))
+"""Streams that end with `data: [DONE]` (a Responses stream ends with its own events)."""
+
+TAIL_BYTES = 64 * 1024
+"""Of an answer relayed as it arrives, the last bytes kept for its usage (an OpenAI body ends
+with it)."""
+FAILURE_BYTES = 64 * 1024
+"""Most of a failed attempt's answer kept in case no other replica takes the request: error
+bodies are short, and a longer one is replaced by the gateway's own."""
+
+
+def from_vllm(content_type: str) -> bool:
+    return content_type in _OPENAI_TYPES
+
+
+def stream_whole(endpoint: Endpoint, before_last: bytes, last: bytes) -> bool:
+    """Whether a stream that closed cleanly was whole, by its last two chunks (the marker may
+    come split)."""
+    return endpoint not in _ENDS_WITH_DONE or _DONE in before_last[-len(_DONE) :] + last
+
+
+async def read_head(upstream: UpstreamResponse, limit: int) -> tuple[bytes, bool]:
+    """Up to ``limit`` bytes of the answer (a little more: the last read's), and whether that
+    is all of it."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await upstream.readany()
+        if not chunk:
+            return b"".join(parts), True
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts), False
+
+
+async def relay_rest(exchange: Exchange, upstream: UpstreamResponse) -> bytes:
+    """Writes the rest of the answer as it arrives (the client's pace holds the replica's:
+    each write waits for the socket to drain); its last TAIL_BYTES."""
+    tail = b""
+    while chunk := await upstream.readany():
+        await exchange.write(chunk)
+        tail = (tail + chunk)[-TAIL_BYTES:]
+    return tail
+
+
+async def drain(upstream: UpstreamResponse) -> bytes | None:
+    """A failed attempt's answer; None when it is longer than FAILURE_BYTES or broke."""
+    try:
+        body, whole = await read_head(upstream, FAILURE_BYTES)
+    except (UpstreamError, TimeoutError):
+        return None
+    if not whole:
+        upstream.close()  # not worth reading to the end to keep the connection
+        return None
+    upstream.release()
+    return body

@@ -1,0 +1,400 @@
+"""Forwarding a request to a replica: retries before the first byte, then a byte-for-byte relay.
+
+An attempt fails, and moves to another replica, on anything that happens before the client has
+received a byte: a refused connection, a 5xx answer, a stream that ends or stalls before its
+first chunk (`first_token_timeout_s`). Each outcome also feeds the replica's passive health
+(gateway/fleet/outlier.py). After the first byte a failure can only be reported in-band: a stream
+ends with an SSE error event. TCP_NODELAY is on for both sides: the event loop (uvloop or
+asyncio) sets it on every TCP transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from gateway import headers
+from gateway.fleet.outlier import OutlierDetector
+from gateway.fleet.pools import PoolSaturated, PoolState
+from gateway.fleet.replicas import Dispatch, ReplicaState
+from gateway.http.errors import (
+    ApiError,
+    answer_too_long,
+    no_healthy_replica,
+    not_openai,
+    pool_saturated,
+    shutdown_event,
+    shutting_down,
+    sse_error,
+    upstream_error,
+)
+from gateway.http.exchange import Exchange
+from gateway.relay import answers
+from gateway.relay.upstream import UpstreamResponse, Upstreams
+from gateway.relay.upstream_errors import (
+    ReplicaDisconnected,
+    ReplicaUnreachable,
+    UpstreamError,
+    failure_reason,
+)
+from gateway.relay.usage import prompt_usage
+from gateway.routing.routed import CLIENT_CLOSED, Failure, Outcome, Routed
+from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+# The replica sees the client's credentials (vLLM's --api-key) and trace context, nothing else:
+# hop-by-hop and gateway-specific headers stay here.
+_FORWARDED_REQUEST_HEADERS = ("Authorization", "traceparent", "tracestate", "Accept")
+STREAM_FAILED = 502
+"""Status recorded for a stream that ended with an SSE error event (its wire status is 200)."""
+SHUTTING_DOWN = 503
+"""Status recorded for a request the drain deadline ended."""
+_UNBOUNDED: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
+
+
+class Forwarder:
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        settings: Settings,
+        metrics: GatewayMetrics,
+        outliers: OutlierDetector,
+    ) -> None:
+        self._upstreams = upstreams
+        self._settings = settings
+        self._metrics = metrics
+        self._outliers = outliers
+        self.closing = False
+        """Set at the drain deadline, just before the requests still in flight are cancelled:
+        they end with an error the client can read rather than a cut connection."""
+
+    async def forward(self, exchange: Exchange, routed: Routed) -> int:
+        """Answers the request through ``exchange``; the status its answer went out with."""
+        outcome = Outcome()
+        try:
+            return await self._forward(exchange, routed, outcome)
+        except asyncio.CancelledError:
+            if not self.closing:
+                raise  # the client left: there is no one to answer
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            outcome.status = SHUTTING_DOWN
+            if exchange.started:
+                return outcome.wire  # a stream, already ended with an error event
+            error = shutting_down()
+            await _answer(exchange, {headers.REQUEST_ID: routed.request_id}, error)
+            return error.status
+        finally:
+            self._metrics.answered(routed.pool.name, outcome.route, outcome.status, routed.started)
+            log.debug(
+                "answered %d from pool %s, route %s, in %.1f ms", outcome.status,
+                routed.pool.name, outcome.route, (time.perf_counter() - routed.started) * 1e3,
+            )  # fmt: skip
+
+    async def _forward(self, exchange: Exchange, routed: Routed, outcome: Outcome) -> int:
+        pool = routed.pool
+        # Relayed bytes are never re-encoded: ask for plain ones (replicas are near, and the
+        # usage figures routing learns from are read from the relayed bytes).
+        out = [
+            ("Content-Type", "application/json"),
+            (headers.REQUEST_ID, routed.request_id),
+            ("Accept-Encoding", "identity"),
+        ]
+        sent = exchange.headers
+        out += [(name, sent[name]) for name in _FORWARDED_REQUEST_HEADERS if name in sent]
+        tried: list[str] = []
+        failure: Failure | None = None
+        for attempt in range(self._settings.retries + 1):
+            try:
+                skip = tried
+                if routed.hooks is not None:
+                    skip = routed.hooks.exclude(pool.replicas, tried, attempt)
+                dispatch = await self._acquire(pool, routed, skip, attempt)
+            except PoolSaturated as saturated:
+                error = pool_saturated(saturated, pool.policy.queue_timeout_s)
+                outcome.status = error.status
+                await _answer(exchange, {headers.REQUEST_ID: routed.request_id}, error)
+                return error.status
+            if dispatch is None:
+                break
+            if attempt:
+                self._metrics.retries.labels(pool.name).inc()
+            tried.append(dispatch.replica.name)
+            try:
+                last = attempt == self._settings.retries
+                result = await self._attempt(exchange, routed, dispatch, out, last, outcome)
+            finally:
+                # Also on cancellation (the client left while the replica was still silent).
+                pool.end(dispatch)
+            if isinstance(result, Failure):
+                failure = result
+                continue
+            return result
+        return await self._give_up(exchange, routed, failure, outcome)
+
+    async def _acquire(
+        self, pool: PoolState, routed: Routed, skip: list[str], attempt: int
+    ) -> Dispatch | None:
+        return await pool.acquire(routed.features, exclude=skip, retry=attempt > 0)
+
+    async def _attempt(
+        self,
+        exchange: Exchange,
+        routed: Routed,
+        dispatch: Dispatch,
+        out: list[tuple[str, str]],
+        last: bool,
+        outcome: Outcome,
+    ) -> int | Failure:
+        """One replica's try: the relayed answer's status, or a failure before the first
+        byte."""
+        replica = dispatch.replica
+        stream = routed.parsed.stream
+        upstream: UpstreamResponse | None = None
+        first = b""
+        try:
+            # Not streamed: no context (its getpid() per request); the read timeout bounds it.
+            wait = self._settings.first_token_timeout_s
+            deadline = asyncio.timeout(wait) if stream else _UNBOUNDED
+            async with deadline:
+                upstream = await self._upstreams.post(
+                    replica.url, routed.parsed.endpoint.value, routed.parsed.raw, out
+                )
+                if upstream.content_type == answers.SSE and upstream.status < 400:
+                    # Nothing has gone to the client yet: a replica that dies or stalls
+                    # before its first chunk is one more failed attempt, not a broken stream.
+                    first = await upstream.readany()
+                    if not first:
+                        raise ReplicaDisconnected("stream ended before its first byte")
+        except (UpstreamError, TimeoutError) as exc:
+            if upstream is not None:
+                upstream.close()
+            if isinstance(exc, ReplicaUnreachable):
+                replica.mark_down()
+            reason = failure_reason(exc, stream)
+            self._failed(routed.pool, replica, reason)
+            log.warning("replica %s failed before the first byte: %s", replica.name, reason)
+            return Failure(502, upstream_error(replica.name, exc), "application/json")
+        except BaseException:
+            if upstream is not None:
+                upstream.close()  # vLLM aborts the request and frees its KV cache
+            raise
+        if not answers.from_vllm(upstream.content_type):
+            # Not vLLM's answer (a proxy's error page, a misrouted port): a failure, never relayed.
+            kind = upstream.content_type or "no content type"
+            upstream.close()
+            self._failed(routed.pool, replica, f"answered {kind}")
+            log.warning("replica %s answered %s, not JSON or SSE", replica.name, kind)
+            return Failure(502, not_openai(replica.name, kind), answers.JSON)
+        if upstream.status >= 500:
+            self._failed(routed.pool, replica, f"HTTP {upstream.status}")
+            if not last:
+                log.warning("replica %s answered %d; retrying", replica.name, upstream.status)
+                body = await answers.drain(upstream)
+                if body is None:
+                    return Failure(upstream.status, answer_too_long(replica.name), answers.JSON)
+                return Failure(upstream.status, body, upstream.content_type)
+        elif not first:
+            self._outliers.success(replica)  # a stream's success is its whole end, below
+        return await self._relay(exchange, routed, dispatch, upstream, first, outcome)
+
+    def _failed(self, pool: PoolState, replica: ReplicaState, reason: str) -> None:
+        self._outliers.failure(pool, replica, reason, time.monotonic())
+
+    async def _give_up(
+        self, exchange: Exchange, routed: Routed, failure: Failure | None, outcome: Outcome
+    ) -> int:
+        pool = routed.pool
+        hdrs = {headers.REQUEST_ID: routed.request_id, headers.POOL: pool.name}
+        if failure is None:
+            error = no_healthy_replica(pool.name)
+            outcome.status = error.status
+            await _answer(exchange, hdrs, error)
+            return error.status
+        outcome.status = failure.status
+        hdrs["Content-Type"] = failure.content_type
+        await exchange.answer(failure.status, hdrs, failure.body)
+        return failure.status
+
+    async def _relay(
+        self,
+        exchange: Exchange,
+        routed: Routed,
+        dispatch: Dispatch,
+        upstream: UpstreamResponse,
+        first: bytes,
+        outcome: Outcome,
+    ) -> int:
+        replica = dispatch.replica
+        outcome.route = (routed.route or dispatch.decision.route).value
+        out = {
+            **routed.extra_headers,
+            headers.REQUEST_ID: routed.request_id,
+            headers.POOL: routed.pool.name,
+            headers.REPLICA: replica.name,
+            headers.ROUTE: outcome.route,
+            "Content-Type": upstream.content_type_header or answers.JSON,
+        }
+        encoding = upstream.content_encoding
+        if encoding is not None:
+            out["Content-Encoding"] = encoding  # the bytes are relayed as they came
+        clean = False
+        try:
+            if first:
+                clean = await self._relay_stream(
+                    exchange, routed, dispatch, out, upstream, first, outcome
+                )
+            else:
+                clean = await self._relay_body(exchange, routed, dispatch, out, upstream, outcome)
+            return outcome.wire
+        finally:
+            # On a client disconnect (the handler is cancelled) or any error, closing the
+            # connection rather than returning it to the pool makes vLLM abort the request
+            # and free its KV cache.
+            if clean:
+                upstream.release()
+            else:
+                upstream.close()
+
+    async def _relay_body(
+        self,
+        exchange: Exchange,
+        routed: Routed,
+        dispatch: Dispatch,
+        out: dict[str, str],
+        upstream: UpstreamResponse,
+        outcome: Outcome,
+    ) -> bool:
+        """Relays a non-streaming answer (gateway/relay/answers.py); True when it ended cleanly."""
+        replica = dispatch.replica.name
+        try:
+            body, whole = await answers.read_head(
+                upstream, self._settings.max_buffered_answer_bytes
+            )
+        except (UpstreamError, TimeoutError) as exc:
+            error = ApiError(
+                502, f"The replica failed while answering: {type(exc).__name__}.",
+                type_="server_error", code="upstream_error",
+            )  # fmt: skip
+            outcome.status = outcome.wire = error.status
+            await _answer(exchange, out, error)
+            return False
+        if routed.hooks is not None:
+            routed.hooks.answered(replica, upstream.status, body)
+        outcome.status = outcome.wire = upstream.status
+        if whole:
+            tail = body
+            await exchange.answer(upstream.status, out, body)
+        else:
+            try:
+                await exchange.start(upstream.status, out, body, upstream.content_length)
+                del body
+                tail = await answers.relay_rest(exchange, upstream)
+            except ConnectionResetError:
+                outcome.status = CLIENT_CLOSED  # the client left, noticed on a write
+                return False
+            except (UpstreamError, TimeoutError) as exc:
+                # Part of the body is out and JSON has no in-band error: the client learns of
+                # the failure by the connection being cut short.
+                log.warning("answer from %s broke midway: %r", replica, exc)
+                outcome.status = STREAM_FAILED
+                raise
+            await exchange.end()
+        usage = prompt_usage(tail)
+        if usage is not None:
+            routed.pool.observe_usage(dispatch, usage)
+            if routed.on_usage is not None:
+                routed.on_usage(tail)
+        return True
+
+    async def _relay_stream(
+        self,
+        exchange: Exchange,
+        routed: Routed,
+        dispatch: Dispatch,
+        out: dict[str, str],
+        upstream: UpstreamResponse,
+        first: bytes,
+        outcome: Outcome,
+    ) -> bool:
+        """Relays chunk by chunk; True when the replica's stream ended cleanly."""
+        out["Cache-Control"] = "no-cache"
+        outcome.wire = upstream.status
+        before_last = last = b""
+        clean = True
+        watch = routed.hooks.answered if routed.hooks is not None else None
+
+        def note(chunk: bytes) -> None:
+            """What routing learns from a chunk, once it is on its way to the client."""
+            nonlocal watch, before_last, last
+            if watch is not None and not watch(dispatch.replica.name, upstream.status, chunk):
+                watch = None
+            usage = prompt_usage(chunk)
+            if usage is not None:
+                routed.pool.observe_usage(dispatch, usage)
+                if routed.on_usage is not None:
+                    routed.on_usage(chunk)
+            before_last, last = last, chunk
+
+        def relay(chunk: bytes) -> None:
+            exchange.write_nowait(chunk)
+            note(chunk)
+
+        try:
+            await exchange.start(upstream.status, out, first)
+            self._metrics.ttft_of(routed.pool.name).observe(time.perf_counter() - routed.started)
+            routed.pool.first_byte(dispatch, time.monotonic() - dispatch.at)
+            note(first)
+            try:
+                if exchange.direct:
+                    # Each chunk goes out from the replica connection's callback: no task
+                    # wakes per chunk, and a full client socket stops the replica's reads.
+                    exchange.throttle((upstream.pause, upstream.resume))
+                    try:
+                        await upstream.relay(relay)
+                    finally:
+                        exchange.throttle(None)
+                else:
+                    while chunk := await upstream.readany():
+                        await exchange.write(chunk)
+                        note(chunk)
+            except (UpstreamError, TimeoutError) as exc:
+                log.warning(
+                    "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
+                )
+                self._failed(routed.pool, dispatch.replica, "stream broke")
+                await exchange.write(sse_error(exc))
+                clean = False
+            if clean and not answers.stream_whole(routed.parsed.endpoint, before_last, last):
+                log.warning("stream from %s ended without [DONE]", out[headers.REPLICA])
+                self._failed(routed.pool, dispatch.replica, "stream cut short")
+                await exchange.write(sse_error(ConnectionResetError("stream ended early")))
+                clean = False
+            elif clean:
+                self._outliers.success(dispatch.replica)
+            await exchange.end()
+        except asyncio.CancelledError:
+            if self.closing:
+                await _end_with(exchange, shutdown_event())
+            raise
+        except ConnectionResetError:
+            outcome.status = CLIENT_CLOSED  # the client left, noticed on a write
+            return False
+        outcome.status = upstream.status if clean else STREAM_FAILED
+        return clean
+
+
+async def _end_with(exchange: Exchange, event: bytes) -> None:
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1.0):
+            await exchange.write(event)
+            await exchange.end()
+
+
+async def _answer(exchange: Exchange, hdrs: dict[str, str], error: ApiError) -> None:
+    await exchange.answer(error.status, error.answer_headers(hdrs), error.body())

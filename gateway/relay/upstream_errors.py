@@ -1,0 +1,37 @@
+"""How a request to a replica fails (gateway/relay/upstream.py raises them; the proxy sorts them
+into retries, ejections and the errors clients read)."""
+
+from __future__ import annotations
+
+
+class UpstreamError(Exception):
+    """The replica failed: it could not be reached, broke the connection or the protocol."""
+
+
+class ReplicaUnreachable(UpstreamError):
+    """No connection could be made (refused, unreachable): the replica is down."""
+
+
+class ConnectTimeout(UpstreamError, TimeoutError):
+    """No connection within the connect timeout."""
+
+
+class ReadTimeout(UpstreamError, TimeoutError):
+    """The replica sent nothing for the read timeout."""
+
+
+class ReplicaDisconnected(UpstreamError):
+    """The replica closed the connection before its answer ended."""
+
+
+class BadAnswer(UpstreamError):
+    """The replica's bytes are not HTTP/1.1."""
+
+
+def failure_reason(exc: BaseException, stream: bool) -> str:
+    """How an attempt failed, for the log and passive health."""
+    if isinstance(exc, ConnectTimeout):
+        return "connect timeout"
+    if isinstance(exc, TimeoutError):
+        return "first-token timeout" if stream else "response timeout"
+    return repr(exc)

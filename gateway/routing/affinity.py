@@ -1,0 +1,212 @@
+"""Where a request must, or should, go besides what the pool's policy decides.
+
+- A `/v1/responses` request with `previous_response_id` must go to the replica that served that
+  response: vLLM keeps stored responses in the server's own memory, and no other replica has it.
+  The gateway learns each response's id from the relayed body or stream (bounded, LRU).
+- A request naming a LoRA adapter should go to a replica that served the adapter lately, else to
+  its rendezvous home (router_policies/adapter_placement.py decides; this remembers who served
+  which adapter).
+
+The pool's policy still makes the choice, among the replicas left to it: `RouteHooks.exclude`
+names the others to the Forwarder (on every attempt when pinned, on the first only when merely
+preferred), and `RouteHooks.answered` watches the relayed bytes for what to remember.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.fleet.replicas import ReplicaState
+from router_policies.adapter_placement import AdapterSettings, preferred_replicas
+from router_policies.tier_memory import conversation_key, follow_up
+from router_policies.tier_router import TierRouter
+
+RESPONSE_HOMES = 100_000
+"""Response ids remembered: ~100 bytes each, and vLLM's own store is bounded by its memory."""
+_ADAPTERS_TRACKED = 10_000
+_ID_SCAN_BYTES = 64 * 1024
+"""How far into a response to look for its id: vLLM puts it in the first event or field."""
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_.:-]{1,200})"')
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRef:
+    pool: str
+    replica: str
+    owner: str | None = None
+    """The tenant whose request stored the response (None: no tenants configured then): only
+    that tenant may read it, cancel it or continue from it."""
+
+    def readable_by(self, tenant: str | None) -> bool:
+        return self.owner is None or self.owner == tenant
+
+
+Publish = Callable[[str, ReplicaRef], None]
+Fetch = Callable[[str], Awaitable[ReplicaRef | None]]
+
+
+class ResponseHomes:
+    """Response id -> the replica that stored it; least recently used forgotten first.
+
+    Any process of the gateway may be asked for a response another one relayed (the kernel
+    spreads connections over `--workers`, a load balancer over instances), so the shared-state
+    backend, when there is one, sets ``publish`` (told each home learned here) and ``fetch``
+    (asked for an id not known here)."""
+
+    def __init__(self, capacity: int = RESPONSE_HOMES) -> None:
+        self.capacity = capacity
+        self._homes: OrderedDict[str, ReplicaRef] = OrderedDict()
+        self.publish: Publish | None = None
+        self.fetch: Fetch | None = None
+
+    def __len__(self) -> int:
+        return len(self._homes)
+
+    def remember(self, response_id: str, home: ReplicaRef) -> None:
+        """A home learned from a relayed answer: kept, and shared."""
+        self.learn(response_id, home)
+        if self.publish is not None:
+            self.publish(response_id, home)
+
+    def learn(self, response_id: str, home: ReplicaRef) -> None:
+        """A home kept here only (learned here, or from another process)."""
+        self._homes[response_id] = home
+        self._homes.move_to_end(response_id)
+        while len(self._homes) > self.capacity:
+            self._homes.popitem(last=False)
+
+    def get(self, response_id: str) -> ReplicaRef | None:
+        home = self._homes.get(response_id)
+        if home is not None:
+            self._homes.move_to_end(response_id)
+        return home
+
+    async def find(self, response_id: str) -> ReplicaRef | None:
+        """The home, asking the shared state when this process does not know it."""
+        home = self.get(response_id)
+        if home is None and self.fetch is not None:
+            home = await self.fetch(response_id)
+            if home is not None:
+                self.learn(response_id, home)
+        return home
+
+
+class AdapterHomes:
+    """(pool, adapter) -> the replicas that served it, with when they last did."""
+
+    def __init__(self) -> None:
+        self._served: OrderedDict[tuple[str, str], dict[str, float]] = OrderedDict()
+
+    def served(self, pool: str, adapter: str, replica: str, now: float) -> None:
+        key = (pool, adapter)
+        self._served.setdefault(key, {})[replica] = now
+        self._served.move_to_end(key)
+        while len(self._served) > _ADAPTERS_TRACKED:
+            self._served.popitem(last=False)
+
+    def warm(self, pool: str, adapter: str, now: float, warm_s: float) -> frozenset[str]:
+        """The replicas that served it within ``warm_s``."""
+        served = self._served.get((pool, adapter), {})
+        return frozenset(name for name, at in served.items() if now - at <= warm_s)
+
+
+class LargeConversations:
+    """The conversations a tier model sent large, between processes. Each tier model remembers
+    its own (router_policies/tier_memory.py); the shared-state backend, when there is one, sets
+    ``publish`` (told each conversation sent large here) and ``fetch`` (asked, before a
+    follow-up turn is scored, whether another process sent its conversation large)."""
+
+    def __init__(self) -> None:
+        self.publish: Callable[[str, int], None] | None = None
+        self.fetch: Callable[[str, int], Awaitable[bool]] | None = None
+
+    async def recall(self, tiers: TierRouter, body: Mapping[str, Any]) -> None:
+        """Before scoring: a follow-up of a conversation another process sent large is
+        remembered here too. Nothing to ask for a first turn, or without a backend."""
+        memory = tiers.conversations
+        if self.fetch is None or not memory.capacity or not follow_up(body):
+            return
+        key = conversation_key(body)
+        if key is not None and not memory.went_large(key) and await self.fetch(tiers.model, key):
+            memory.remember(key)
+
+    def tell(self, tiers: TierRouter, conversation: int) -> None:
+        if self.publish is not None:
+            self.publish(tiers.model, conversation)
+
+
+@dataclass(slots=True)
+class RoutingMemory:
+    """What the gateway remembers across requests and policy reloads, for the hooks above."""
+
+    responses: ResponseHomes = field(default_factory=ResponseHomes)
+    adapters: AdapterHomes = field(default_factory=AdapterHomes)
+    large_conversations: LargeConversations = field(default_factory=LargeConversations)
+    learned_adapters: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Pool name -> adapters its replicas list that the policy does not declare
+    (gateway/fleet/adapter_discovery.py)."""
+
+
+def adapter_replicas(
+    homes: AdapterHomes,
+    pool: str,
+    adapter: str,
+    replicas: Iterable[ReplicaState],
+    settings: AdapterSettings,
+    now: float | None = None,
+) -> frozenset[str]:
+    """The replicas an adapter's request should try first (router_policies/adapter_placement.py
+    decides), from the replicas available now and those that served it lately."""
+    now = time.monotonic() if now is None else now
+    inflight = {r.name: r.inflight for r in replicas if r.available(now)}
+    warm = homes.warm(pool, adapter, now, settings.warm_s)
+    return preferred_replicas(adapter, inflight, warm, settings)
+
+
+@dataclass(slots=True)
+class RouteHooks:
+    """A request's placement constraints and what to learn from its answer (see module doc)."""
+
+    memory: RoutingMemory
+    pool: str
+    replicas: frozenset[str] = frozenset()
+    """The pool's replicas this request may use; empty: all of them."""
+    pinned: bool = False
+    """Hold `replicas` on every attempt (a stored response), not only the first."""
+    adapter: str | None = None
+    learn_response_id: bool = False
+    owner: str | None = None
+    """The tenant a response learned from this answer belongs to."""
+    _head: bytes = b""
+
+    def exclude(self, every: Iterable[str], tried: list[str], attempt: int) -> list[str]:
+        """The replicas the Forwarder must not try on this attempt."""
+        if not self.replicas or (attempt > 0 and not self.pinned):
+            return tried
+        return [*tried, *(name for name in every if name not in self.replicas)]
+
+    def answered(self, replica: str, status: int, data: bytes) -> bool:
+        """Sees the relayed bytes (the whole body, or stream chunks in order); True while it
+        wants the next chunk."""
+        if status >= 400:
+            return False
+        if self.adapter is not None:
+            self.memory.adapters.served(self.pool, self.adapter, replica, time.monotonic())
+            self.adapter = None  # once per request
+        if not self.learn_response_id:
+            return False
+        self._head += data
+        found = _RESPONSE_ID.search(self._head)
+        if found is not None:
+            home = ReplicaRef(self.pool, replica, self.owner)
+            self.memory.responses.remember(found.group(1).decode(), home)
+        if found is not None or len(self._head) > _ID_SCAN_BYTES:
+            self.learn_response_id = False
+            self._head = b""
+            return False
+        return True

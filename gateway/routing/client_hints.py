@@ -1,0 +1,85 @@
+"""What a client says about routing besides its prompt: the session its request belongs to
+(router_policies/sessions.py), its own time-to-first-token objective and its priority."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import xxhash
+
+from gateway import headers
+from gateway.http.errors import bad_request
+from router_policies.fingerprint import RequestFeatures
+from router_policies.session_settings import SessionSettings
+
+_MAX_KEY = 256
+"""Longer session keys are kept as their digest: the memory per session stays bounded."""
+_MAX_OBJECTIVE_MS = 3_600_000.0
+_PRIORITIES = range(-1000, 1001)
+
+
+def session_key(body: Mapping[str, Any], sent: Mapping[str, str], settings: SessionSettings) -> str:
+    """The session the request names: the header, else the first body field set; "" if none."""
+    key = sent.get(settings.header, "") if settings.header else ""
+    for field in settings.body_fields:
+        if key:
+            break
+        value = body.get(field)
+        key = value if isinstance(value, str) else ""
+    if len(key) > _MAX_KEY:
+        key = xxhash.xxh3_128_hexdigest(key.encode())
+    return key
+
+
+def ttft_objective_s(sent: Mapping[str, str]) -> float | None:
+    """The request's own TTFT objective; a malformed one is the client's error (400)."""
+    name = headers.TTFT_OBJECTIVE if headers.TTFT_OBJECTIVE in sent else headers.TTFT_OBJECTIVE_LLMD
+    text = sent.get(name)
+    if text is None:
+        return None
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = math.nan
+    if not 0 < ms <= _MAX_OBJECTIVE_MS:  # NaN fails too
+        raise bad_request(
+            f"Header {name} must be a number of milliseconds above 0 and at most "
+            f"{_MAX_OBJECTIVE_MS:.0f}, got {text[:64]!r}.",
+            param=name,
+        )
+    return ms / 1000.0
+
+
+def priority(sent: Mapping[str, str]) -> int:
+    """The request's priority class (0 when absent); a malformed one is a 400."""
+    text = sent.get(headers.PRIORITY)
+    if text is None:
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = _PRIORITIES.stop
+    if value not in _PRIORITIES:
+        raise bad_request(
+            f"Header {headers.PRIORITY} must be an integer from {_PRIORITIES.start} to "
+            f"{_PRIORITIES.stop - 1}, got {text[:64]!r}.",
+            param=headers.PRIORITY,
+        )
+    return value
+
+
+def with_client_hints(
+    features: RequestFeatures,
+    body: Mapping[str, Any],
+    sent: Mapping[str, str],
+    settings: SessionSettings,
+) -> RequestFeatures:
+    session = session_key(body, sent, settings) if settings.max_sessions else ""
+    objective = ttft_objective_s(sent)
+    rank = priority(sent)
+    if not session and objective is None and not rank:
+        return features
+    return replace(features, session=session, ttft_objective_s=objective, priority=rank)

@@ -1,0 +1,169 @@
+"""From the model a client names to a pool: a pool's own model, one of its LoRA adapters, or a
+tier classified into one; and where in the pool the request must or should go."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import orjson
+
+from gateway import headers
+from gateway.fleet.pools import Fleet, PoolState
+from gateway.http.errors import ApiError, bad_request, model_not_found
+from gateway.http.request_body import Endpoint, ParsedRequest
+from gateway.routing.affinity import RouteHooks, RoutingMemory, adapter_replicas
+from router_policies.decision import Route
+from router_policies.fingerprint import RequestFeatures, load_only
+from router_policies.tier_router import TierRouter, TierVerdict
+from router_policies.tier_settings import TierSettings
+from router_policies.tiers import PoolChoice, choose_pool, close_call_choice, is_close_call
+from router_policies.value import value
+
+
+@value
+class Resolution:
+    parsed: ParsedRequest
+    """As forwarded: a tiered request's `model` is rewritten to the chosen pool's model."""
+    pool: PoolState
+    features: RequestFeatures
+    verdict: TierVerdict | None = None
+    choice: PoolChoice | None = None
+    tier_router: TierRouter | None = None
+    hooks: RouteHooks | None = None
+    """Placement beyond the pool's policy (a stored response, an adapter's warm replicas)."""
+
+    @property
+    def route(self) -> Route | None:
+        if self.choice is None:
+            return None
+        if self.choice.overflow:
+            return Route.OVERFLOW
+        return Route.CLOSE_CALL if self.choice.close_call else None
+
+    def response_headers(self) -> dict[str, str]:
+        if self.verdict is None:
+            return {}
+        return {
+            headers.TIER: self.verdict.tier.value,
+            headers.TIER_SCORE: f"{self.verdict.score.score:.3f}",
+        }
+
+
+def adapter_pool(
+    fleet: Fleet, model: str, learned: Mapping[str, frozenset[str]] | None = None
+) -> PoolState | None:
+    """The pool one of whose LoRA adapters is named `model`: declared in the policy (which
+    keeps names unique), else learned from its replicas' model lists."""
+    for pool in fleet.pools.values():
+        if model in pool.policy.adapters:
+            return pool
+    for name, adapters in (learned or {}).items():
+        if model in adapters and name in fleet.pools:
+            return fleet.pools[name]
+    return None
+
+
+def resolve(
+    fleet: Fleet,
+    parsed: ParsedRequest,
+    forced_tier: str | None,
+    memory: RoutingMemory | None = None,
+) -> Resolution:
+    if not parsed.model:
+        # /tokenize and /detokenize may leave the model out, as a single vLLM server allows.
+        if len(fleet.pools) != 1:
+            raise bad_request(
+                "'model' is required: the gateway serves more than one model.", param="model"
+            )
+        only = next(iter(fleet.pools.values()))
+        return Resolution(parsed, only, load_only(only.model))
+    pool = fleet.pool_for_model(parsed.model)
+    adapter = None
+    verdict = choice = tier_router = None
+    features: RequestFeatures | None = None
+    if pool is None:
+        pool = adapter_pool(fleet, parsed.model, memory.learned_adapters if memory else None)
+        adapter = parsed.model if pool is not None else None
+    if pool is None:
+        tier_router = fleet.tiers.get(parsed.model)
+        if tier_router is None:
+            raise model_not_found(parsed.model)
+        verdict = tier_router.classify(parsed.body, forced_tier)
+        settings = tier_router.settings
+        small, large = fleet.pools[settings.small], fleet.pools[settings.large]
+        choice = choose_pool(verdict.tier, settings, small.load(), large.load())
+        close = is_close_call(verdict.score.score, verdict.threshold, settings.close_call_margin)
+        if close and not (choice.overflow or verdict.forced or verdict.kept):
+            choice, features = _close_call(choice, settings, fleet, parsed)
+        pool = fleet.pools[choice.pool]
+        body = {**parsed.body, "model": pool.model}
+        parsed = dataclasses.replace(parsed, body=body, raw=orjson.dumps(body), model=pool.model)
+    if features is None:
+        salt = parsed.cache_salt if adapter is None else f"{parsed.cache_salt}\x00lora:{adapter}"
+        features = _features(pool, parsed, parsed.model, salt)
+    hooks = _hooks(memory, pool, parsed, adapter) if memory is not None else None
+    return Resolution(parsed, pool, features, verdict, choice, tier_router, hooks)
+
+
+def _features(pool: PoolState, parsed: ParsedRequest, model: str, salt: str) -> RequestFeatures:
+    if not parsed.endpoint.prefix_routed:
+        return load_only(model)
+    # An adapter's KV cache is its own: the adapter salts the fingerprint (its name is also
+    # the model the chain is seeded with), so no prefix matches across adapters.
+    return pool.router.features(model, parsed.canonical_text, salt)
+
+
+def _close_call(
+    choice: PoolChoice, settings: TierSettings, fleet: Fleet, parsed: ParsedRequest
+) -> tuple[PoolChoice, RequestFeatures]:
+    """The close call's pool, from each pool's predicted TTFT for the request as its policy
+    would route it now; and the request's features in that pool."""
+    pools = (fleet.pools[choice.pool], fleet.pools[settings.other_pool(choice.pool)])
+    features = [_features(pool, parsed, pool.model, parsed.cache_salt) for pool in pools]
+    predicted = []
+    for pool, seen in zip(pools, features, strict=True):
+        decision = pool.decide(seen)
+        estimate = decision.estimate if decision is not None else None
+        predicted.append(estimate.total_s if estimate is not None else None)
+    chosen = close_call_choice(choice, settings, predicted[0], predicted[1], pools[1].load())
+    return chosen, features[0] if chosen is choice else features[1]
+
+
+def _hooks(
+    memory: RoutingMemory, pool: PoolState, parsed: ParsedRequest, adapter: str | None
+) -> RouteHooks | None:
+    learn = parsed.endpoint is Endpoint.RESPONSES
+    previous = parsed.previous_response_id
+    if previous is not None:
+        home = memory.responses.get(previous)
+        if home is not None and home.pool == pool.name:
+            replica = pool.replicas.get(home.replica)
+            if replica is None:
+                raise ApiError(
+                    404,
+                    f"Response with id '{previous}' not found: replica {home.replica}, which "
+                    "stored it, has left the pool.",
+                    param="previous_response_id", code="previous_response_not_found",
+                )  # fmt: skip
+            if not replica.healthy:
+                raise ApiError(
+                    503,
+                    f"Response with id '{previous}' is stored on replica {home.replica}, which "
+                    "is not healthy now; retry later, or start over without "
+                    "previous_response_id.",
+                    type_="service_unavailable_error", param="previous_response_id",
+                    code="previous_response_unavailable",
+                )  # fmt: skip
+            return RouteHooks(memory, pool.name, frozenset((home.replica,)), True, adapter, learn)
+        # Unknown here (forgotten, or served through another gateway): the pool's policy
+        # chooses, and a replica without it answers vLLM's own 404.
+    replicas: frozenset[str] = frozenset()
+    if adapter is not None:
+        replicas = adapter_replicas(
+            memory.adapters, pool.name, adapter, pool.replicas.values(),
+            pool.policy.adapter_placement,
+        )  # fmt: skip
+    if not (learn or adapter is not None):
+        return None
+    return RouteHooks(memory, pool.name, replicas, False, adapter, learn)

@@ -1,0 +1,53 @@
+"""A request on its way to a replica, and what the Forwarder records of how it ended."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from gateway.fleet.pools import PoolState
+from gateway.http.request_body import ParsedRequest
+from gateway.routing.affinity import RouteHooks
+from gateway.telemetry.metrics import NO_POOL
+from router_policies.decision import Route
+from router_policies.fingerprint import RequestFeatures
+from router_policies.value import value
+
+CLIENT_CLOSED = 499
+"""Status recorded for a request whose client went away first (nginx's convention)."""
+
+
+@value
+class Routed:
+    """A request with its pool and features, ready to forward."""
+
+    parsed: ParsedRequest
+    pool: PoolState
+    features: RequestFeatures
+    request_id: str
+    started: float
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
+    """Headers the response carries besides the routing ones (e.g. the tier)."""
+    route: Route | None = None
+    """Overrides the replica decision's route in x-gateway-route (e.g. overflow)."""
+    hooks: RouteHooks | None = None
+    """Replicas to keep to (a stored response, an adapter's) and what to learn from the answer."""
+    on_usage: Callable[[bytes], None] | None = None
+    """Sees relayed bytes that carry `usage` (a tenant's token charge is corrected by it)."""
+
+
+@dataclass(slots=True)
+class Failure:
+    status: int
+    body: bytes
+    content_type: str
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What gateway_requests_total records for the request, whatever way it ends."""
+
+    route: str = NO_POOL
+    status: int = CLIENT_CLOSED
+    wire: int = CLIENT_CLOSED
+    """The status the answer went out with (a stream that failed midway: its 200)."""
