@@ -143,7 +143,7 @@ def _scale_up_then_calm(pool: PoolState) -> None:
 def test_the_autoscale_history_carries_over_so_a_reload_does_not_scale_down() -> None:
     old = fleet([A])
     pool = small(old)
-    pool.arrivals = 7
+    pool.counts.arrivals = 7
     _scale_up_then_calm(pool)
     peak = pool.autoscale.desired
 
@@ -154,7 +154,7 @@ def test_the_autoscale_history_carries_over_so_a_reload_does_not_scale_down() ->
     assert (
         new.autoscale.desired == peak
     )  # the scale-down stabilisation window still remembers the peak
-    assert new.arrivals == 7
+    assert new.counts.arrivals == 7
 
 
 def test_a_changed_stabilisation_window_starts_a_new_history() -> None:

@@ -143,12 +143,12 @@ def test_p_is_the_gateway_code_with_a_target_rate() -> None:
     scenario = config.scenario("step")
     arrivals = poisson_arrivals(scenario, config.seed, config.tick_s)
     sim = _Simulation(config, scenario, strategies(config)["P"], arrivals)
-    primed = sim.pool.arrivals  # the base load over one rate window before t=0
+    primed = sim.pool.counts.arrivals  # the base load over one rate window before t=0
     assert primed == round(scenario.base_rate * config.rate_window_s)
     sim.run()
     assert sim.pool.policy.autoscale == p
     end = scenario.duration_s - config.tick_s
-    assert sim.pool.arrivals == primed + sum(1 for a in arrivals if a < end)
+    assert sim.pool.counts.arrivals == primed + sum(1 for a in arrivals if a < end)
     assert sim.pool.autoscale.arrival_rate == pytest.approx(
         scenario.base_rate * scenario.factor, rel=0.2
     )

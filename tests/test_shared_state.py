@@ -195,7 +195,7 @@ def test_a_dispatch_to_a_replica_this_instance_does_not_know_is_ignored() -> Non
 def test_counts_published_by_other_instances_add_to_the_local_view() -> None:
     theirs, mine = fleet(), fleet()
     pool_of(theirs).replicas[NAMES[0]].inflight = 3
-    pool_of(theirs).arrivals = 10
+    pool_of(theirs).counts.arrivals = 10
     pool_of(mine).replicas[NAMES[0]].inflight = 1
     remote = RemoteFigures()
     remote.apply(mine, {"a": _as_hash(theirs), "b": _as_hash(theirs)})
@@ -203,7 +203,7 @@ def test_counts_published_by_other_instances_add_to_the_local_view() -> None:
     assert pool.replicas[NAMES[0]].remote_inflight == 6
     seen = {c.name: c.inflight for c in pool.snapshot().candidates}
     assert seen[NAMES[0]] == 7
-    assert pool.remote.arrivals == 20
+    assert pool.counts.remote.arrivals == 20
 
 
 def test_prefill_queued_by_other_instances_counts_in_the_cost_models_view() -> None:
@@ -218,15 +218,15 @@ def test_prefill_queued_by_other_instances_counts_in_the_cost_models_view() -> N
 def test_arrivals_only_grow_when_an_instance_restarts_or_disappears() -> None:
     theirs, mine = fleet(), fleet()
     remote = RemoteFigures()
-    pool_of(theirs).arrivals = 10
+    pool_of(theirs).counts.arrivals = 10
     remote.apply(mine, {"a": _as_hash(theirs)})
     remote.apply(mine, {})  # a read that missed it
-    pool_of(theirs).arrivals = 12
+    pool_of(theirs).counts.arrivals = 12
     remote.apply(mine, {"a": _as_hash(theirs)})
-    assert pool_of(mine).remote.arrivals == 12
-    pool_of(theirs).arrivals = 4  # it restarted, counting from 0
+    assert pool_of(mine).counts.remote.arrivals == 12
+    pool_of(theirs).counts.arrivals = 4  # it restarted, counting from 0
     remote.apply(mine, {"a": _as_hash(theirs)})
-    assert pool_of(mine).remote.arrivals == 16
+    assert pool_of(mine).counts.remote.arrivals == 16
 
 
 def test_when_the_backend_is_away_only_local_counts_remain() -> None:

@@ -12,7 +12,7 @@ vLLM replicas behind the gateway, scaled by a simulated Kubernetes HorizontalPod
   ``--inflight-limit``, holds requests itself when every replica is at the limit. Once a second
   it scrapes the engines and calls the real ``PoolState.update_desired`` (so
   ``router_policies.autoscale.desired_replicas``, ``RateMeter`` and ``ScaleDownStabilizer``),
-  and it counts every request routed to the pool in ``PoolState.arrivals``, as it does live.
+  and it counts every request routed to the pool in ``PoolState.counts``, as it does live.
 * Prometheus scrapes the gateway and the engines every ``--scrape-interval-s``; the HPA syncs
   every ``--hpa-sync-s`` on the latest scraped sample, with the ``autoscaling/v2`` rules for an
   External metric with an ``AverageValue`` target (10% tolerance, default rate limits). On the

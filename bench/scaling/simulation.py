@@ -68,14 +68,14 @@ class _Simulation:
         self.pool = self._pool(None)
         # Every request is the same prompt, never cached (no prefix sharing is simulated).
         self.features = RequestFeatures(
-            "sim", (), round(self.model.prompt_tokens * self.pool.chars_per_token)
+            "sim", (), round(self.model.prompt_tokens * self.pool.learned.chars_per_token)
         )
         # The gateway has counted the base load for a rate window before t=0, as one that has
         # been up a while. (Just started, its RateMeter averages over a second or two of
         # Poisson noise and P may ask for a replica too many, held for the stabilization window.)
         window = settings.rate_window_s
         self.pool.autoscale.arrival_meter.rate(-window, 0)
-        self.pool.arrivals = round(scenario.base_rate * window)
+        self.pool.counts.arrivals = round(scenario.base_rate * window)
         down_window = (
             config.hpa_scale_down_window_s
             if strategy.stabilized
@@ -217,7 +217,7 @@ class _Simulation:
             now = k * dt
             while upcoming < total and arrivals[upcoming] < now:
                 self.line.append(arrivals[upcoming])
-                self.pool.arrivals += 1  # the gateway counts each request routed to the pool
+                self.pool.counts.arrivals += 1  # the gateway counts each request routed to the pool
                 upcoming += 1
             if k % round_every == 0:
                 self.gateway_round(now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.fleet.autoscale import PoolAutoscale
@@ -53,6 +53,28 @@ class RemoteCounts:
     """Requests waiting inside them for a replica of this pool, now."""
 
 
+@dataclass(slots=True)
+class PoolCounts:
+    """The pool's requests counted since the process started; a reload keeps counting."""
+
+    dispatched: int = 0
+    """Dispatches, retries not counted: round-robin's cursor."""
+    arrivals: int = 0
+    """Requests routed to this pool, counted on arrival: demand, not throughput."""
+    completions: int = 0
+    """Requests (attempts) that ended: with saturation, they teach the capacity."""
+    remote: RemoteCounts = field(default_factory=RemoteCounts)
+
+
+@dataclass(slots=True)
+class UsageLearning:
+    """What the replicas' `usage` reports taught the pool; a reload keeps it."""
+
+    chars_per_token: float
+    """Bytes of canonical prompt per model token."""
+    prediction_errors: PredictionErrors = field(default_factory=PredictionErrors)
+
+
 class PoolState:
     """A pool's replicas and the dispatch bookkeeping the routing decision reads.
 
@@ -64,7 +86,18 @@ class PoolState:
     def __init__(self, name: str, policy: PoolPolicy, previous: PoolState | None = None) -> None:
         self.name = name
         self.policy = policy
-        old = previous.replicas if previous is not None else {}
+        # What a reload carries over, one object per concern (the prefix index inside the
+        # router, the autoscaler's meters inside autoscale).
+        if previous is None:
+            old: dict[str, ReplicaState] = {}
+            self.counts = PoolCounts()
+            self.learned = UsageLearning(policy.prefix.chars_per_token)
+            self.queue = PoolQueue()
+        else:
+            old = previous.replicas
+            self.counts = previous.counts
+            self.learned = previous.learned
+            self.queue = previous.queue
         self.replicas: dict[str, ReplicaState] = {}
         for url in policy.replicas:
             replica = next((r for r in old.values() if r.url == url), None)
@@ -77,26 +110,13 @@ class PoolState:
             policy, previous.router if previous is not None else None
         )
         self._needs = self.router.needs
-        self.dispatched: int = previous.dispatched if previous is not None else 0
-        self.queue: PoolQueue = previous.queue if previous is not None else PoolQueue()
-        self.chars_per_token: float = (
-            previous.chars_per_token if previous is not None else policy.prefix.chars_per_token
-        )
-        """Bytes of canonical prompt per model token, learned from the replicas' usage."""
         self.autoscale: PoolAutoscale = PoolAutoscale(
             policy.autoscale, previous.autoscale if previous is not None else None
         )
         """The autoscaling signal and its meters (gateway/fleet/autoscale.py)."""
-        self.arrivals: int = previous.arrivals if previous is not None else 0
-        """Requests routed to this pool, counted on arrival: demand, not throughput."""
-        self.completions: int = previous.completions if previous is not None else 0
-        """Requests (attempts) that ended: with saturation, they teach the capacity."""
-        self.remote: RemoteCounts = previous.remote if previous is not None else RemoteCounts()
-        self.prediction_errors: PredictionErrors = (
-            previous.prediction_errors if previous is not None else PredictionErrors()
-        )
-        self.outbox: Outbox | None = previous.outbox if previous is not None else None
-        """Where dispatches go to be shared with other instances (None: nothing shared)."""
+        self.outbox: Outbox | None = None
+        """Where dispatches go to be shared with other instances (Fleet.attach; None: nothing
+        shared)."""
 
     @property
     def model(self) -> str:
@@ -139,7 +159,7 @@ class PoolState:
             for r in self.replicas.values()
             if r.available(now) and r.name not in skip and self._has_slot(r)
         )
-        return PoolSnapshot(candidates, self.dispatched, now, self.chars_per_token)
+        return PoolSnapshot(candidates, self.counts.dispatched, now, self.learned.chars_per_token)
 
     def _held_bytes(
         self, replica: ReplicaState, features: RequestFeatures, now: float
@@ -202,12 +222,12 @@ class PoolState:
         replica = self.replicas[decision.replica]
         load = replica.load()
         own = decision.uncached_tokens
-        ahead = queued_tokens(load, features.hashed_bytes / self.chars_per_token)
+        ahead = queued_tokens(load, features.hashed_bytes / self.learned.chars_per_token)
         dispatch = Dispatch(replica, decision, features, ahead, load.running, now)
         if self.events_on:
             # Both predictions, for the error metric: what the events are worth, measured.
             estimated = self.router.estimated_cached_bytes(replica.name, features)
-            dispatch.estimated_cached = estimated / self.chars_per_token
+            dispatch.estimated_cached = estimated / self.learned.chars_per_token
             if replica.kv_events is not None:
                 dispatch.exact_cached = replica.kv_events.dispatched(features, now)
         replica.inflight += 1
@@ -215,7 +235,7 @@ class PoolState:
         replica.pending_prefill_tokens += own
         replica.recent.add(now)
         if not retry:
-            self.dispatched += 1
+            self.counts.dispatched += 1
         self.router.record(features, decision, now)
         if self.outbox is not None:
             self.outbox.dispatched(self.name, decision.replica, features)
@@ -248,7 +268,9 @@ class PoolState:
             return
         if dispatch.request.hashed_bytes > 0:
             ratio = dispatch.request.hashed_bytes / usage.prompt_tokens
-            self.chars_per_token += _CHARS_PER_TOKEN_WEIGHT * (ratio - self.chars_per_token)
+            self.learned.chars_per_token += _CHARS_PER_TOKEN_WEIGHT * (
+                ratio - self.learned.chars_per_token
+            )
         if usage.cached_tokens is not None:
             dispatch.uncached_tokens = max(usage.prompt_tokens - usage.cached_tokens, 0)
             expected = usage.prompt_tokens - dispatch.decision.uncached_tokens
@@ -256,14 +278,14 @@ class PoolState:
                 # The decision read the events; the belief sizes the estimate, so judge that.
                 expected = dispatch.estimated_cached
             dispatch.replica.index_belief.observe(expected, usage.cached_tokens)
-            self.prediction_errors.observe(dispatch, usage.cached_tokens)
+            self.learned.prediction_errors.observe(dispatch, usage.cached_tokens)
 
     def end(self, dispatch: Dispatch, now: float | None = None) -> None:
         if dispatch.pending:
             self._settle(dispatch)
         replica = dispatch.replica
         replica.inflight -= 1
-        self.completions += 1
+        self.counts.completions += 1
         # The time it held a batch slot: from its first token when streamed (the wait before
         # it was the queue, and counting it would make a queue look like slow service, which
         # the slot wait would then count twice); the whole stay otherwise.
@@ -299,7 +321,7 @@ class PoolState:
         replica.slots.observe(stats.running, stats.waiting)
         if stats.kv_capacity_tokens:
             tokens = stats.kv_capacity_tokens * replica.index_belief.value
-            blocks = tokens * self.chars_per_token / self.policy.prefix.block_bytes
+            blocks = tokens * self.learned.chars_per_token / self.policy.prefix.block_bytes
             self.router.size_index(replica.name, int(blocks))
 
     def engine_waiting(self) -> float:
@@ -311,15 +333,15 @@ class PoolState:
 
     def update_desired(self, now: float) -> None:
         """Called once per scrape round, so the stabilisation window counts real time."""
-        remote = self.remote
+        remote = self.counts.remote
         depth = self.gateway_waiting + remote.waiting + self.engine_waiting()
         self.autoscale.update(
             now,
             self.healthy(),
             depth,
             self.mean_kv_usage(),
-            self.arrivals + remote.arrivals,
-            self.completions + remote.completions,
+            self.counts.arrivals + remote.arrivals,
+            self.counts.completions + remote.completions,
         )
 
     def load(self) -> PoolLoad:

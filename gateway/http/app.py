@@ -258,7 +258,7 @@ async def admin_route(request: web.Request) -> web.Response:
             "route": route.value if route else None,
             "matched_blocks": decision.matched_blocks if decision else 0,
             "fingerprint_blocks": len(resolution.features.block_hashes),
-            "chars_per_token": round(resolution.pool.chars_per_token, 3),
+            "chars_per_token": round(resolution.pool.learned.chars_per_token, 3),
             **explain(decision),
         }
     )

@@ -99,7 +99,7 @@ async def complete(
     admission = None
     if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
         admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
-    pool.arrivals += 1
+    pool.counts.arrivals += 1
     tiers, verdict = resolution.tier_router, resolution.verdict
     if tiers is not None and verdict is not None and not verdict.forced:
         went_large = tiers.observe(verdict, sent_large=pool.name == tiers.settings.large)

@@ -64,14 +64,8 @@ class Picker:
             await exchange.refuse(error)
             return
         try:
-            outcome.route = (routed.route or dispatch.decision.route).value
-            answer_headers = {
-                **routed.extra_headers,
-                headers.REQUEST_ID: routed.request_id,
-                headers.POOL: pool.name,
-                headers.REPLICA: dispatch.replica.name,
-                headers.ROUTE: outcome.route,
-            }
+            answer_headers = routed.answer_headers(dispatch.replica.name, dispatch.decision.route)
+            outcome.route = answer_headers[headers.ROUTE]
             fallbacks = _fallbacks(
                 pool.replicas.values(), dispatch.replica, exclude, time.monotonic()
             )

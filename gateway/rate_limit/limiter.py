@@ -157,7 +157,7 @@ class RateLimiter:
         generates = parsed.endpoint.prefix_routed
         prompt_bytes = resolution.features.hashed_bytes if generates else len(parsed.raw)
         tokens = estimate_tokens(
-            parsed, prompt_bytes, resolution.pool.chars_per_token,
+            parsed, prompt_bytes, resolution.pool.learned.chars_per_token,
             limits.completion_tokens_estimate,
         )  # fmt: skip
         return await self.admit(tenant, tokens)

@@ -40,7 +40,7 @@ from gateway.relay.upstream_errors import (
     failure_reason,
 )
 from gateway.relay.usage import prompt_usage
-from gateway.routing.routed import CLIENT_CLOSED, Failure, Outcome, Routed
+from gateway.routing.routed import CLIENT_CLOSED, Failure, Forwarding, Outcome, Routed
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
 
@@ -74,9 +74,10 @@ class Forwarder:
 
     async def forward(self, exchange: Exchange, routed: Routed) -> int:
         """Answers the request through ``exchange``; the status its answer went out with."""
-        outcome = Outcome()
+        req = Forwarding(exchange, routed, Outcome())
+        outcome = req.outcome
         try:
-            return await self._forward(exchange, routed, outcome)
+            return await self._forward(req)
         except asyncio.CancelledError:
             if not self.closing:
                 raise  # the client left: there is no one to answer
@@ -96,7 +97,8 @@ class Forwarder:
                 routed.pool.name, outcome.route, (time.perf_counter() - routed.started) * 1e3,
             )  # fmt: skip
 
-    async def _forward(self, exchange: Exchange, routed: Routed, outcome: Outcome) -> int:
+    async def _forward(self, req: Forwarding) -> int:
+        exchange, routed, outcome = req.exchange, req.routed, req.outcome
         pool = routed.pool
         # Relayed bytes are never re-encoded: ask for plain ones (replicas are near, and the
         # usage figures routing learns from are read from the relayed bytes).
@@ -127,7 +129,7 @@ class Forwarder:
             tried.append(dispatch.replica.name)
             try:
                 last = attempt == self._settings.retries
-                result = await self._attempt(exchange, routed, dispatch, out, last, outcome)
+                result = await self._attempt(req, dispatch, out, last)
             finally:
                 # Also on cancellation (the client left while the replica was still silent).
                 pool.end(dispatch)
@@ -135,7 +137,7 @@ class Forwarder:
                 failure = result
                 continue
             return result
-        return await self._give_up(exchange, routed, failure, outcome)
+        return await self._give_up(req, failure)
 
     async def _acquire(
         self, pool: PoolState, routed: Routed, skip: list[str], attempt: int
@@ -143,17 +145,11 @@ class Forwarder:
         return await pool.acquire(routed.features, exclude=skip, retry=attempt > 0)
 
     async def _attempt(
-        self,
-        exchange: Exchange,
-        routed: Routed,
-        dispatch: Dispatch,
-        out: list[tuple[str, str]],
-        last: bool,
-        outcome: Outcome,
+        self, req: Forwarding, dispatch: Dispatch, out: list[tuple[str, str]], last: bool
     ) -> int | Failure:
         """One replica's try: the relayed answer's status, or a failure before the first
-        byte."""
-        replica = dispatch.replica
+        byte. ``out``: the headers it sends."""
+        routed, replica = req.routed, dispatch.replica
         stream = routed.parsed.stream
         upstream: UpstreamResponse | None = None
         first = b""
@@ -201,14 +197,13 @@ class Forwarder:
                 return Failure(upstream.status, body, upstream.content_type)
         elif not first:
             self._outliers.success(replica)  # a stream's success is its whole end, below
-        return await self._relay(exchange, routed, dispatch, upstream, first, outcome)
+        return await self._relay(req, dispatch, upstream, first)
 
     def _failed(self, pool: PoolState, replica: ReplicaState, reason: str) -> None:
         self._outliers.failure(pool, replica, reason, time.monotonic())
 
-    async def _give_up(
-        self, exchange: Exchange, routed: Routed, failure: Failure | None, outcome: Outcome
-    ) -> int:
+    async def _give_up(self, req: Forwarding, failure: Failure | None) -> int:
+        exchange, routed, outcome = req.exchange, req.routed, req.outcome
         pool = routed.pool
         hdrs = {headers.REQUEST_ID: routed.request_id, headers.POOL: pool.name}
         if failure is None:
@@ -222,36 +217,21 @@ class Forwarder:
         return failure.status
 
     async def _relay(
-        self,
-        exchange: Exchange,
-        routed: Routed,
-        dispatch: Dispatch,
-        upstream: UpstreamResponse,
-        first: bytes,
-        outcome: Outcome,
+        self, req: Forwarding, dispatch: Dispatch, upstream: UpstreamResponse, first: bytes
     ) -> int:
-        replica = dispatch.replica
-        outcome.route = (routed.route or dispatch.decision.route).value
-        out = {
-            **routed.extra_headers,
-            headers.REQUEST_ID: routed.request_id,
-            headers.POOL: routed.pool.name,
-            headers.REPLICA: replica.name,
-            headers.ROUTE: outcome.route,
-            "Content-Type": upstream.content_type_header or answers.JSON,
-        }
+        out = req.routed.answer_headers(dispatch.replica.name, dispatch.decision.route)
+        req.outcome.route = out[headers.ROUTE]
+        out["Content-Type"] = upstream.content_type_header or answers.JSON
         encoding = upstream.content_encoding
         if encoding is not None:
             out["Content-Encoding"] = encoding  # the bytes are relayed as they came
         clean = False
         try:
             if first:
-                clean = await self._relay_stream(
-                    exchange, routed, dispatch, out, upstream, first, outcome
-                )
+                clean = await self._relay_stream(req, dispatch, out, upstream, first)
             else:
-                clean = await self._relay_body(exchange, routed, dispatch, out, upstream, outcome)
-            return outcome.wire
+                clean = await self._relay_body(req, dispatch, out, upstream)
+            return req.outcome.wire
         finally:
             # On a client disconnect (the handler is cancelled) or any error, closing the
             # connection rather than returning it to the pool makes vLLM abort the request
@@ -262,15 +242,10 @@ class Forwarder:
                 upstream.close()
 
     async def _relay_body(
-        self,
-        exchange: Exchange,
-        routed: Routed,
-        dispatch: Dispatch,
-        out: dict[str, str],
-        upstream: UpstreamResponse,
-        outcome: Outcome,
+        self, req: Forwarding, dispatch: Dispatch, out: dict[str, str], upstream: UpstreamResponse
     ) -> bool:
         """Relays a non-streaming answer (gateway/relay/answers.py); True when it ended cleanly."""
+        exchange, routed, outcome = req.exchange, req.routed, req.outcome
         replica = dispatch.replica.name
         try:
             body, whole = await answers.read_head(
@@ -314,15 +289,14 @@ class Forwarder:
 
     async def _relay_stream(
         self,
-        exchange: Exchange,
-        routed: Routed,
+        req: Forwarding,
         dispatch: Dispatch,
         out: dict[str, str],
         upstream: UpstreamResponse,
         first: bytes,
-        outcome: Outcome,
     ) -> bool:
         """Relays chunk by chunk; True when the replica's stream ended cleanly."""
+        exchange, routed, outcome = req.exchange, req.routed, req.outcome
         out["Cache-Control"] = "no-cache"
         outcome.wire = upstream.status
         before_last = last = b""

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from gateway import headers
 from gateway.fleet.pools import PoolState
+from gateway.http.exchange import Exchange
 from gateway.http.request_body import ParsedRequest
 from gateway.routing.affinity import RouteHooks
 from gateway.telemetry.metrics import NO_POOL
@@ -35,6 +37,17 @@ class Routed:
     on_usage: Callable[[bytes], None] | None = None
     """Sees relayed bytes that carry `usage` (a tenant's token charge is corrected by it)."""
 
+    def answer_headers(self, replica: str, decided: Route) -> dict[str, str]:
+        """What every answer carries besides the replica's own: the request's id, where it
+        went and why (this request's route, e.g. overflow, over the replica decision's)."""
+        return {
+            **self.extra_headers,
+            headers.REQUEST_ID: self.request_id,
+            headers.POOL: self.pool.name,
+            headers.REPLICA: replica,
+            headers.ROUTE: (self.route or decided).value,
+        }
+
 
 @dataclass(slots=True)
 class Failure:
@@ -51,3 +64,13 @@ class Outcome:
     status: int = CLIENT_CLOSED
     wire: int = CLIENT_CLOSED
     """The status the answer went out with (a stream that failed midway: its 200)."""
+
+
+@dataclass(slots=True)
+class Forwarding:
+    """One request through the Forwarder: every attempt reads where to answer and what was
+    routed, and writes how it ended."""
+
+    exchange: Exchange
+    routed: Routed
+    outcome: Outcome

@@ -21,8 +21,8 @@ def own_figures(fleet: Fleet) -> dict[str, int]:
     """This instance's counts, as the hash fields other instances read."""
     out: dict[str, int] = {}
     for pool in fleet.pools.values():
-        out[f"{ARRIVALS}{_SEP}{pool.name}"] = pool.arrivals
-        out[f"{COMPLETIONS}{_SEP}{pool.name}"] = pool.completions
+        out[f"{ARRIVALS}{_SEP}{pool.name}"] = pool.counts.arrivals
+        out[f"{COMPLETIONS}{_SEP}{pool.name}"] = pool.counts.completions
         out[f"{WAITING}{_SEP}{pool.name}"] = pool.gateway_waiting
         for replica in pool.replicas.values():
             key = f"{pool.name}{_SEP}{replica.name}"
@@ -70,7 +70,7 @@ class RemoteFigures:
         # Merged, not replaced: an instance missing from one read must not count again from 0.
         self._last.update(seen)
         for pool in fleet.pools.values():
-            remote = pool.remote
+            remote = pool.counts.remote
             remote.waiting = waiting.get(pool.name, 0)
             remote.arrivals += grown.get((ARRIVALS, pool.name), 0)
             remote.completions += grown.get((COMPLETIONS, pool.name), 0)
@@ -84,7 +84,7 @@ class RemoteFigures:
     def forget(fleet: Fleet) -> None:
         """The backend is away: route on this instance's own counts only."""
         for pool in fleet.pools.values():
-            pool.remote.waiting = 0
+            pool.counts.remote.waiting = 0
             for replica in pool.replicas.values():
                 replica.remote_inflight = 0
                 replica.remote_pending_requests = 0

@@ -107,7 +107,7 @@ _POOL_FAMILIES: tuple[tuple[str, str, _PoolFamily, PoolFigure], ...] = (
     (POOL_ARRIVALS,
      "Requests routed to the pool, counted on arrival (demand, unlike the answered count of "
      "gateway_requests_total under overload).",
-     CounterMetricFamily, lambda pool: pool.arrivals),
+     CounterMetricFamily, lambda pool: pool.counts.arrivals),
     (POOL_ARRIVAL_RATE,
      "Arrivals per second over the pool's autoscale rate_window_s (the rate term's input).",
      GaugeMetricFamily, lambda pool: pool.autoscale.arrival_rate),
@@ -182,7 +182,7 @@ def _kv_event_families(fleet: Fleet, now: float) -> Iterator[Metric]:
                 labels = [pool.name, replica.name]
                 exact.add_metric(labels, 1.0 if replica.kv_events.exact(now) else 0.0)
                 gaps.add_metric(labels, replica.kv_events.gaps)
-        errors = pool.prediction_errors
+        errors = pool.learned.prediction_errors
         for source, count in errors.counts.items():
             if count:
                 error.add_metric([pool.name, source], count, errors.sums[source])

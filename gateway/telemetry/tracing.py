@@ -25,7 +25,7 @@ from gateway.fleet.pools import PoolState
 from gateway.fleet.replicas import Dispatch
 from gateway.http.exchange import Exchange
 from gateway.relay.proxy import Forwarder
-from gateway.routing.routed import Failure, Outcome, Routed
+from gateway.routing.routed import Failure, Forwarding, Routed
 from router_policies.decision import Decision
 
 REQUEST_SPAN = "llm-gateway request"
@@ -107,18 +107,12 @@ class TracedForwarder(Forwarder):
             return dispatch
 
     async def _attempt(
-        self,
-        exchange: Exchange,
-        routed: Routed,
-        dispatch: Dispatch,
-        out: list[tuple[str, str]],
-        last: bool,
-        outcome: Outcome,
+        self, req: Forwarding, dispatch: Dispatch, out: list[tuple[str, str]], last: bool
     ) -> int | Failure:
         with self.tracing.upstream(dispatch.replica.name) as (span, context):
             own = [(name, value) for name, value in out if name.lower() not in context]
             sent = own + list(context.items())
-            result = await super()._attempt(exchange, routed, dispatch, sent, last, outcome)
+            result = await super()._attempt(req, dispatch, sent, last)
             status = result.status if isinstance(result, Failure) else result
             span.set_attribute("http.response.status_code", status)
             return result
