@@ -108,14 +108,11 @@ async def complete(
     if pool.events_on:
         features = await app[TOKEN_KEYS].attach(pool, parsed, features)
     routed = Routed(
-        resolution.parsed,
-        pool,
+        resolution,
         features,
         REQUEST_ID.get(),
         started,
         {**resolution.response_headers(), **(admission.headers if admission else {})},
-        resolution.route,
-        resolution.hooks,
         on_usage=admission.observe if admission is not None else None,
     )
     status = await forward(routed)

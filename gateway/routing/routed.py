@@ -10,6 +10,7 @@ from gateway.fleet.pools import PoolState
 from gateway.http.exchange import Exchange
 from gateway.http.request_body import ParsedRequest
 from gateway.routing.affinity import RouteHooks
+from gateway.routing.resolve import Resolution
 from gateway.telemetry.metrics import NO_POOL
 from router_policies.decision import Route
 from router_policies.fingerprint import RequestFeatures
@@ -21,31 +22,43 @@ CLIENT_CLOSED = 499
 
 @value
 class Routed:
-    """A request with its pool and features, ready to forward."""
+    """A request with its pool and final features, ready to forward: the one record the proxy
+    (or the picker) reads from resolution to the answer."""
 
-    parsed: ParsedRequest
-    pool: PoolState
+    resolution: Resolution
+    """Its pool, tier verdict and placement (gateway/routing/resolve.py)."""
     features: RequestFeatures
+    """The resolution's, with the client's hints and, where events are read, token keys."""
     request_id: str
     started: float
     extra_headers: Mapping[str, str] = field(default_factory=dict)
     """Headers the response carries besides the routing ones (e.g. the tier)."""
-    route: Route | None = None
-    """Overrides the replica decision's route in x-gateway-route (e.g. overflow)."""
-    hooks: RouteHooks | None = None
-    """Replicas to keep to (a stored response, an adapter's) and what to learn from the answer."""
     on_usage: Callable[[bytes], None] | None = None
     """Sees relayed bytes that carry `usage` (a tenant's token charge is corrected by it)."""
 
+    @property
+    def parsed(self) -> ParsedRequest:
+        return self.resolution.parsed
+
+    @property
+    def pool(self) -> PoolState:
+        return self.resolution.pool
+
+    @property
+    def hooks(self) -> RouteHooks | None:
+        """Replicas to keep to (a stored response, an adapter's) and what to learn from the
+        answer."""
+        return self.resolution.hooks
+
     def answer_headers(self, replica: str, decided: Route) -> dict[str, str]:
         """What every answer carries besides the replica's own: the request's id, where it
-        went and why (this request's route, e.g. overflow, over the replica decision's)."""
+        went and why (the resolution's route, e.g. overflow, over the replica decision's)."""
         return {
             **self.extra_headers,
             headers.REQUEST_ID: self.request_id,
             headers.POOL: self.pool.name,
             headers.REPLICA: replica,
-            headers.ROUTE: (self.route or decided).value,
+            headers.ROUTE: (self.resolution.route or decided).value,
         }
 
 
