@@ -109,6 +109,12 @@ class Settings(BaseSettings):
     """An instance's counts expire this long after its last write (a dead instance)."""
     state_timeout_s: Annotated[float, Field(gt=0)] = 0.5
     """A Redis call slower than this counts as Redis down: routing goes on from local state."""
+    rate_limit_lease_s: Annotated[float, Field(ge=0, le=10)] = 0.5
+    """With Redis, each instance takes this many seconds of a tenant's refill at once and
+    admits from it locally (gateway/rate_limit/leases.py): one Redis call per lease instead of
+    two per request (the take and the usage correction), never more than the limit in all, at
+    the price of up to this much of a tenant's rate held unspent by one instance. 0: every
+    request asks Redis."""
 
     @field_validator("workers", mode="before")
     @classmethod

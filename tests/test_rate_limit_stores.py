@@ -11,8 +11,10 @@ import signal
 from collections.abc import AsyncIterator
 
 import pytest
+import redis.asyncio
 from prometheus_client import CollectorRegistry, Counter
 
+from gateway.rate_limit.leases import LeasedStore
 from gateway.rate_limit.redis_store import RedisStore
 from gateway.rate_limit.store import BucketStore, LocalStore
 from router_policies.rate_limit import Limit
@@ -46,15 +48,17 @@ def _errors(registry: CollectorRegistry | None = None) -> Counter:
     return Counter("errors", "", registry=registry or CollectorRegistry())
 
 
-@pytest.fixture(params=["local", "redis"])
+@pytest.fixture(params=["local", "redis", "redis, leased"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[BucketStore]:
     if request.param == "local":
         yield LocalStore(clock=lambda: 1000.0)
         return
     async with running_redis() as server:
-        redis_store = RedisStore(server.url, _errors())
-        yield redis_store
-        await redis_store.close()
+        shared = RedisStore(server.url, _errors())
+        # The cases' limits are too small to lease a whole request: exact, as without leases.
+        chosen = LeasedStore(shared, lease_s=0.5) if request.param.endswith("leased") else shared
+        yield chosen
+        await chosen.close()
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -153,3 +157,71 @@ async def test_redis_too_slow_fails_open_too() -> None:
             assert verdict is not None and not verdict.allowed
         finally:
             await store.close()
+
+
+async def _redis_calls(url: str) -> int:
+    """Script calls the redis-server has run (its own command statistics)."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return sum(
+        int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")
+    )
+
+
+async def test_a_busy_tenant_costs_one_redis_call_per_lease_not_per_request() -> None:
+    async with running_redis() as server:
+        # 6,000 per minute, leases of 0.5 s: 50 requests per call to Redis.
+        store = LeasedStore(RedisStore(server.url, _errors()), lease_s=0.5)
+        before = await _redis_calls(server.url)
+        verdicts = [await store.take(["{t}:requests"], [Limit(6000)], [1]) for _ in range(500)]
+        calls = await _redis_calls(server.url) - before
+        await store.close()
+    assert all(v is not None and v.allowed for v in verdicts)
+    assert calls <= 500 / 50 + 1
+    remaining = [v.views[0].remaining for v in verdicts if v is not None]
+    assert remaining[:3] == pytest.approx([5999, 5998, 5997], abs=1)  # the headers count down
+
+
+async def test_requests_arriving_while_a_lease_is_renewed_wait_for_it() -> None:
+    async with running_redis() as server:
+        store = LeasedStore(RedisStore(server.url, _errors()), lease_s=0.5)
+        before = await _redis_calls(server.url)
+        verdicts = await asyncio.gather(
+            *(store.take(["{t}:requests"], [Limit(6000)], [1]) for _ in range(200))
+        )
+        calls = await _redis_calls(server.url) - before
+        await store.close()
+    assert all(v is not None and v.allowed for v in verdicts)
+    assert calls <= 200 / 50 + 1  # one renewal per lease, not one per waiting request
+
+
+async def test_instances_leasing_never_admit_more_than_the_limit_together() -> None:
+    async with running_redis() as server:
+        # Leases of 60 requests out of 600 per minute: two instances, 1,000 requests.
+        stores = [LeasedStore(RedisStore(server.url, _errors()), lease_s=6.0) for _ in range(2)]
+        verdicts = [
+            await stores[i % 2].take(["{t}:requests"], [Limit(600)], [1]) for i in range(1000)
+        ]
+        for store in stores:
+            await store.close()
+    admitted = sum(1 for v in verdicts if v is not None and v.allowed)
+    # Redis refills 10 a second while this runs; an instance may be left holding one lease.
+    assert 600 - 60 <= admitted <= 600 + 10
+
+
+async def test_a_refund_goes_back_into_the_lease_instead_of_to_redis() -> None:
+    async with running_redis() as server:
+        store = LeasedStore(RedisStore(server.url, _errors()), lease_s=0.5)
+        tokens = Limit(60_000)  # leases of 500 tokens
+        first = await store.take(["{t}:tokens"], [tokens], [400])
+        before = await _redis_calls(server.url)
+        await store.adjust("{t}:tokens", tokens, -300)  # estimated 400, used 100
+        second = await store.take(["{t}:tokens"], [tokens], [350])  # 100 + 300 left: local
+        calls = await _redis_calls(server.url) - before
+        await store.close()
+    assert first is not None and second is not None and second.allowed
+    assert calls == 0
+    assert second.views[0].remaining == pytest.approx(60_000 - 100 - 350, abs=2)

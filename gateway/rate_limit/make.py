@@ -17,14 +17,17 @@ def make_limiter(settings: Settings, choice: BackendChoice, metrics: GatewayMetr
         store = LocalStore()
     else:
         # Imported here: a gateway without Redis configured never loads the client.
+        from gateway.rate_limit.leases import LeasedStore
         from gateway.rate_limit.redis_store import RedisStore
 
-        store = RedisStore(
+        shared = RedisStore(
             choice.redis_url.get_secret_value(),
             metrics.rate_limit_backend_errors,
             key_prefix=choice.key_prefix,
             timeout_s=settings.state_timeout_s,
         )
+        lease_s = settings.rate_limit_lease_s
+        store = LeasedStore(shared, lease_s) if lease_s > 0 else shared
     return RateLimiter(
         store, metrics.tenant_requests, metrics.tenant_tokens, metrics.tenant_rate_limited
     )

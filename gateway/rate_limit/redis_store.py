@@ -30,18 +30,22 @@ log = logging.getLogger(__name__)
 
 _FAILURES = (RedisError, OSError, TimeoutError)
 
-# KEYS: the buckets. ARGV[1]: "take" or "adjust"; then per bucket: size per minute, cost.
+# KEYS: the buckets. ARGV[1]: "take" or "adjust"; then per bucket: size per minute, cost, and
+# how much more to lease when the cost is admitted (as much of it as the bucket still holds).
 # A bucket is {used, at}, as in router_policies/rate_limit.py. Returns {allowed (1/0),
-# retry_after_s, used of each bucket after}, as strings (Redis truncates Lua numbers).
+# retry_after_s, used of each bucket after, leased of each}, as strings (Redis truncates Lua
+# numbers).
 _SCRIPT = """
 redis.replicate_commands()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local n = #KEYS
-local sizes, costs, used = {}, {}, {}
+local sizes, costs, extras, used, leased = {}, {}, {}, {}, {}
 for i = 1, n do
-  sizes[i] = tonumber(ARGV[2 * i])
-  costs[i] = tonumber(ARGV[2 * i + 1])
+  sizes[i] = tonumber(ARGV[3 * i - 1])
+  costs[i] = tonumber(ARGV[3 * i])
+  extras[i] = tonumber(ARGV[3 * i + 1])
+  leased[i] = 0
   local state = redis.call('HMGET', KEYS[i], 'used', 'at')
   used[i] = 0
   if state[1] and state[2] then
@@ -58,7 +62,7 @@ end
 if ARGV[1] == 'adjust' then
   used[1] = math.min(math.max(used[1] + costs[1], 0), 2 * sizes[1])
   store(1)
-  return {'1', '0', string.format('%.6f', used[1])}
+  return {'1', '0', string.format('%.6f', used[1]), '0'}
 end
 local retry = 0
 for i = 1, n do
@@ -70,12 +74,15 @@ for i = 1, n do
 end
 if retry == 0 then
   for i = 1, n do
-    used[i] = math.min(used[i] + costs[i], 2 * sizes[i])
+    used[i] = math.min(math.max(used[i] + costs[i], 0), 2 * sizes[i])
+    leased[i] = math.max(math.min(extras[i], sizes[i] - used[i]), 0)
+    used[i] = used[i] + leased[i]
     store(i)
   end
 end
 local out = {retry == 0 and '1' or '0', string.format('%.6f', retry)}
 for i = 1, n do out[#out + 1] = string.format('%.6f', used[i]) end
+for i = 1, n do out[#out + 1] = string.format('%.6f', leased[i]) end
 return out
 """
 
@@ -110,19 +117,32 @@ class RedisStore:
     async def take(
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
     ) -> Verdict | None:
+        taken = await self.take_leasing(keys, limits, costs, [0.0] * len(keys))
+        return taken[0] if taken is not None else None
+
+    async def take_leasing(
+        self,
+        keys: Sequence[str],
+        limits: Sequence[Limit],
+        costs: Sequence[float],
+        extras: Sequence[float],
+    ) -> tuple[Verdict, tuple[float, ...]] | None:
+        """take(), and when admitted up to ``extras[i]`` more from bucket i, as much as it
+        still holds: the verdict (its buckets count what was leased as used) and what each
+        bucket leased."""
         args: list[str | float] = ["take"]
-        for limit, cost in zip(limits, costs, strict=True):
-            args += [limit.per_minute, cost]
+        for limit, cost, extra in zip(limits, costs, extras, strict=True):
+            args += [limit.per_minute, cost, extra]
         reply = await self._run(keys, args)
         if reply is None:
             return None
-        allowed, retry, *used = (float(v) for v in reply)
-        buckets = tuple(Bucket(u, 0.0) for u in used)
+        allowed, retry, *figures = (float(v) for v in reply)
+        buckets = tuple(Bucket(u, 0.0) for u in figures[: len(keys)])
         views = tuple(view(b, lim) for b, lim in zip(buckets, limits, strict=True))
-        return Verdict(allowed == 1.0, buckets, views, retry)
+        return Verdict(allowed == 1.0, buckets, views, retry), tuple(figures[len(keys) :])
 
     async def adjust(self, key: str, limit: Limit, delta: float) -> None:
-        await self._run([key], ["adjust", limit.per_minute, delta])
+        await self._run([key], ["adjust", limit.per_minute, delta, 0.0])
 
     async def _run(self, keys: Sequence[str], args: list[str | float]) -> list[bytes] | None:
         if self._down and time.monotonic() < self._down_until:
