@@ -11,6 +11,9 @@
 ``eval`` prints, as Markdown (docs/tier-eval.md holds the latest output):
 - cross-source held-out splits (``SPLITS``): trained on one group of public sources, tested on
   another it never saw, with the cue model's figures on the same test prompts beside;
+- both classifiers on the public held-out sets (bench/data/tier_heldout/, built by
+  bench/tier_eval/build_heldout.py): reasoning and planning in words, and conversations, kinds
+  of request the training sets lack, never trained on;
 - both classifiers on the project's own set (bench/data/tier_eval.jsonl), never trained on;
 - decision time (p50, p90) on 2 KB and 30 KB prompts, model load time and resident memory.
 
@@ -27,9 +30,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bench.tier_eval.build_heldout import DIALOGUES, REASONING
 from bench.tier_eval.conversations import EVAL_FOLLOW_UPS, conversations
 from bench.tier_eval.evaluation import DEFAULT_DATA, Example, calibrated_threshold, load_examples
 from bench.tier_eval.roc import roc_auc
@@ -38,6 +42,7 @@ from router_policies.tier_classifiers import CueClassifier, TierClassifier, load
 from router_policies.tier_settings import TierWeights
 
 TRAIN_DATA = Path(__file__).parent.parent / "data" / "tier_train"
+HELDOUT_DATA = Path(__file__).parent.parent / "data" / "tier_heldout"
 _PART_A = (
     "gsm8k",
     "humaneval",
@@ -145,6 +150,41 @@ def split_report(folder: Path, config: TrainConfig) -> list[str]:
                     f"| {name} | {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc:.3f} "
                     f"| {mix.recall:.3f} |"
                 )
+    return lines
+
+
+def _opening(example: Example) -> Example:
+    """A conversation's first user message as a request of its own."""
+    first = next(m for m in example.body["messages"] if m.get("role") == "user")
+    return replace(example, body={**example.body, "messages": [first]})
+
+
+def heldout_report(model: TierClassifier, folder: Path) -> list[str]:
+    lines = [
+        "### Public held-out sets (bench/data/tier_heldout/; no classifier was fitted to them)",
+        "",
+        "Reasoning and planning asked in words, against the easy dialogues' openings as "
+        "requests of their own; then whole conversations, labelled by their task, cut after "
+        f"a user turn from the second on. Recall at the threshold sending {TARGET_SHARE:.0%} "
+        f"large, on a resample to {HARD_SHARE_FOR_RECALL:.0%} hard.",
+        "",
+        "| test set | classifier | n | hard | ROC AUC | recall@30% |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    easy_dialogues = [e for e in load_sources(DIALOGUES, folder) if not e.hard]
+    openings = [_opening(e) for e in easy_dialogues]
+    reasoning = load_sources(REASONING, folder)
+    sets = [("reasoning and planning: " + " + ".join(REASONING), reasoning + openings)]
+    sets += [(f"{s} (hard) + openings", [e for e in reasoning if e.source == s] + openings)
+             for s in REASONING]  # fmt: skip
+    talks = load_sources(DIALOGUES, folder)
+    sets.append(("conversations: " + " + ".join(DIALOGUES), talks))
+    for set_name, examples in sets:
+        for clf_name, clf in (("learned", model), ("cue", CueClassifier(TierWeights()))):
+            f, mix = figures(clf, examples), figures(clf, recall_mix(examples))
+            lines.append(
+                f"| {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc:.3f} | {mix.recall:.3f} |"
+            )
     return lines
 
 
@@ -306,6 +346,7 @@ def _eval(args: argparse.Namespace) -> int:
     model = load_learned(model_path)
     lines = [f"## Learned tier classifier ({args.model or 'shipped default model'})", ""]
     lines += [*split_report(args.train_data, _config(args)), ""]
+    lines += [*heldout_report(model, args.heldout_data), ""]
     lines += [*own_report(model, args.own), ""]
     if not args.no_timing:
         lines += [*timing_report(model_path, args.train_data), ""]
@@ -327,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, help="model file (default: the shipped one)")
     p.add_argument("--train-data", type=Path, default=TRAIN_DATA,
                    help="folder of the public sets that SPLITS names")  # fmt: skip
+    p.add_argument("--heldout-data", type=Path, default=HELDOUT_DATA,
+                   help="folder of the public held-out sets (build_heldout.py)")  # fmt: skip
     p.add_argument("--own", type=Path, default=DEFAULT_DATA, help="the project's own set")
     p.add_argument("--no-timing", action="store_true", help="skip the microbenchmark")
     _add_train_options(p)
