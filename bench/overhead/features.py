@@ -27,9 +27,9 @@ async def start_features(small_url: str, redis_url: str, processes: list[Managed
     Every process started joins ``processes``."""
     [large] = await start_sim_replicas(1, model=LARGE_MODEL, **ZERO_DELAY)
     processes.append(large)
-    gateway = await start_gateway(
-        features_policy(small_url, large.url), env={"GATEWAY_REDIS_URL": redis_url}
-    )
+    # Its own key prefix: the other targets on this Redis share nothing with it.
+    env = {"GATEWAY_REDIS_URL": redis_url, "GATEWAY_STATE_KEY_PREFIX": "features"}
+    gateway = await start_gateway(features_policy(small_url, large.url), env=env)
     processes.append(gateway)
     return Target(FEATURES, gateway.url, gateway.pid, model=TIER_MODEL, api_key=API_KEY)
 

@@ -195,9 +195,9 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
         if config.workers > 1:
             assert redis is not None
             env = {"GATEWAY_WORKERS": str(config.workers)}
-            for name, extra in zip(
-                config.workers_targets, ({}, {"GATEWAY_REDIS_URL": redis.url}), strict=True
-            ):
+            # Its own key prefix: the features target's traffic is no business of its.
+            through_redis = {"GATEWAY_REDIS_URL": redis.url, "GATEWAY_STATE_KEY_PREFIX": "workers"}
+            for name, extra in zip(config.workers_targets, ({}, through_redis), strict=True):
                 workers = await start_gateway(policy, env={**env, **extra})
                 processes.append(workers)
                 # The parent's CPU figure sums its descendants: every worker.
