@@ -26,14 +26,20 @@ def conversation_key(body: Mapping[str, Any]) -> int | None:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
-    lead: list[Any] = []
+    # Hashed as it comes: encoding a long first message to JSON cost more than scoring it.
+    digest = xxhash.xxh3_64()
     for message in messages:
         if not isinstance(message, Mapping):
             return None
-        lead.append([message.get("role"), message.get("content")])
-        if message.get("role") == "user":
-            text = json.dumps(lead, sort_keys=True, default=str)
-            return xxhash.xxh3_64_intdigest(text.encode())
+        role, content = message.get("role"), message.get("content")
+        digest.update(f"{role}\0".encode("utf-8", "surrogatepass"))
+        if isinstance(content, str):
+            digest.update(b"s" + content.encode("utf-8", "surrogatepass"))
+        else:  # parts, or none: their JSON, tagged apart from a string that reads the same
+            digest.update(b"j" + json.dumps(content, sort_keys=True, default=str).encode())
+        digest.update(b"\x1e")
+        if role == "user":
+            return digest.intdigest()
     return None
 
 

@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +34,7 @@ from bench.tier_eval.build_heldout import DIALOGUES, REASONING
 from bench.tier_eval.conversations import EVAL_FOLLOW_UPS, conversations
 from bench.tier_eval.evaluation import DEFAULT_DATA, Example, calibrated_threshold, load_examples
 from bench.tier_eval.roc import roc_auc
+from bench.tier_eval.timing import timing_report
 from bench.tier_eval.train import TrainConfig, train
 from router_policies.tier_classifiers import CueClassifier, TierClassifier, load_learned
 from router_policies.tier_settings import TierWeights
@@ -59,8 +57,6 @@ TARGET_SHARE = 0.3
 HARD_SHARE_FOR_RECALL = 0.25
 """Recall at the 30% threshold is measured on the held-out prompts resampled to this share of
 hard ones: with more hard prompts than the target share, recall is capped at share / hard."""
-TIMING_SIZES = (2048, 30_000)
-TIMING_PROMPTS = 200
 SEED = 9
 
 
@@ -222,74 +218,6 @@ def _user_turns(example: Example) -> int:
     return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "user")
 
 
-def _timing_bodies(size: int, folder: Path) -> list[dict[str, object]]:
-    """TIMING_PROMPTS distinct prompts of ``size`` characters: windows of the public prompts'
-    text laid end to end, so every prompt has real words."""
-    corpus = "\n\n".join(
-        str(e.body["messages"][-1]["content"]) for e in load_sources(_PART_B, folder)
-    )
-    rng = random.Random(SEED)
-    starts = [rng.randrange(0, len(corpus) - size) for _ in range(TIMING_PROMPTS)]
-    return [
-        {"model": "auto", "messages": [{"role": "user", "content": corpus[s : s + size]}]}
-        for s in starts
-    ]
-
-
-def _percentiles(clf: TierClassifier, bodies: Sequence[dict[str, object]]) -> tuple[float, float]:
-    for body in bodies:  # warm-up pass
-        clf.score(body)
-    times = []
-    for body in bodies:
-        t0 = time.perf_counter_ns()
-        clf.score(body).score  # noqa: B018 - the decision's own cost is what is timed
-        times.append(time.perf_counter_ns() - t0)
-    times.sort()
-    return statistics.median(times) / 1000, times[int(len(times) * 0.9)] / 1000
-
-
-_LOAD_PROBE = """
-import sys, time
-def rss_kib():
-    for line in open('/proc/self/status'):
-        if line.startswith('VmRSS:'):
-            return int(line.split()[1])
-import router_policies.tier_classifiers as t
-before = rss_kib()
-t0 = time.perf_counter()
-model = t.load_learned(sys.argv[1] if len(sys.argv) > 1 else None)
-elapsed = time.perf_counter() - t0
-print(elapsed, (rss_kib() - before) / 1024, len(model.weights))
-"""
-
-
-def timing_report(model_path: str | None, folder: Path) -> list[str]:
-    args = [sys.executable, "-c", _LOAD_PROBE] + ([model_path] if model_path else [])
-    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout.split()
-    load_s, rss_mib, n_features = float(out[0]), float(out[1]), int(out[2])
-    model = load_learned(model_path)
-    lines = [
-        "### Decision time (one core, pure Python, CPython "
-        f"{sys.version_info.major}.{sys.version_info.minor})",
-        "",
-        f"{TIMING_PROMPTS} distinct prompts per size, each timed once after a warm-up pass.",
-        "",
-        "| prompt size | classifier | p50 us | p90 us |",
-        "|---:|---|---:|---:|",
-    ]
-    for size in TIMING_SIZES:
-        bodies = _timing_bodies(size, folder)
-        for name, clf in (("learned", model), ("cue", CueClassifier(TierWeights()))):
-            p50, p90 = _percentiles(clf, bodies)
-            lines.append(f"| {size // 1000} KB | {name} | {p50:.0f} | {p90:.0f} |")
-    lines += [
-        "",
-        f"Model load (fresh process): {load_s * 1000:.0f} ms; resident memory added: "
-        f"{rss_mib:.1f} MiB; {n_features} weights.",
-    ]
-    return lines
-
-
 # --- the command line -------------------------------------------------------------------------
 
 
@@ -349,7 +277,7 @@ def _eval(args: argparse.Namespace) -> int:
     lines += [*heldout_report(model, args.heldout_data), ""]
     lines += [*own_report(model, args.own), ""]
     if not args.no_timing:
-        lines += [*timing_report(model_path, args.train_data), ""]
+        lines += [*timing_report(model_path, load_sources(_PART_B, args.train_data)), ""]
     sys.stdout.write("\n".join(lines))
     return 0
 
