@@ -1,8 +1,8 @@
 """Per-API-key (tenant) rate limits: who the key belongs to, token buckets, 429s.
 
 The arithmetic lives in router_policies/rate_limit.py (pure); here are the stores (in-process,
-or Redis shared by every instance), authentication by key hash, and the limiter the request
-handler calls.
+or Redis shared by every instance, taken in leases by a busy tenant), authentication by key
+hash, and the limiter the request handler calls.
 """
 
 from gateway.rate_limit.keys import hash_key

@@ -23,7 +23,7 @@ from gateway.rate_limit.redis_store import RedisStore
 from router_policies.rate_limit import SECONDS_PER_MINUTE, Bucket, BucketView, Limit, Verdict
 
 _MOST_HELD_LEASES = 4
-"""A lease refunds may grow to this many leases' worth; beyond, the excess goes to Redis."""
+"""Refunds may grow a lease to this many leases' worth; beyond it, the excess goes to Redis."""
 
 
 @dataclass(slots=True)
