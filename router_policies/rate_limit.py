@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from router_policies.value import value
 
 SECONDS_PER_MINUTE = 60.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Limit:
     """A bucket's size; it refills from empty to full in one minute."""
 
@@ -37,7 +36,7 @@ class Limit:
         return self.per_minute / SECONDS_PER_MINUTE
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Bucket:
     """What a bucket has given out and not yet refilled, at a time (seconds on any clock, the
     same for every call). Kept as the amount used, not the level left, so that a limit changed

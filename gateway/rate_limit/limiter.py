@@ -26,6 +26,7 @@ from gateway.rate_limit.store import BucketStore
 from gateway.routing.resolve import Resolution
 from router_policies.limits_settings import LimitsSettings, TenantLimits
 from router_policies.rate_limit import BucketView, Limit, format_reset, needed
+from router_policies.value import value
 
 REQUESTS, TOKENS = "requests", "tokens"
 _COMPLETION_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
@@ -44,7 +45,7 @@ _HEADER_NAMES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Tenant:
     name: str
     limits: TenantLimits
@@ -109,6 +110,39 @@ def _headers(kinds: tuple[str, ...], views: tuple[BucketView, ...]) -> dict[str,
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A tenant's buckets as every request of it takes them."""
+
+    limits_of: TenantLimits
+    kinds: tuple[str, ...]
+    limits: tuple[Limit, ...]
+    keys: tuple[str, ...]
+    token_limit: Limit | None
+    admitted: Counter
+    """The tenant's child of gateway_tenant_requests_total."""
+
+    @classmethod
+    def of(cls, tenant: Tenant, requests: Counter) -> _Plan:
+        chosen = [
+            (kind, Limit(float(per_minute)))
+            for kind, per_minute in (
+                (REQUESTS, tenant.limits.requests_per_minute),
+                (TOKENS, tenant.limits.tokens_per_minute),
+            )
+            if per_minute is not None
+        ]
+        by_kind = dict(chosen)
+        return cls(
+            tenant.limits,
+            tuple(kind for kind, _ in chosen),
+            tuple(limit for _, limit in chosen),
+            tuple(_key(tenant.name, kind) for kind, _ in chosen),
+            by_kind.get(TOKENS),
+            requests.labels(tenant.name),
+        )
+
+
 class RateLimiter:
     def __init__(
         self,
@@ -122,6 +156,7 @@ class RateLimiter:
         self._tokens = tokens
         self._limited = limited
         self._index: TenantIndex | None = None
+        self._plans: dict[str, _Plan] = {}
         self._settling: set[asyncio.Task[None]] = set()
 
     def authenticate(self, limits: LimitsSettings, sent: Mapping[str, str]) -> Tenant | None:
@@ -162,30 +197,25 @@ class RateLimiter:
         )  # fmt: skip
         return await self.admit(tenant, tokens)
 
+    def _plan(self, tenant: Tenant) -> _Plan:
+        plan = self._plans.get(tenant.name)
+        if plan is None or plan.limits_of is not tenant.limits:
+            # Once per tenant and policy generation: a reload brings new TenantLimits.
+            plan = self._plans[tenant.name] = _Plan.of(tenant, self._requests)
+        return plan
+
     async def admit(self, tenant: Tenant, tokens: float) -> Admission:
         """Take one request and ``tokens`` from the tenant's buckets, or raise a 429."""
-        kinds: list[str] = []
-        limits: list[Limit] = []
-        costs: list[float] = []
-        for kind, per_minute, cost in (
-            (REQUESTS, tenant.limits.requests_per_minute, 1.0),
-            (TOKENS, tenant.limits.tokens_per_minute, tokens),
-        ):
-            if per_minute is not None:
-                kinds.append(kind)
-                limits.append(Limit(float(per_minute)))
-                costs.append(cost)
-        token_limit = limits[kinds.index(TOKENS)] if TOKENS in kinds else None
-        verdict = None
-        if kinds:
-            keys = [_key(tenant.name, kind) for kind in kinds]
-            verdict = await self.store.take(keys, limits, costs)
+        plan = self._plan(tenant)
+        kinds, limits, token_limit = plan.kinds, plan.limits, plan.token_limit
+        costs = [tokens if kind == TOKENS else 1.0 for kind in kinds]
+        verdict = await self.store.take(plan.keys, limits, costs) if kinds else None
         if verdict is None:  # no limits, or the store did not answer (fail open)
-            self._requests.labels(tenant.name).inc()
+            plan.admitted.inc()
             return Admission(tenant.name, {}, tokens, token_limit)
-        out = _headers(tuple(kinds), verdict.views)
+        out = _headers(kinds, verdict.views)
         if verdict.allowed:
-            self._requests.labels(tenant.name).inc()
+            plan.admitted.inc()
             return Admission(tenant.name, out, tokens, token_limit)
         short = next(
             i
