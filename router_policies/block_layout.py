@@ -10,10 +10,10 @@ few percent, which is all the cost model needs of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from router_policies.value import value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class BlockLayout:
     block_bytes: int
     """Size of the first blocks, and the unit in which an index counts its capacity."""

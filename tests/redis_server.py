@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
+import redis.asyncio
 
 from bench.redis_server import NO_REDIS, RedisProcess, redis_server_binary
 from replica.processes import start_on_free_port
@@ -72,3 +73,15 @@ async def running_redis() -> AsyncIterator[RedisServer]:
         yield server
     finally:
         await server.stop()
+
+
+async def script_calls(url: str) -> int:
+    """Script calls the redis-server at ``url`` has run (its own command statistics)."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return sum(
+        int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")
+    )

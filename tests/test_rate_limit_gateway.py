@@ -19,8 +19,10 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gateway import headers
 from gateway.http.app import build_app
-from gateway.rate_limit import Admission, LocalStore, RateLimiter, hash_key
+from gateway.rate_limit import Admission, BucketStore, LocalStore, RateLimiter, hash_key
+from gateway.rate_limit.leases import LeasedStore
 from gateway.rate_limit.limiter import Tenant
+from gateway.rate_limit.redis_store import RedisStore
 from gateway.settings import Settings
 from router_policies.limits_settings import TenantLimits
 from router_policies.schema import parse_policy
@@ -32,7 +34,7 @@ from tests.conftest import (
     in_process_sims,
     pool_policy,
 )
-from tests.redis_server import running_redis
+from tests.redis_server import running_redis, script_calls
 
 ACME_KEY = "sk-acme-0123456789"
 GLOBEX_KEY = "sk-globex-9876543210"
@@ -282,24 +284,49 @@ async def test_limits_follow_a_policy_reload(tmp_path: Path) -> None:
     assert raw.headers[headers.RATELIMIT_LIMIT_REQUESTS] == "10"
 
 
-async def test_the_token_estimate_is_corrected_by_the_reported_usage() -> None:
-    store = LocalStore(clock=lambda: 0.0)
+def _limiter(store: BucketStore) -> RateLimiter:
     registry = CollectorRegistry()
     counters = [
         Counter(name, "", labels, registry=registry)
         for name, labels in (("r", ["tenant"]), ("t", ["tenant"]), ("l", ["tenant", "limit"]))
     ]
-    limiter = RateLimiter(store, *counters)
-    acme = Tenant("acme", TenantLimits(api_key_sha256=[hash_key(ACME_KEY)], tokens_per_minute=1000))
+    return RateLimiter(store, *counters)
+
+
+def _acme(tokens_per_minute: int) -> Tenant:
+    limits = TenantLimits(api_key_sha256=[hash_key(ACME_KEY)], tokens_per_minute=tokens_per_minute)
+    return Tenant("acme", limits)
+
+
+_USAGE_120 = b'{"usage": {"prompt_tokens": 20, "completion_tokens": 100, "total_tokens": 120}}'
+
+
+async def test_the_token_estimate_is_corrected_by_the_reported_usage() -> None:
+    limiter, acme = _limiter(LocalStore(clock=lambda: 0.0)), _acme(1000)
     admission: Admission = await limiter.admit(acme, tokens=500)
     assert admission.headers[headers.RATELIMIT_REMAINING_TOKENS] == "500"
-    admission.observe(
-        b'{"usage": {"prompt_tokens": 20, "completion_tokens": 100, "total_tokens": 120}}'
-    )
+    admission.observe(_USAGE_120)
     limiter.settle(admission, 200)
     await limiter.settled()
     after = await limiter.admit(acme, tokens=0)
     assert after.headers[headers.RATELIMIT_REMAINING_TOKENS] == "880"
+
+
+async def test_with_leases_the_correction_stays_in_the_process() -> None:
+    async with running_redis() as server:
+        errors = Counter("errors", "", registry=CollectorRegistry())
+        limiter, acme = _limiter(LeasedStore(RedisStore(server.url, errors), 0.5)), _acme(600_000)
+        admission = await limiter.admit(acme, tokens=500)  # and a lease of 5,000 tokens
+        before = await script_calls(server.url)
+        admission.observe(_USAGE_120)
+        limiter.settle(admission, 200)
+        await limiter.settled()
+        after = await limiter.admit(acme, tokens=0)
+        calls = await script_calls(server.url) - before
+        await limiter.close()
+    assert calls == 0  # neither the refund nor the next admission asked Redis
+    remaining = int(after.headers[headers.RATELIMIT_REMAINING_TOKENS])
+    assert remaining == pytest.approx(600_000 - 120, abs=2)
 
 
 async def test_with_redis_down_tenants_are_served_unlimited_and_it_is_counted() -> None:

@@ -11,14 +11,13 @@ import signal
 from collections.abc import AsyncIterator
 
 import pytest
-import redis.asyncio
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.rate_limit.leases import LeasedStore
 from gateway.rate_limit.redis_store import RedisStore
 from gateway.rate_limit.store import BucketStore, LocalStore
 from router_policies.rate_limit import Limit
-from tests.redis_server import running_redis
+from tests.redis_server import running_redis, script_calls
 
 # (sizes per minute, [(costs, admitted, floor of what remains in each bucket after)])
 # Redis runs on the server's clock: the few milliseconds a case takes refill a small fraction
@@ -159,25 +158,13 @@ async def test_redis_too_slow_fails_open_too() -> None:
             await store.close()
 
 
-async def _redis_calls(url: str) -> int:
-    """Script calls the redis-server has run (its own command statistics)."""
-    client = redis.asyncio.Redis.from_url(url)
-    try:
-        stats = await client.info("commandstats")
-    finally:
-        await client.aclose()
-    return sum(
-        int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")
-    )
-
-
 async def test_a_busy_tenant_costs_one_redis_call_per_lease_not_per_request() -> None:
     async with running_redis() as server:
         # 6,000 per minute, leases of 0.5 s: 50 requests per call to Redis.
         store = LeasedStore(RedisStore(server.url, _errors()), lease_s=0.5)
-        before = await _redis_calls(server.url)
+        before = await script_calls(server.url)
         verdicts = [await store.take(["{t}:requests"], [Limit(6000)], [1]) for _ in range(500)]
-        calls = await _redis_calls(server.url) - before
+        calls = await script_calls(server.url) - before
         await store.close()
     assert all(v is not None and v.allowed for v in verdicts)
     assert calls <= 500 / 50 + 1
@@ -188,11 +175,11 @@ async def test_a_busy_tenant_costs_one_redis_call_per_lease_not_per_request() ->
 async def test_requests_arriving_while_a_lease_is_renewed_wait_for_it() -> None:
     async with running_redis() as server:
         store = LeasedStore(RedisStore(server.url, _errors()), lease_s=0.5)
-        before = await _redis_calls(server.url)
+        before = await script_calls(server.url)
         verdicts = await asyncio.gather(
             *(store.take(["{t}:requests"], [Limit(6000)], [1]) for _ in range(200))
         )
-        calls = await _redis_calls(server.url) - before
+        calls = await script_calls(server.url) - before
         await store.close()
     assert all(v is not None and v.allowed for v in verdicts)
     assert calls <= 200 / 50 + 1  # one renewal per lease, not one per waiting request
@@ -217,10 +204,10 @@ async def test_a_refund_goes_back_into_the_lease_instead_of_to_redis() -> None:
         store = LeasedStore(RedisStore(server.url, _errors()), lease_s=0.5)
         tokens = Limit(60_000)  # leases of 500 tokens
         first = await store.take(["{t}:tokens"], [tokens], [400])
-        before = await _redis_calls(server.url)
+        before = await script_calls(server.url)
         await store.adjust("{t}:tokens", tokens, -300)  # estimated 400, used 100
         second = await store.take(["{t}:tokens"], [tokens], [350])  # 100 + 300 left: local
-        calls = await _redis_calls(server.url) - before
+        calls = await script_calls(server.url) - before
         await store.close()
     assert first is not None and second is not None and second.allowed
     assert calls == 0

@@ -125,15 +125,25 @@ class LeasedStore:
         return _verdict(new, limits)
 
     async def adjust(self, key: str, limit: Limit, delta: float) -> None:
+        if self.adjust_now(key, limit, delta):
+            return
         lease = self._leases.get(key)
         if lease is None or lease.left < delta:
             await self._shared.adjust(key, limit, delta)
             return
+        # A refund the lease would hold beyond its bound: the lease keeps the bound.
+        excess = lease.left - delta - _MOST_HELD_LEASES * lease.size
+        lease.left -= delta + excess
+        await self._shared.adjust(key, limit, -excess)
+
+    def adjust_now(self, key: str, limit: Limit, delta: float) -> bool:
+        lease = self._leases.get(key)
+        if lease is None or lease.left < delta:
+            return False
+        if lease.left - delta > _MOST_HELD_LEASES * lease.size:
+            return False
         lease.left -= delta
-        excess = lease.left - _MOST_HELD_LEASES * lease.size
-        if excess > 0:
-            lease.left -= excess
-            await self._shared.adjust(key, limit, -excess)
+        return True
 
     async def close(self) -> None:
         self._leases.clear()

@@ -72,6 +72,8 @@ class Admission:
     tokens_charged: float = 0.0
     token_limit: Limit | None = None
     reported_tokens: int | None = None
+    tokens_counted: Counter | None = None
+    """The tenant's child of gateway_tenant_tokens_total (else looked up at settling)."""
 
     def observe(self, data: bytes) -> None:
         """Relayed bytes that carry `usage` (the proxy calls this where it finds one)."""
@@ -121,9 +123,11 @@ class _Plan:
     token_limit: Limit | None
     admitted: Counter
     """The tenant's child of gateway_tenant_requests_total."""
+    tokens_counted: Counter
+    """The tenant's child of gateway_tenant_tokens_total."""
 
     @classmethod
-    def of(cls, tenant: Tenant, requests: Counter) -> _Plan:
+    def of(cls, tenant: Tenant, requests: Counter, tokens: Counter) -> _Plan:
         chosen = [
             (kind, Limit(float(per_minute)))
             for kind, per_minute in (
@@ -140,6 +144,7 @@ class _Plan:
             tuple(_key(tenant.name, kind) for kind, _ in chosen),
             by_kind.get(TOKENS),
             requests.labels(tenant.name),
+            tokens.labels(tenant.name),
         )
 
 
@@ -201,7 +206,7 @@ class RateLimiter:
         plan = self._plans.get(tenant.name)
         if plan is None or plan.limits_of is not tenant.limits:
             # Once per tenant and policy generation: a reload brings new TenantLimits.
-            plan = self._plans[tenant.name] = _Plan.of(tenant, self._requests)
+            plan = self._plans[tenant.name] = _Plan.of(tenant, self._requests, self._tokens)
         return plan
 
     async def admit(self, tenant: Tenant, tokens: float) -> Admission:
@@ -210,13 +215,14 @@ class RateLimiter:
         kinds, limits, token_limit = plan.kinds, plan.limits, plan.token_limit
         costs = [tokens if kind == TOKENS else 1.0 for kind in kinds]
         verdict = await self.store.take(plan.keys, limits, costs) if kinds else None
+        counted = plan.tokens_counted
         if verdict is None:  # no limits, or the store did not answer (fail open)
             plan.admitted.inc()
-            return Admission(tenant.name, {}, tokens, token_limit)
+            return Admission(tenant.name, {}, tokens, token_limit, tokens_counted=counted)
         out = _headers(kinds, verdict.views)
         if verdict.allowed:
             plan.admitted.inc()
-            return Admission(tenant.name, out, tokens, token_limit)
+            return Admission(tenant.name, out, tokens, token_limit, tokens_counted=counted)
         short = next(
             i
             for i, (seen, lim, cost) in enumerate(zip(verdict.views, limits, costs, strict=True))
@@ -246,12 +252,14 @@ class RateLimiter:
             used = 0.0  # nothing was generated (or nothing the client got): a refund
         else:
             used = charged  # no usage reported (a stream without include_usage)
-        self._tokens.labels(admission.tenant).inc(used)
-        if admission.token_limit is None or used == charged:
+        (admission.tokens_counted or self._tokens.labels(admission.tenant)).inc(used)
+        limit = admission.token_limit
+        if limit is None or used == charged:
             return
-        task = asyncio.create_task(
-            self.store.adjust(_key(admission.tenant, TOKENS), admission.token_limit, used - charged)
-        )
+        key = _key(admission.tenant, TOKENS)
+        if self.store.adjust_now(key, limit, used - charged):
+            return
+        task = asyncio.create_task(self.store.adjust(key, limit, used - charged))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 

@@ -144,6 +144,9 @@ class RedisStore:
     async def adjust(self, key: str, limit: Limit, delta: float) -> None:
         await self._run([key], ["adjust", limit.per_minute, delta, 0.0])
 
+    def adjust_now(self, key: str, limit: Limit, delta: float) -> bool:
+        return False  # always a round trip
+
     async def _run(self, keys: Sequence[str], args: list[str | float]) -> list[bytes] | None:
         if self._down and time.monotonic() < self._down_until:
             self._errors.inc()

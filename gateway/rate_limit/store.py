@@ -28,6 +28,10 @@ class BucketStore(Protocol):
         """Take ``delta`` more from one bucket (a refund when negative)."""
         ...
 
+    def adjust_now(self, key: str, limit: Limit, delta: float) -> bool:
+        """adjust() where it needs no I/O (no task to wait on); False: call adjust()."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -50,7 +54,11 @@ class LocalStore:
         return verdict
 
     async def adjust(self, key: str, limit: Limit, delta: float) -> None:
+        self.adjust_now(key, limit, delta)
+
+    def adjust_now(self, key: str, limit: Limit, delta: float) -> bool:
         self._buckets[key] = adjust(self._buckets.get(key), limit, delta, self._clock())
+        return True
 
     async def close(self) -> None:
         self._buckets.clear()
