@@ -34,9 +34,11 @@ def conversation_key(body: Mapping[str, Any]) -> int | None:
         role, content = message.get("role"), message.get("content")
         digest.update(f"{role}\0".encode("utf-8", "surrogatepass"))
         if isinstance(content, str):
-            digest.update(b"s" + content.encode("utf-8", "surrogatepass"))
+            digest.update(b"s")
+            digest.update(content.encode("utf-8", "surrogatepass"))
         else:  # parts, or none: their JSON, tagged apart from a string that reads the same
-            digest.update(b"j" + json.dumps(content, sort_keys=True, default=str).encode())
+            digest.update(b"j")
+            digest.update(json.dumps(content, sort_keys=True, default=str).encode())
         digest.update(b"\x1e")
         if role == "user":
             return digest.intdigest()

@@ -97,7 +97,7 @@ def _record(source: str, i: int, label: str, category: str, text: str) -> dict[s
     }
 
 
-def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         for line in f:
@@ -106,7 +106,7 @@ def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def gsm8k(raw: Path) -> list[dict[str, Any]]:
-    rows = list(_jsonl(raw / "gsm8k_train.jsonl"))
+    rows = list(read_jsonl(raw / "gsm8k_train.jsonl"))
     random.Random(SEED).shuffle(rows)
     return [
         _record("gsm8k", i, "hard", "math_word_problem", r["question"])
@@ -120,7 +120,7 @@ def math(raw: Path) -> list[dict[str, Any]]:
 
     return [
         _record("math", i, "hard", category(r["type"]), r["problem"])
-        for i, r in enumerate(_jsonl(raw / "math_test.jsonl"))
+        for i, r in enumerate(read_jsonl(raw / "math_test.jsonl"))
     ]
 
 
@@ -128,7 +128,7 @@ def humaneval(raw: Path) -> list[dict[str, Any]]:
     # The prompt as the benchmark gives it: a signature and a docstring to complete.
     return [
         _record("humaneval", i, "hard", "code_completion", r["prompt"])
-        for i, r in enumerate(_jsonl(raw / "HumanEval.jsonl.gz"))
+        for i, r in enumerate(read_jsonl(raw / "HumanEval.jsonl.gz"))
     ]
 
 
@@ -139,7 +139,7 @@ def mbpp(raw: Path) -> list[dict[str, Any]]:
             "mbpp", i, "hard", "code_generation",
             f"{r['text']} Your code should pass these tests:\n\n" + "\n".join(r["test_list"]),
         )
-        for i, r in enumerate(_jsonl(raw / "mbpp.jsonl"))
+        for i, r in enumerate(read_jsonl(raw / "mbpp.jsonl"))
     ]  # fmt: skip
 
 
@@ -151,7 +151,7 @@ def _instruction_text(task: dict[str, Any]) -> str:
 
 def selfinstruct_seed(raw: Path) -> list[dict[str, Any]]:
     out = []
-    for i, t in enumerate(_jsonl(raw / "selfinstruct_seed_tasks.jsonl")):
+    for i, t in enumerate(read_jsonl(raw / "selfinstruct_seed_tasks.jsonl")):
         hard = t["name"] in SEED_TASKS_HARD
         category = "code_math_puzzle" if hard else "general_instruction"
         out.append(
@@ -169,7 +169,7 @@ def p3(raw: Path, part: str) -> list[dict[str, Any]]:
         dataset = next((d for d in P3_SETS if path.stem.startswith(d)), None)
         if dataset is None or P3_SETS[dataset][1] != part:
             continue
-        rows = list(_jsonl(path))
+        rows = list(read_jsonl(path))
         for r in rng.sample(rows, min(P3_PER_TEMPLATE, len(rows))):
             out.append(_record(source, len(out), "easy", dataset, r["prompt"]))
     return out
@@ -188,7 +188,7 @@ def theoremqa(raw: Path) -> list[dict[str, Any]]:
 
 
 def nq_open(raw: Path) -> list[dict[str, Any]]:
-    rows = list(_jsonl(raw / "nq_open_dev.jsonl"))
+    rows = list(read_jsonl(raw / "nq_open_dev.jsonl"))
     return [
         _record("nq_open", i, "easy", "trivia", r["question"].strip().capitalize() + "?")
         for i, r in enumerate(_sample(rows))

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.tier_eval.build_data import MAX_CHARS, SEED
+from bench.tier_eval.build_data import MAX_CHARS, SEED, read_jsonl
 
 DEFAULT_OUT = Path(__file__).parent.parent / "data" / "tier_heldout"
 PER_SOURCE = 300
@@ -84,11 +84,6 @@ def _write(
     return len(chosen)
 
 
-def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        yield from (json.loads(line) for line in f if line.strip())
-
-
 def cut(turns: Iterable[tuple[str, str]], rng: random.Random) -> list[Message] | None:
     """A dialogue's turns (role, text), consecutive ones of a speaker joined, cut after a
     seeded user turn from the second on; None with fewer than two user turns."""
@@ -110,7 +105,7 @@ def cut(turns: Iterable[tuple[str, str]], rng: random.Random) -> list[Message] |
 def folio(raw: Path) -> Iterator[list[Message]]:
     rng = random.Random(SEED)
     for name in ("folio-train.jsonl", "folio-validation.jsonl"):
-        for row in _json_lines(raw / name):
+        for row in read_jsonl(raw / name):
             # Premises as bullets: numbering them would put digits in every prompt.
             premises = "\n".join(f"- {p.strip()}" for p in row["premises"])
             ask = rng.choice(_FOLIO_ASKS)
@@ -125,7 +120,7 @@ def planbench(raw: Path) -> Iterator[list[Message]]:
 
 
 def travelplanner(raw: Path) -> Iterator[list[Message]]:
-    for row in _json_lines(raw / "std_travelplanner.jsonl"):
+    for row in read_jsonl(raw / "std_travelplanner.jsonl"):
         asked = next(m["content"] for m in row["messages"] if m["role"] == "user")
         yield _user(asked.rsplit("Query:", 1)[1].strip())
 
@@ -150,7 +145,7 @@ def sysdesign(raw: Path) -> Iterator[list[Message]]:
 def mathdial(raw: Path) -> Iterator[list[Message]]:
     rng = random.Random(SEED)
     said = re.compile(r"^(Teacher|Student)\s*:\s*(?:\([a-z_ ]*\))?\s*(.*)$", re.S)
-    for row in _json_lines(raw / "mathdial_test.jsonl"):
+    for row in read_jsonl(raw / "mathdial_test.jsonl"):
         # The student opens with the problem and their (wrong) solution, as the set records.
         turns = [("user", f"{row['question'].strip()}\n\n{row['student_incorrect_solution']}")]
         for part in row["conversation"].split("|EOM|"):
