@@ -5,6 +5,7 @@ Pure, like the replica decision: it sees each pool's load as plain numbers.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 
 from router_policies.tier_settings import TierSettings
@@ -64,16 +65,40 @@ def is_close_call(score: float, threshold: float, margin: float) -> bool:
     return margin > 0 and abs(score - threshold) <= margin
 
 
+@value
+class PoolPrediction:
+    """A pool's predicted TTFT for a request, as its policy would route it now, beside the
+    same replica's prediction for it idle and holding none of it: the scale that TTFT is read
+    against, since a large model is slower at everything."""
+
+    ttft_s: float
+    idle_cold_s: float
+
+    @property
+    def stretch(self) -> float:
+        """Above 1: a queue ahead of the request; below 1: history it need not prefill."""
+        return self.ttft_s / self.idle_cold_s if self.idle_cold_s > 0 else math.inf
+
+
 def close_call_choice(
     choice: PoolChoice,
     settings: TierSettings,
-    own_s: float | None,
-    other_s: float | None,
-    other: PoolLoad,
+    own: PoolPrediction | None,
+    other: PoolPrediction | None,
+    other_load: PoolLoad,
+    near_ratio: float,
 ) -> PoolChoice:
-    """A close call's pool: the other tier's when it is predicted to answer first (TTFT
-    ``other_s`` against ``own_s``) and not saturated; its own tier's on a tie or when a pool
-    cannot predict (a policy without a cost model)."""
-    if own_s is None or other_s is None or other.saturated or not other_s < own_s:
+    """A close call's pool: the other tier's when the request would wait there less, relative
+    to what it costs there idle and cold, beyond ``near_ratio`` (the cost model's band of
+    equally good predictions), and it is not saturated; its own tier's otherwise, or when a
+    pool cannot predict (a policy without a cost model).
+
+    Comparing absolute TTFTs would send every close call to the faster (small) model whenever
+    it is not swamped: a lower share sent large, which a higher threshold gives as well. Read
+    against each pool's own idle, cold cost, a close call leaves the tier the classifier leaned
+    to only for a pool that is backed up or for one that holds the conversation's history."""
+    if own is None or other is None or other_load.saturated:
+        return choice
+    if not other.stretch * (1 + near_ratio) < own.stretch:
         return choice
     return PoolChoice(settings.other_pool(choice.pool), overflow=False, close_call=True)

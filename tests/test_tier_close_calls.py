@@ -1,5 +1,6 @@
 """Close calls: a tiered request scored within `close_call_margin` of the threshold goes to the
-pool predicted to answer it first, each pool's policy routing it as it would now; outside the
+pool where it would wait least for that pool's speed, each pool's policy routing it as it would
+now (a queue, or history held there, moves it; a faster model alone does not); outside the
 margin, forced, kept large by its conversation or overflowing, the tier decides alone."""
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import pytest
 
 from gateway.fleet.pools import Fleet
 from gateway.http.request_body import Endpoint, parse_request
-from gateway.routing.resolve import resolve
+from gateway.routing.explain import close_call_view
+from gateway.routing.resolve import Resolution, resolve
 from router_policies.decision import Route
-from router_policies.schema import parse_policy
+from router_policies.schema import CostSettings, parse_policy
 from router_policies.tier_settings import TierSettings
-from router_policies.tiers import PoolChoice, PoolLoad, close_call_choice
+from router_policies.tiers import PoolChoice, PoolLoad, PoolPrediction, close_call_choice
 
 EASY = "What is the capital of France?"
 HARD = (
@@ -24,26 +26,41 @@ HARD = (
 )
 IDLE = PoolLoad(healthy=1, queue_depth=0, saturation_queue_per_replica=8)
 SETTINGS = TierSettings(small="small", large="large", close_call_margin=0.1)
+NEAR = CostSettings().near_ratio
 
 
-def test_the_other_tier_takes_a_close_call_only_when_predicted_sooner_and_not_saturated() -> None:
-    own = PoolChoice("small", overflow=False)
-    moved = close_call_choice(own, SETTINGS, own_s=0.8, other_s=0.2, other=IDLE)
-    assert moved == PoolChoice("large", overflow=False, close_call=True)
-    assert close_call_choice(own, SETTINGS, 0.2, 0.2, IDLE) == own  # a tie stays home
-    assert close_call_choice(own, SETTINGS, 0.2, 0.8, IDLE) == own
-    assert close_call_choice(own, SETTINGS, None, 0.2, IDLE) == own  # no cost model: no guess
+def test_a_close_call_leaves_its_tier_only_for_a_pool_where_it_waits_less_for_its_speed() -> None:
+    own = PoolChoice("large", overflow=False)
+    moved = PoolChoice("small", overflow=False, close_call=True)
+    # Both idle and cold: the small model answers sooner, but only because it is small.
+    idle_large, idle_small = PoolPrediction(0.9, 0.9), PoolPrediction(0.3, 0.3)
+    assert close_call_choice(own, SETTINGS, idle_large, idle_small, IDLE, NEAR) == own
+    backed_up = PoolPrediction(2.7, 0.9)
+    assert close_call_choice(own, SETTINGS, backed_up, idle_small, IDLE, NEAR) == moved
+    holds_history = PoolPrediction(0.06, 0.3)  # most of the prompt cached there
+    assert close_call_choice(own, SETTINGS, idle_large, holds_history, IDLE, NEAR) == moved
+    assert (
+        close_call_choice(own, SETTINGS, PoolPrediction(0.2, 0.9), holds_history, IDLE, NEAR) == own
+    )
+    slightly_busier = PoolPrediction(1.0, 0.9)  # within the band of equally good predictions
+    assert close_call_choice(own, SETTINGS, slightly_busier, idle_small, IDLE, NEAR) == own
+    assert close_call_choice(own, SETTINGS, None, idle_small, IDLE, NEAR) == own  # no cost model
     full = PoolLoad(healthy=1, queue_depth=8, saturation_queue_per_replica=8)
-    assert close_call_choice(own, SETTINGS, 0.8, 0.2, full) == own
+    assert close_call_choice(own, SETTINGS, backed_up, idle_small, full, NEAR) == own
 
 
-def fleet(margin: float) -> Fleet:
+SLOW = {"prefill_tokens_per_s": 2000.0, "step_s": 0.04}
+"""A large model's starting rates: slower at everything than the default small one's."""
+
+
+def fleet(margin: float, large_cost: dict[str, float] | None = None) -> Fleet:
     pool = {"max_inflight_per_replica": 64}
+    large = {"cost": large_cost} if large_cost else {}
     policy = parse_policy(
         {
             "pools": {
                 "small": {"model": "s", "replicas": ["http://10.0.0.1:8000"], **pool},
-                "large": {"model": "l", "replicas": ["http://10.0.0.2:8000"], **pool},
+                "large": {"model": "l", "replicas": ["http://10.0.0.2:8000"], **pool, **large},
             },
             "tiers": {"auto": {"small": "small", "large": "large", "close_call_margin": margin}},
         }
@@ -54,10 +71,15 @@ def fleet(margin: float) -> Fleet:
     return built
 
 
-def ask(built: Fleet, text: str, **headers: Any) -> tuple[str, Route | None, str]:
+def resolved(built: Fleet, text: str, tier: str | None = None) -> Resolution:
     body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
-    parsed = parse_request(Endpoint.CHAT, orjson.dumps(body))
-    resolution = resolve(built, parsed, headers.get("tier"))
+    resolution = resolve(built, parse_request(Endpoint.CHAT, orjson.dumps(body)), tier)
+    assert resolution.verdict is not None
+    return resolution
+
+
+def ask(built: Fleet, text: str, **headers: Any) -> tuple[str, Route | None, str]:
+    resolution = resolved(built, text, headers.get("tier"))
     assert resolution.verdict is not None
     return resolution.pool.name, resolution.route, resolution.verdict.tier.value
 
@@ -65,6 +87,8 @@ def ask(built: Fleet, text: str, **headers: Any) -> tuple[str, Route | None, str
 def busy(built: Fleet, pool: str) -> None:
     for replica in built.pools[pool].replicas.values():
         replica.inflight = 40
+        replica.pending_requests = 40
+        replica.pending_prefill_tokens = 40 * 500  # their prompts, not yet prefilled
 
 
 @pytest.mark.parametrize("loaded", ["small", "large"])
@@ -76,6 +100,28 @@ def test_with_every_request_a_close_call_the_idle_pool_answers(loaded: str) -> N
         pool, route, tier = ask(built, text)
         assert pool == idle
         assert route is (Route.CLOSE_CALL if tier != idle else None)
+
+
+def test_with_both_pools_idle_a_close_call_keeps_its_tier_though_the_small_model_is_faster() -> (
+    None
+):
+    built = fleet(margin=0.5, large_cost=SLOW)
+    for text in (EASY, HARD):
+        pool, route, tier = ask(built, text)
+        assert (pool, route) == (tier, None)
+
+
+def test_admin_route_shows_each_pools_prediction_for_a_close_call() -> None:
+    built = fleet(margin=0.5, large_cost=SLOW)
+    busy(built, "large")
+    resolution = resolved(built, HARD)
+    view = close_call_view(resolution.compared)
+    assert view is not None and list(view) == ["large", "small"]  # its tier's pool first
+    large, small = view["large"], view["small"]
+    assert large["idle_cold_ttft_s"] > small["idle_cold_ttft_s"]  # the slower model
+    assert large["stretch"] > small["stretch"] * (1 + NEAR)  # why it moved
+    assert resolution.pool.name == "small" and resolution.route is Route.CLOSE_CALL
+    assert close_call_view(resolved(fleet(margin=0.0), HARD).compared) is None
 
 
 def test_outside_the_margin_or_with_it_off_the_tier_decides() -> None:

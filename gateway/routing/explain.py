@@ -3,10 +3,12 @@ time to first token and its parts, in seconds and tokens."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from router_policies.cost.ttft import TtftEstimate
 from router_policies.decision import CandidateCost, Decision
+from router_policies.tiers import PoolPrediction
 
 
 def _estimate(estimate: TtftEstimate) -> dict[str, float]:
@@ -39,4 +41,21 @@ def explain(decision: Decision | None) -> dict[str, Any]:
     return {
         "predicted": _estimate(decision.estimate) if decision.estimate else None,
         "candidates": [_candidate(c) for c in costs],
+    }
+
+
+def close_call_view(compared: Sequence[tuple[str, PoolPrediction | None]]) -> dict[str, Any] | None:
+    """A close call's predictions by pool, its tier's pool first; None when it was none. The
+    other pool takes it when its stretch is lower beyond the cost model's near band."""
+    if not compared:
+        return None
+    return {
+        pool: None
+        if p is None
+        else {
+            "predicted_ttft_s": round(p.ttft_s, 6),
+            "idle_cold_ttft_s": round(p.idle_cold_s, 6),
+            "stretch": round(p.stretch, 4),
+        }
+        for pool, p in compared
     }

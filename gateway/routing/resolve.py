@@ -13,11 +13,18 @@ from gateway.fleet.pools import Fleet, PoolState
 from gateway.http.errors import ApiError, bad_request, model_not_found
 from gateway.http.request_body import Endpoint, ParsedRequest
 from gateway.routing.affinity import RouteHooks, RoutingMemory, adapter_replicas
+from router_policies.cost.ttft import IDLE, predicted_s
 from router_policies.decision import Route
 from router_policies.fingerprint import RequestFeatures, load_only
 from router_policies.tier_router import TierRouter, TierVerdict
 from router_policies.tier_settings import TierSettings
-from router_policies.tiers import PoolChoice, choose_pool, close_call_choice, is_close_call
+from router_policies.tiers import (
+    PoolChoice,
+    PoolPrediction,
+    choose_pool,
+    close_call_choice,
+    is_close_call,
+)
 from router_policies.value import value
 
 
@@ -32,6 +39,8 @@ class Resolution:
     tier_router: TierRouter | None = None
     hooks: RouteHooks | None = None
     """Placement beyond the pool's policy (a stored response, an adapter's warm replicas)."""
+    compared: tuple[tuple[str, PoolPrediction | None], ...] = ()
+    """A close call's predictions by pool, its tier's pool first (/admin/route shows them)."""
 
     @property
     def route(self) -> Route | None:
@@ -81,6 +90,7 @@ def resolve(
     pool = fleet.pool_for_model(parsed.model)
     adapter = None
     verdict = choice = tier_router = None
+    compared: tuple[tuple[str, PoolPrediction | None], ...] = ()
     features: RequestFeatures | None = None
     if pool is None:
         pool = adapter_pool(fleet, parsed.model, memory.learned_adapters if memory else None)
@@ -95,7 +105,7 @@ def resolve(
         choice = choose_pool(verdict.tier, settings, small.load(), large.load())
         close = is_close_call(verdict.score.score, verdict.threshold, settings.close_call_margin)
         if close and not (choice.overflow or verdict.forced or verdict.kept):
-            choice, features = _close_call(choice, settings, fleet, parsed)
+            choice, features, compared = _close_call(choice, settings, fleet, parsed)
         pool = fleet.pools[choice.pool]
         body = {**parsed.body, "model": pool.model}
         parsed = dataclasses.replace(parsed, body=body, raw=orjson.dumps(body), model=pool.model)
@@ -103,7 +113,7 @@ def resolve(
         salt = parsed.cache_salt if adapter is None else f"{parsed.cache_salt}\x00lora:{adapter}"
         features = _features(pool, parsed, parsed.model, salt)
     hooks = _hooks(memory, pool, parsed, adapter) if memory is not None else None
-    return Resolution(parsed, pool, features, verdict, choice, tier_router, hooks)
+    return Resolution(parsed, pool, features, verdict, choice, tier_router, hooks, compared)
 
 
 def _features(pool: PoolState, parsed: ParsedRequest, model: str, salt: str) -> RequestFeatures:
@@ -116,18 +126,26 @@ def _features(pool: PoolState, parsed: ParsedRequest, model: str, salt: str) -> 
 
 def _close_call(
     choice: PoolChoice, settings: TierSettings, fleet: Fleet, parsed: ParsedRequest
-) -> tuple[PoolChoice, RequestFeatures]:
-    """The close call's pool, from each pool's predicted TTFT for the request as its policy
-    would route it now; and the request's features in that pool."""
+) -> tuple[PoolChoice, RequestFeatures, tuple[tuple[str, PoolPrediction | None], ...]]:
+    """The close call's pool, from each pool's prediction for the request as its policy would
+    route it now; the request's features in that pool; the predictions."""
     pools = (fleet.pools[choice.pool], fleet.pools[settings.other_pool(choice.pool)])
     features = [_features(pool, parsed, pool.model, parsed.cache_salt) for pool in pools]
-    predicted = []
-    for pool, seen in zip(pools, features, strict=True):
-        decision = pool.decide(seen)
-        estimate = decision.estimate if decision is not None else None
-        predicted.append(estimate.total_s if estimate is not None else None)
-    chosen = close_call_choice(choice, settings, predicted[0], predicted[1], pools[1].load())
-    return chosen, features[0] if chosen is choice else features[1]
+    own, other = (_predict(pool, seen) for pool, seen in zip(pools, features, strict=True))
+    near = pools[0].policy.cost.near_ratio
+    chosen = close_call_choice(choice, settings, own, other, pools[1].load(), near)
+    compared = ((pools[0].name, own), (pools[1].name, other))
+    return chosen, features[0] if chosen is choice else features[1], compared
+
+
+def _predict(pool: PoolState, features: RequestFeatures) -> PoolPrediction | None:
+    decision = pool.decide(features, explain=True)
+    if decision is None or decision.estimate is None:
+        return None
+    rates = next(c.rates for c in decision.costs if c.name == decision.replica)
+    prompt_tokens = features.hashed_bytes / pool.learned.chars_per_token
+    idle_cold = predicted_s(IDLE, prompt_tokens, prompt_tokens, rates)
+    return PoolPrediction(decision.estimate.total_s, idle_cold)
 
 
 def _hooks(
