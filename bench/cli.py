@@ -59,7 +59,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     ),
     "close-calls": (
         "bench.close_calls",
-        "tier close calls to the pool predicted to answer first, against the quality rule",
+        "tier close calls to the pool where they wait least, against the quality rule",
     ),
     "hang": (
         "bench.hang",

@@ -1,8 +1,8 @@
 """``llm-gateway bench close-calls``: what a tier's close calls gain on two simulated pools.
 
-A request scored within ``close_call_margin`` of the tier threshold goes to the pool predicted
-to answer it first (docs/routing.md, "Close calls"). This measures it against the quality rule
-alone, like for like:
+A request scored within ``close_call_margin`` of the tier threshold goes to the pool where it
+would wait least for that pool's speed (docs/routing.md, "Close calls"). This measures it
+against the quality rule alone, like for like:
 
 - Fleet: a `small` pool of 4 simulated replicas at the sims' default speed and a `large` pool
   of 2 replicas three times slower to prefill and decode, as a larger model is; prefix-aware

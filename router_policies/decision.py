@@ -30,7 +30,7 @@ class Route(StrEnum):
     """A tiered request sent to the other pool because its own was saturated."""
     CLOSE_CALL = "close-call"
     """A tiered request scored within the tiers' close_call_margin of the threshold, sent to
-    the other tier's pool because it was predicted to answer first."""
+    the other tier's pool because it would wait less there for that pool's speed."""
 
 
 @value

@@ -72,10 +72,10 @@ class TierSettings(StrictModel):
     overflow: OverflowSettings = OverflowSettings()
     close_call_margin: Annotated[float, Field(ge=0.0, le=0.5)] = 0.0
     """A request scored within this of the threshold is a close call: the classifier cannot
-    tell which pool it needs, so it goes to the pool predicted to answer it first (each pool's
-    cost model, what each holds of the conversation counted). 0: off (no close call costs a
-    second routing decision). A conversation kept large, a forced tier and overflow are never
-    close calls."""
+    tell which pool it needs, so it goes to the pool where it would wait least for that pool's
+    speed (each pool's cost model, what each holds of the conversation counted;
+    docs/routing.md). 0: off (no close call costs a second routing decision). A conversation
+    kept large, a forced tier and overflow are never close calls."""
 
     def other_pool(self, pool: str) -> str:
         """The pool of the other tier."""

@@ -36,7 +36,8 @@ class PoolChoice:
     pool: str
     overflow: bool
     close_call: bool = False
-    """A close call, sent to the other tier's pool because it is predicted to answer first."""
+    """A close call, sent to the other tier's pool because it would wait less there for that
+    pool's speed (``close_call_choice``)."""
 
 
 def choose_pool(tier: Tier, settings: TierSettings, small: PoolLoad, large: PoolLoad) -> PoolChoice:
