@@ -91,15 +91,17 @@ def close_call_choice(
 ) -> PoolChoice:
     """A close call's pool: the other tier's when the request would wait there less, relative
     to what it costs there idle and cold, beyond ``near_ratio`` (the cost model's band of
-    equally good predictions), and it is not saturated; its own tier's otherwise, or when a
-    pool cannot predict (a policy without a cost model).
+    equally good predictions), would answer there no later, and it is not saturated; its own
+    tier's otherwise, or when a pool cannot predict (a policy without a cost model).
 
-    Comparing absolute TTFTs would send every close call to the faster (small) model whenever
-    it is not swamped: a lower share sent large, which a higher threshold gives as well. Read
-    against each pool's own idle, cold cost, a close call leaves the tier the classifier leaned
-    to only for a pool that is backed up or for one that holds the conversation's history."""
+    Comparing absolute TTFTs alone would send every close call to the faster (small) model
+    whenever it is not swamped: a lower share sent large, which a higher threshold gives as
+    well. Read against each pool's own idle, cold cost, a close call leaves the tier the
+    classifier leaned to only for a pool that is backed up or for one that holds the
+    conversation's history; and never for a slower answer, as a queue on the fast model
+    would otherwise send it cold to the slow one."""
     if own is None or other is None or other_load.saturated:
         return choice
-    if not other.stretch * (1 + near_ratio) < own.stretch:
+    if not (other.stretch * (1 + near_ratio) < own.stretch and other.ttft_s <= own.ttft_s):
         return choice
     return PoolChoice(settings.other_pool(choice.pool), overflow=False, close_call=True)

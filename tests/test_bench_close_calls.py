@@ -30,6 +30,8 @@ async def test_the_gateway_routes_the_quality_rule_as_the_offline_share_says() -
     assert quality.close_calls() == same.close_calls() == 0
     assert quality.share_large() == workload.share_large(quality.threshold)
     assert same.share_large() == workload.share_large(same.threshold)
+    opened = sum(turns[0] > quality.threshold for turns in workload.scores)
+    assert quality.first_turns_large() == opened
     assert abs(same.share_large() - close.share_large()) <= 1 / workload.requests + 0.05
     text = table([quality, close, same])
     assert "| quality rule |" in text and "| close calls |" in text

@@ -29,7 +29,9 @@ SETTINGS = TierSettings(small="small", large="large", close_call_margin=0.1)
 NEAR = CostSettings().near_ratio
 
 
-def test_a_close_call_leaves_its_tier_only_for_a_pool_where_it_waits_less_for_its_speed() -> None:
+def test_a_close_call_leaves_its_tier_only_where_it_waits_less_for_the_speed_and_is_no_later() -> (
+    None
+):
     own = PoolChoice("large", overflow=False)
     moved = PoolChoice("small", overflow=False, close_call=True)
     # Both idle and cold: the small model answers sooner, but only because it is small.
@@ -42,6 +44,13 @@ def test_a_close_call_leaves_its_tier_only_for_a_pool_where_it_waits_less_for_it
     assert (
         close_call_choice(own, SETTINGS, PoolPrediction(0.2, 0.9), holds_history, IDLE, NEAR) == own
     )
+    queued_small = PoolPrediction(0.48, 0.3)  # a queue on the fast model...
+    own_small = PoolChoice("small", overflow=False)
+    assert close_call_choice(own_small, SETTINGS, queued_small, idle_large, IDLE, NEAR) == own_small
+    # ...sends it to the slow one only where it would answer no later: history held there.
+    to_large = PoolChoice("large", overflow=False, close_call=True)
+    warm_large = PoolPrediction(0.4, 0.9)
+    assert close_call_choice(own_small, SETTINGS, queued_small, warm_large, IDLE, NEAR) == to_large
     slightly_busier = PoolPrediction(1.0, 0.9)  # within the band of equally good predictions
     assert close_call_choice(own, SETTINGS, slightly_busier, idle_small, IDLE, NEAR) == own
     assert close_call_choice(own, SETTINGS, None, idle_small, IDLE, NEAR) == own  # no cost model
