@@ -29,9 +29,7 @@ SETTINGS = TierSettings(small="small", large="large", close_call_margin=0.1)
 NEAR = CostSettings().near_ratio
 
 
-def test_a_close_call_leaves_its_tier_only_where_it_waits_less_for_the_speed_and_is_no_later() -> (
-    None
-):
+def test_a_close_call_leaves_its_tier_only_to_wait_less_for_the_speed_and_answer_no_later() -> None:
     own = PoolChoice("large", overflow=False)
     moved = PoolChoice("small", overflow=False, close_call=True)
     # Both idle and cold: the small model answers sooner, but only because it is small.
@@ -89,7 +87,7 @@ def resolved(built: Fleet, text: str, tier: str | None = None) -> Resolution:
 
 def ask(built: Fleet, text: str, **headers: Any) -> tuple[str, Route | None, str]:
     resolution = resolved(built, text, headers.get("tier"))
-    assert resolution.verdict is not None
+    assert resolution.verdict is not None  # for the type checker: resolved() checked it
     return resolution.pool.name, resolution.route, resolution.verdict.tier.value
 
 
@@ -111,16 +109,14 @@ def test_with_every_request_a_close_call_the_idle_pool_answers(loaded: str) -> N
         assert route is (Route.CLOSE_CALL if tier != idle else None)
 
 
-def test_with_both_pools_idle_a_close_call_keeps_its_tier_though_the_small_model_is_faster() -> (
-    None
-):
+def test_with_both_pools_idle_a_close_call_keeps_its_tier_though_small_is_faster() -> None:
     built = fleet(margin=0.5, large_cost=SLOW)
     for text in (EASY, HARD):
         pool, route, tier = ask(built, text)
         assert (pool, route) == (tier, None)
 
 
-def test_admin_route_shows_each_pools_prediction_for_a_close_call() -> None:
+def test_admin_route_explains_a_close_call_by_each_pools_prediction() -> None:
     built = fleet(margin=0.5, large_cost=SLOW)
     busy(built, "large")
     resolution = resolved(built, HARD)

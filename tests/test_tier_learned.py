@@ -456,6 +456,7 @@ async def test_admin_route_shows_the_learned_score_threshold_and_contributions(
     assert 0 < len(tier["contributions"]) <= EXPLAIN_TOP
     assert max(tier["contributions"].values()) > 0
     assert tier["contributions"].keys() == tier["features"].keys()
+    assert tier["close_call"] is None  # close calls are off: no second prediction made
 
 
 # --- the data build script ------------------------------------------------------------------

@@ -139,12 +139,15 @@ def _close_call(
 
 
 def _predict(pool: PoolState, features: RequestFeatures) -> PoolPrediction | None:
+    """None for a policy without a cost model (no estimate, no candidate costs)."""
     decision = pool.decide(features, explain=True)
     if decision is None or decision.estimate is None:
         return None
-    rates = next(c.rates for c in decision.costs if c.name == decision.replica)
+    chosen = next((c for c in decision.costs if c.name == decision.replica), None)
+    if chosen is None:
+        return None
     prompt_tokens = features.hashed_bytes / pool.learned.chars_per_token
-    idle_cold = predicted_s(IDLE, prompt_tokens, prompt_tokens, rates)
+    idle_cold = predicted_s(IDLE, prompt_tokens, prompt_tokens, chosen.rates)
     return PoolPrediction(decision.estimate.total_s, idle_cold)
 
 
