@@ -129,6 +129,25 @@ def test_admin_route_explains_a_close_call_by_each_pools_prediction() -> None:
     assert close_call_view(resolved(fleet(margin=0.0), HARD).compared) is None
 
 
+def test_a_close_call_stays_with_the_pool_that_holds_its_conversation() -> None:
+    opening = {"role": "user", "content": HARD + " Notes: " + "the integrand decays fast. " * 150}
+    answer = {"role": "assistant", "content": "Done."}
+    follow_up = [opening, answer, {"role": "user", "content": "And the second derivation?"}]
+    turn_two = orjson.dumps({"model": "auto", "messages": follow_up})
+    cold = resolve(fleet(margin=0.5), parse_request(Endpoint.CHAT, turn_two), None)
+    assert cold.verdict is not None and cold.verdict.tier.value == "large"
+    assert (cold.pool.name, cold.route) == ("large", None)  # nothing held anywhere: its tier
+    built = fleet(margin=0.5)
+    small = built.pools["small"]  # where its first turn went (a close call sent small, say)
+    first = parse_request(Endpoint.CHAT, orjson.dumps({"model": "s", "messages": [opening]}))
+    seen = small.router.features(small.model, first.canonical_text, first.cache_salt)
+    decision = small.decide(seen)
+    assert decision is not None
+    small.router.record(seen, decision, 0.0)
+    warm = resolve(built, parse_request(Endpoint.CHAT, turn_two), None)
+    assert (warm.pool.name, warm.route) == ("small", Route.CLOSE_CALL)
+
+
 def test_outside_the_margin_or_with_it_off_the_tier_decides() -> None:
     for margin in (0.0, 0.01):
         built = fleet(margin)
