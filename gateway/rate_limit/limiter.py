@@ -69,11 +69,11 @@ class Admission:
 
     tenant: str
     headers: dict[str, str]
+    tokens_counted: Counter
+    """The tenant's child of gateway_tenant_tokens_total."""
     tokens_charged: float = 0.0
     token_limit: Limit | None = None
     reported_tokens: int | None = None
-    tokens_counted: Counter | None = None
-    """The tenant's child of gateway_tenant_tokens_total (else looked up at settling)."""
 
     def observe(self, data: bytes) -> None:
         """Relayed bytes that carry `usage` (the proxy calls this where it finds one)."""
@@ -218,11 +218,11 @@ class RateLimiter:
         counted = plan.tokens_counted
         if verdict is None:  # no limits, or the store did not answer (fail open)
             plan.admitted.inc()
-            return Admission(tenant.name, {}, tokens, token_limit, tokens_counted=counted)
+            return Admission(tenant.name, {}, counted, tokens, token_limit)
         out = _headers(kinds, verdict.views)
         if verdict.allowed:
             plan.admitted.inc()
-            return Admission(tenant.name, out, tokens, token_limit, tokens_counted=counted)
+            return Admission(tenant.name, out, counted, tokens, token_limit)
         short = next(
             i
             for i, (seen, lim, cost) in enumerate(zip(verdict.views, limits, costs, strict=True))
@@ -252,7 +252,7 @@ class RateLimiter:
             used = 0.0  # nothing was generated (or nothing the client got): a refund
         else:
             used = charged  # no usage reported (a stream without include_usage)
-        (admission.tokens_counted or self._tokens.labels(admission.tenant)).inc(used)
+        admission.tokens_counted.inc(used)
         limit = admission.token_limit
         if limit is None or used == charged:
             return

@@ -27,6 +27,9 @@ from router_policies.tiers import (
 )
 from router_policies.value import value
 
+Compared = tuple[tuple[str, PoolPrediction | None], ...]
+"""A close call's predictions by pool, its tier's pool first."""
+
 
 @value
 class Resolution:
@@ -39,7 +42,7 @@ class Resolution:
     tier_router: TierRouter | None = None
     hooks: RouteHooks | None = None
     """Placement beyond the pool's policy (a stored response, an adapter's warm replicas)."""
-    compared: tuple[tuple[str, PoolPrediction | None], ...] = ()
+    compared: Compared = ()
     """A close call's predictions by pool, its tier's pool first (/admin/route shows them)."""
 
     @property
@@ -90,7 +93,7 @@ def resolve(
     pool = fleet.pool_for_model(parsed.model)
     adapter = None
     verdict = choice = tier_router = None
-    compared: tuple[tuple[str, PoolPrediction | None], ...] = ()
+    compared: Compared = ()
     features: RequestFeatures | None = None
     if pool is None:
         pool = adapter_pool(fleet, parsed.model, memory.learned_adapters if memory else None)
@@ -126,7 +129,7 @@ def _features(pool: PoolState, parsed: ParsedRequest, model: str, salt: str) -> 
 
 def _close_call(
     choice: PoolChoice, settings: TierSettings, fleet: Fleet, parsed: ParsedRequest
-) -> tuple[PoolChoice, RequestFeatures, tuple[tuple[str, PoolPrediction | None], ...]]:
+) -> tuple[PoolChoice, RequestFeatures, Compared]:
     """The close call's pool, from each pool's prediction for the request as its policy would
     route it now; the request's features in that pool; the predictions."""
     pools = (fleet.pools[choice.pool], fleet.pools[settings.other_pool(choice.pool)])
