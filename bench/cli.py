@@ -61,6 +61,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.close_calls",
         "tier close calls to the pool where they wait least, against the quality rule",
     ),
+    "overflow": (
+        "bench.tier_overflow",
+        "tier overflow by predicted TTFT, against overflow at saturation",
+    ),
     "hang": (
         "bench.hang",
         "one of two workers SIGSTOPped: how soon throughput is back (the watchdog)",

@@ -45,6 +45,19 @@ class OverflowSettings(StrictModel):
     """Easy requests may use the large pool when the small one is saturated."""
     allow_degrade: bool = False
     """Hard requests may use the small pool when the large one is saturated."""
+    predicted: bool = False
+    """Off by default: on two simulated pools it showed no consistent gain, and the hard
+    requests paid for the climbs in two of three report seeds (each climb a cold prefill on the
+    large model ahead of the hard requests queued there; docs/tier-overflow.md). On: easy
+    requests also climb to the large pool, before the small one saturates, while the
+    small pool has a queue and the large one is predicted to answer them sooner, beyond the
+    cost model's near band (each pool's prediction as its policy would route the request now,
+    what each holds of the conversation counted). Checked only while the small pool has a
+    queue (in the gateway, in its engines, or a request waiting for its first token on every
+    replica), so a pool that can start a request at once pays nothing; a pool without a cost
+    model climbs at saturation only. Hard requests go down at saturation only
+    (`allow_degrade`): the small model nearly always answers sooner, which is no reason to give
+    up the large one."""
 
 
 class TierSettings(StrictModel):

@@ -1,4 +1,5 @@
-"""Which pool a tiered request goes to: the classifier's tier, then overflow under saturation.
+"""Which pool a tiered request goes to: the classifier's tier, then overflow (at saturation,
+or for an easy request the large pool is predicted to answer sooner) and close calls.
 
 Pure, like the replica decision: it sees each pool's load as plain numbers.
 """
@@ -22,6 +23,9 @@ class PoolLoad:
     healthy: int
     queue_depth: float
     saturation_queue_per_replica: float
+    backlogged: bool = False
+    """Every healthy replica has a request waiting for its first token (the gateway's own
+    count, immediate, unlike the engines' scraped queues): none can start another at once."""
 
     @property
     def saturated(self) -> bool:
@@ -105,3 +109,31 @@ def close_call_choice(
     if not (other.stretch * (1 + near_ratio) < own.stretch and other.ttft_s <= own.ttft_s):
         return choice
     return PoolChoice(settings.other_pool(choice.pool), overflow=False, close_call=True)
+
+
+def may_climb(tier: Tier, settings: TierSettings, small: PoolLoad) -> bool:
+    """Whether an easy request's pools are worth predicting for a climb to the large pool: only
+    while the small pool has a queue, in the gateway or ahead of every replica's next prefill
+    (otherwise the small model answers sooner anyway)."""
+    overflow = settings.overflow
+    queued = small.backlogged or small.queue_depth > 0
+    return tier is Tier.SMALL and overflow.enabled and overflow.predicted and queued
+
+
+def climb_choice(
+    choice: PoolChoice,
+    settings: TierSettings,
+    own: PoolPrediction | None,
+    other: PoolPrediction | None,
+    other_load: PoolLoad,
+    near_ratio: float,
+) -> PoolChoice:
+    """An easy request's pool while the small one has a queue: the large pool, as overflow,
+    when it is predicted to answer sooner beyond ``near_ratio`` and is not saturated; the
+    small one otherwise, or when a pool cannot predict. The same signature as
+    ``close_call_choice``: both read the two pools' predictions."""
+    if own is None or other is None or other_load.saturated:
+        return choice
+    if not other.ttft_s * (1 + near_ratio) < own.ttft_s:
+        return choice
+    return PoolChoice(settings.large, overflow=True)

@@ -5,25 +5,18 @@ margin, forced, kept large by its conversation or overflowing, the tier decides 
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 import pytest
 
-from gateway.fleet.pools import Fleet
 from gateway.http.request_body import Endpoint, parse_request
-from gateway.routing.explain import close_call_view
-from gateway.routing.resolve import Resolution, resolve
+from gateway.routing.explain import comparison_view
+from gateway.routing.resolve import resolve
 from router_policies.decision import Route
-from router_policies.schema import CostSettings, parse_policy
+from router_policies.schema import CostSettings
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import PoolChoice, PoolLoad, PoolPrediction, close_call_choice
+from tests.tiers import EASY, HARD, SLOW, ask, busy, fleet, resolved
 
-EASY = "What is the capital of France?"
-HARD = (
-    "Prove step by step that the integral of $e^{-x^2}$ over the real line is $\\sqrt{\\pi}$, "
-    "then compare two derivations and justify which is more rigorous."
-)
 IDLE = PoolLoad(healthy=1, queue_depth=0, saturation_queue_per_replica=8)
 SETTINGS = TierSettings(small="small", large="large", close_call_margin=0.1)
 NEAR = CostSettings().near_ratio
@@ -56,48 +49,6 @@ def test_a_close_call_leaves_its_tier_only_to_wait_less_for_the_speed_and_answer
     assert close_call_choice(own, SETTINGS, backed_up, idle_small, full, NEAR) == own
 
 
-SLOW = {"prefill_tokens_per_s": 2000.0, "step_s": 0.04}
-"""A large model's starting rates: slower at everything than the default small one's."""
-
-
-def fleet(margin: float, large_cost: dict[str, float] | None = None) -> Fleet:
-    pool = {"max_inflight_per_replica": 64}
-    large = {"cost": large_cost} if large_cost else {}
-    policy = parse_policy(
-        {
-            "pools": {
-                "small": {"model": "s", "replicas": ["http://10.0.0.1:8000"], **pool},
-                "large": {"model": "l", "replicas": ["http://10.0.0.2:8000"], **pool, **large},
-            },
-            "tiers": {"auto": {"small": "small", "large": "large", "close_call_margin": margin}},
-        }
-    )
-    built = Fleet(policy)
-    for _, replica in built.replicas():
-        replica.record_probe(True, unhealthy_after=1, healthy_after=1)
-    return built
-
-
-def resolved(built: Fleet, text: str, tier: str | None = None) -> Resolution:
-    body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
-    resolution = resolve(built, parse_request(Endpoint.CHAT, orjson.dumps(body)), tier)
-    assert resolution.verdict is not None
-    return resolution
-
-
-def ask(built: Fleet, text: str, **headers: Any) -> tuple[str, Route | None, str]:
-    resolution = resolved(built, text, headers.get("tier"))
-    assert resolution.verdict is not None  # for the type checker: resolved() checked it
-    return resolution.pool.name, resolution.route, resolution.verdict.tier.value
-
-
-def busy(built: Fleet, pool: str) -> None:
-    for replica in built.pools[pool].replicas.values():
-        replica.inflight = 40
-        replica.pending_requests = 40
-        replica.pending_prefill_tokens = 40 * 500  # their prompts, not yet prefilled
-
-
 @pytest.mark.parametrize("loaded", ["small", "large"])
 def test_with_every_request_a_close_call_the_idle_pool_answers(loaded: str) -> None:
     built = fleet(margin=0.5)  # every score is within 0.5 of the 0.5 threshold
@@ -120,13 +71,17 @@ def test_admin_route_explains_a_close_call_by_each_pools_prediction() -> None:
     built = fleet(margin=0.5, large_cost=SLOW)
     busy(built, "large")
     resolution = resolved(built, HARD)
-    view = close_call_view(resolution.compared)
+    view = comparison_view(resolution.compared, resolution.compared_for)["close_call"]
     assert view is not None and list(view) == ["large", "small"]  # its tier's pool first
     large, small = view["large"], view["small"]
     assert large["idle_cold_ttft_s"] > small["idle_cold_ttft_s"]  # the slower model
     assert large["stretch"] > small["stretch"] * (1 + NEAR)  # why it moved
     assert resolution.pool.name == "small" and resolution.route is Route.CLOSE_CALL
-    assert close_call_view(resolved(fleet(margin=0.0), HARD).compared) is None
+    idle = resolved(fleet(margin=0.0), HARD)
+    assert comparison_view(idle.compared, idle.compared_for) == {
+        "close_call": None,
+        "overflow": None,
+    }
 
 
 def test_a_close_call_stays_with_the_pool_that_holds_its_conversation() -> None:

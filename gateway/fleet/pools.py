@@ -345,10 +345,12 @@ class PoolState:
         )
 
     def load(self) -> PoolLoad:
+        healthy = self.healthy()
         return PoolLoad(
-            len(self.healthy()),
+            len(healthy),
             self.gateway_waiting + self.engine_waiting(),
             self.policy.saturation_queue_per_replica,
+            bool(healthy) and all(r.pending_requests + r.remote_pending_requests for r in healthy),
         )
 
 

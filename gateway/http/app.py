@@ -44,7 +44,7 @@ from gateway.relay.proxy import Forwarder
 from gateway.relay.upstream import Upstreams
 from gateway.routing.affinity import RoutingMemory
 from gateway.routing.client_hints import with_client_hints
-from gateway.routing.explain import close_call_view, explain
+from gateway.routing.explain import comparison_view, explain
 from gateway.routing.resolve import resolve
 from gateway.routing.tokenize import TokenKeys
 from gateway.settings import Settings
@@ -247,7 +247,7 @@ async def admin_route(request: web.Request) -> web.Response:
             "kept_by_conversation": verdict.kept,
             "features": dict(verdict.score.features),
             "contributions": dict(verdict.score.contributions),
-            "close_call": close_call_view(resolution.compared),
+            **comparison_view(resolution.compared, resolution.compared_for),
         }
     route = resolution.route or (decision.route if decision else None)
     return _json(

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from router_policies.cost.ttft import TtftEstimate
-from router_policies.decision import CandidateCost, Decision
+from router_policies.decision import CandidateCost, Decision, Route
 from router_policies.tiers import PoolPrediction
 
 
@@ -44,18 +44,26 @@ def explain(decision: Decision | None) -> dict[str, Any]:
     }
 
 
-def close_call_view(compared: Sequence[tuple[str, PoolPrediction | None]]) -> dict[str, Any] | None:
-    """A close call's predictions by pool, its tier's pool first; None when it was none. The
-    other pool takes it when its stretch is lower beyond the cost model's near band."""
-    if not compared:
-        return None
-    return {
-        pool: None
-        if p is None
-        else {
-            "predicted_ttft_s": round(p.ttft_s, 6),
-            "idle_cold_ttft_s": round(p.idle_cold_s, 6),
-            "stretch": round(p.stretch, 4),
+def comparison_view(
+    compared: Sequence[tuple[str, PoolPrediction | None]], compared_for: Route | None
+) -> dict[str, Any]:
+    """``close_call`` and ``overflow``: the predictions by pool, the tier's pool first, that a
+    close call or an easy request's predicted climb read; null for the rule that read none. A
+    close call moves when the other pool's stretch is lower beyond the cost model's near band;
+    a climb when the large pool's predicted TTFT is."""
+    view = None
+    if compared:
+        view = {
+            pool: None
+            if p is None
+            else {
+                "predicted_ttft_s": round(p.ttft_s, 6),
+                "idle_cold_ttft_s": round(p.idle_cold_s, 6),
+                "stretch": round(p.stretch, 4),
+            }
+            for pool, p in compared
         }
-        for pool, p in compared
+    return {
+        "close_call": view if compared_for is Route.CLOSE_CALL else None,
+        "overflow": view if compared_for is Route.OVERFLOW else None,
     }

@@ -4,7 +4,7 @@ tier classified into one; and where in the pool the request must or should go.""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import orjson
 
@@ -20,15 +20,24 @@ from router_policies.tier_router import TierRouter, TierVerdict
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import (
     PoolChoice,
+    PoolLoad,
     PoolPrediction,
     choose_pool,
+    climb_choice,
     close_call_choice,
     is_close_call,
+    may_climb,
 )
 from router_policies.value import value
 
 Compared = tuple[tuple[str, PoolPrediction | None], ...]
-"""A close call's predictions by pool, its tier's pool first."""
+"""The predictions by pool a rule read, the tier's pool first."""
+Rule = Callable[
+    [PoolChoice, TierSettings, PoolPrediction | None, PoolPrediction | None, PoolLoad, float],
+    PoolChoice,
+]
+_RULES: dict[Route, Rule] = {Route.CLOSE_CALL: close_call_choice, Route.OVERFLOW: climb_choice}
+"""The rules that choose between the pools by their predictions, by the route they give."""
 
 
 @value
@@ -43,7 +52,10 @@ class Resolution:
     hooks: RouteHooks | None = None
     """Placement beyond the pool's policy (a stored response, an adapter's warm replicas)."""
     compared: Compared = ()
-    """A close call's predictions by pool, its tier's pool first (/admin/route shows them)."""
+    """The predictions by pool that a close call or a predicted climb read, the tier's pool
+    first (/admin/route shows them)."""
+    compared_for: Route | None = None
+    """Which of the two read them: Route.CLOSE_CALL or Route.OVERFLOW."""
 
     @property
     def route(self) -> Route | None:
@@ -92,7 +104,7 @@ def resolve(
         return Resolution(parsed, only, load_only(only.model))
     pool = fleet.pool_for_model(parsed.model)
     adapter = None
-    verdict = choice = tier_router = None
+    verdict = choice = tier_router = compared_for = None
     compared: Compared = ()
     features: RequestFeatures | None = None
     if pool is None:
@@ -104,11 +116,12 @@ def resolve(
             raise model_not_found(parsed.model)
         verdict = tier_router.classify(parsed.body, forced_tier)
         settings = tier_router.settings
-        small, large = fleet.pools[settings.small], fleet.pools[settings.large]
-        choice = choose_pool(verdict.tier, settings, small.load(), large.load())
-        close = is_close_call(verdict.score.score, verdict.threshold, settings.close_call_margin)
-        if close and not (choice.overflow or verdict.forced or verdict.kept):
-            choice, features, compared = _close_call(choice, settings, fleet, parsed)
+        small = fleet.pools[settings.small].load()
+        choice = choose_pool(verdict.tier, settings, small, fleet.pools[settings.large].load())
+        compared_for = _comparison(verdict, choice, settings, small)
+        if compared_for is not None:
+            rule = _RULES[compared_for]
+            choice, features, compared = _compare(rule, choice, settings, fleet, parsed)
         pool = fleet.pools[choice.pool]
         body = {**parsed.body, "model": pool.model}
         parsed = dataclasses.replace(parsed, body=body, raw=orjson.dumps(body), model=pool.model)
@@ -116,7 +129,23 @@ def resolve(
         salt = parsed.cache_salt if adapter is None else f"{parsed.cache_salt}\x00lora:{adapter}"
         features = _features(pool, parsed, parsed.model, salt)
     hooks = _hooks(memory, pool, parsed, adapter) if memory is not None else None
-    return Resolution(parsed, pool, features, verdict, choice, tier_router, hooks, compared)
+    return Resolution(
+        parsed, pool, features, verdict, choice, tier_router, hooks, compared, compared_for
+    )
+
+
+def _comparison(
+    verdict: TierVerdict, choice: PoolChoice, settings: TierSettings, small: PoolLoad
+) -> Route | None:
+    """Which rule, if any, reads both pools' predictions for this request: a close call's, or
+    an easy request's climb while the small pool has a queue. A forced tier, a conversation
+    kept large and overflow at saturation are neither."""
+    if choice.overflow or verdict.forced:
+        return None
+    score, threshold = verdict.score.score, verdict.threshold
+    if not verdict.kept and is_close_call(score, threshold, settings.close_call_margin):
+        return Route.CLOSE_CALL
+    return Route.OVERFLOW if may_climb(verdict.tier, settings, small) else None
 
 
 def _features(pool: PoolState, parsed: ParsedRequest, model: str, salt: str) -> RequestFeatures:
@@ -127,16 +156,16 @@ def _features(pool: PoolState, parsed: ParsedRequest, model: str, salt: str) -> 
     return pool.router.features(model, parsed.canonical_text, salt)
 
 
-def _close_call(
-    choice: PoolChoice, settings: TierSettings, fleet: Fleet, parsed: ParsedRequest
+def _compare(
+    rule: Rule, choice: PoolChoice, settings: TierSettings, fleet: Fleet, parsed: ParsedRequest
 ) -> tuple[PoolChoice, RequestFeatures, Compared]:
-    """The close call's pool, from each pool's prediction for the request as its policy would
-    route it now; the request's features in that pool; the predictions."""
+    """The pool ``rule`` chooses from each pool's prediction for the request as its policy
+    would route it now; the request's features in that pool; the predictions."""
     pools = (fleet.pools[choice.pool], fleet.pools[settings.other_pool(choice.pool)])
     features = [_features(pool, parsed, pool.model, parsed.cache_salt) for pool in pools]
     own, other = (_predict(pool, seen) for pool, seen in zip(pools, features, strict=True))
     near = pools[0].policy.cost.near_ratio
-    chosen = close_call_choice(choice, settings, own, other, pools[1].load(), near)
+    chosen = rule(choice, settings, own, other, pools[1].load(), near)
     compared = ((pools[0].name, own), (pools[1].name, other))
     return chosen, features[0] if chosen is choice else features[1], compared
 

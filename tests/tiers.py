@@ -1,0 +1,69 @@
+"""Shared helpers of the tier tests: a fleet of a small and a large pool of one replica each
+behind the tier model `auto`, requests to it, and load on a pool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.fleet.pools import Fleet
+from gateway.http.request_body import Endpoint, parse_request
+from gateway.routing.resolve import Resolution, resolve
+from router_policies.decision import Route
+from router_policies.schema import parse_policy
+
+EASY = "What is the capital of France?"
+HARD = (
+    "Prove step by step that the integral of $e^{-x^2}$ over the real line is $\\sqrt{\\pi}$, "
+    "then compare two derivations and justify which is more rigorous."
+)
+SLOW = {"prefill_tokens_per_s": 2000.0, "step_s": 0.04}
+"""A large model's starting rates: slower at everything than the default small one's."""
+
+
+def fleet(
+    margin: float = 0.0,
+    large_cost: dict[str, float] | None = None,
+    overflow: dict[str, bool] | None = None,
+) -> Fleet:
+    pool = {"max_inflight_per_replica": 64}
+    large = {"cost": large_cost} if large_cost else {}
+    tier: dict[str, Any] = {"small": "small", "large": "large", "close_call_margin": margin}
+    if overflow is not None:
+        tier["overflow"] = overflow
+    policy = parse_policy(
+        {
+            "pools": {
+                "small": {"model": "s", "replicas": ["http://10.0.0.1:8000"], **pool},
+                "large": {"model": "l", "replicas": ["http://10.0.0.2:8000"], **pool, **large},
+            },
+            "tiers": {"auto": tier},
+        }
+    )
+    built = Fleet(policy)
+    for _, replica in built.replicas():
+        replica.record_probe(True, unhealthy_after=1, healthy_after=1)
+    return built
+
+
+def resolved(built: Fleet, text: str, tier: str | None = None) -> Resolution:
+    body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
+    resolution = resolve(built, parse_request(Endpoint.CHAT, orjson.dumps(body)), tier)
+    assert resolution.verdict is not None
+    return resolution
+
+
+def ask(built: Fleet, text: str, **headers: Any) -> tuple[str, Route | None, str]:
+    resolution = resolved(built, text, headers.get("tier"))
+    assert resolution.verdict is not None  # for the type checker: resolved() checked it
+    return resolution.pool.name, resolution.route, resolution.verdict.tier.value
+
+
+def busy(built: Fleet, pool: str, pending: int = 40) -> None:
+    """40 requests in flight on each replica of ``pool``, ``pending`` of them waiting for their
+    first token."""
+    for replica in built.pools[pool].replicas.values():
+        replica.inflight = 40
+        replica.pending_requests = pending
+        replica.pending_prefill_tokens = pending * 500  # their prompts, not yet prefilled
