@@ -58,7 +58,8 @@ def test_only_an_easy_request_with_a_queue_on_the_small_pool_is_predicted_for() 
 def test_a_queued_small_pool_sends_easy_requests_to_an_idle_large_one_before_it_saturates() -> None:
     built = fleet(large_cost=SLOW, overflow={"predicted": True})
     busy(built, "small")  # a backlog of prefills, nothing queued in the engine yet
-    assert built.pools["small"].load().backlogged and not built.pools["small"].load().saturated
+    small = built.pools["small"].load(backlog=True)
+    assert small.backlogged and not small.saturated
     assert ask(built, EASY) == ("large", Route.OVERFLOW, "small")
     busy(built, "large")  # now the large pool would answer no sooner
     assert ask(built, EASY) == ("small", None, "small")
@@ -74,6 +75,7 @@ def test_while_a_small_replica_can_start_at_once_an_easy_request_stays_unpredict
 def test_by_default_an_easy_request_climbs_at_saturation_only() -> None:
     built = fleet()
     busy(built, "small")
+    assert not built.pools["small"].load().backlogged  # off: the pass over replicas is skipped
     assert ask(built, EASY) == ("small", None, "small")
     for replica in built.pools["small"].replicas.values():
         replica.engine.waiting = 8  # saturated: 8 queued per replica

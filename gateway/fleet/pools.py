@@ -344,13 +344,16 @@ class PoolState:
             self.counts.completions + remote.completions,
         )
 
-    def load(self) -> PoolLoad:
+    def load(self, backlog: bool = False) -> PoolLoad:
+        """``backlog``: also whether every healthy replica has a first token pending, which
+        only a tier's overflow by prediction reads (a pass over the replicas, skipped else)."""
         healthy = self.healthy()
+        pending = backlog and all(r.pending_requests + r.remote_pending_requests for r in healthy)
         return PoolLoad(
             len(healthy),
             self.gateway_waiting + self.engine_waiting(),
             self.policy.saturation_queue_per_replica,
-            bool(healthy) and all(r.pending_requests + r.remote_pending_requests for r in healthy),
+            bool(healthy) and pending,
         )
 
 

@@ -116,7 +116,8 @@ def resolve(
             raise model_not_found(parsed.model)
         verdict = tier_router.classify(parsed.body, forced_tier)
         settings = tier_router.settings
-        small = fleet.pools[settings.small].load()
+        overflow = settings.overflow
+        small = fleet.pools[settings.small].load(backlog=overflow.enabled and overflow.predicted)
         choice = choose_pool(verdict.tier, settings, small, fleet.pools[settings.large].load())
         compared_for = _comparison(verdict, choice, settings, small)
         if compared_for is not None:
