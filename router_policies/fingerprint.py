@@ -21,7 +21,8 @@ from router_policies.value import value
 
 _ROLE_SEP = b"\x1f"
 _MSG_END = b"\x1e"
-_LEADING_ROLES = frozenset(("system", "developer"))
+LEADING_ROLES = frozenset(("system", "developer"))
+"""Roles whose messages form the shared lead, wherever they stand in the conversation."""
 
 
 @value
@@ -99,8 +100,8 @@ class CanonicalPrompt:
 
 
 def canonical_chat(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> CanonicalPrompt:
-    leading = [m for m in messages if m.get("role") in _LEADING_ROLES]
-    turns = [m for m in messages if m.get("role") not in _LEADING_ROLES]
+    leading = [m for m in messages if m.get("role") in LEADING_ROLES]
+    turns = [m for m in messages if m.get("role") not in LEADING_ROLES]
     chunks = [_message_bytes(m) for m in leading]
     if tools:
         chunks.append(b"tools" + _ROLE_SEP + orjson.dumps(tools, option=orjson.OPT_SORT_KEYS))

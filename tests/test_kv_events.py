@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from gateway.fleet.kv_event_stream import EventStream
 from gateway.fleet.pools import PoolState
 from gateway.http.request_body import Endpoint, parse_request
-from gateway.routing.tokenize import TokenKeys, worth_tokenizing
+from gateway.routing.tokenize import TokenKeys, believed_held
 from replica.processes import free_port
 from replica.sim.kv_events import (
     ALL_BLOCKS_CLEARED,
@@ -238,7 +238,7 @@ def held_pool(url: str, **events: Any) -> tuple[PoolState, RequestFeatures]:
     stream.apply(0, payload(block_stored([1], None, TOKENS[:16], 16, None)))
     features = pool.router.features(MODEL, lambda: CanonicalPrompt(b"y" * 2048))
     pool.end(pool.begin(Decision(replica.name, Route.PREFIX_HOME), features))
-    assert worth_tokenizing(pool, features, time.monotonic()) == 16  # held: worth asking
+    assert believed_held(pool, features, time.monotonic()) == (16, 2048)  # held: worth asking
     return pool, features
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -21,7 +22,7 @@ import orjson
 from gateway.fleet.pools import PoolState
 from gateway.http.request_body import Endpoint, ParsedRequest
 from router_policies.engine_blocks import root_key, token_block_keys
-from router_policies.fingerprint import RequestFeatures
+from router_policies.fingerprint import LEADING_ROLES, RequestFeatures
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +47,96 @@ def tokenize_body(parsed: ParsedRequest, model: str) -> dict[str, Any] | None:
     return out
 
 
-def worth_tokenizing(pool: PoolState, features: RequestFeatures, now: float) -> int:
-    """Block size of the pool's KV events where the request's tokens are worth asking for (0
-    otherwise): some replica whose events routing reads is believed to hold a block of it.
-    Where none is, its exact count could only say less (or tell what another instance sent
-    without shared state), and a prompt of its own text costs no round trip."""
+def believed_held(pool: PoolState, features: RequestFeatures, now: float) -> tuple[int, int]:
+    """The block size of the pool's KV events (0 where no replica's events are read now) and
+    the most bytes of the request the estimate believes one of those replicas holds."""
     if not pool.events_on:
-        return 0
-    prefix = pool.policy.prefix
-    least = prefix.layout.end(prefix.min_match_blocks)
+        return 0, 0
+    block_size = deepest = 0
     for replica in pool.replicas.values():
         events = replica.exact_events(now)
         if events is not None and events.blocks.block_size:
-            if pool.router.estimated_cached_bytes(replica.name, features) >= least:
-                return events.blocks.block_size
-    return 0
+            block_size = events.blocks.block_size
+            deepest = max(deepest, pool.router.estimated_cached_bytes(replica.name, features))
+    return block_size, deepest
+
+
+LeadKey = tuple[str, int, int, int]
+"""A shared lead's identity: pool (its tokenizer), chain root (adapter, salt), the digest of
+the lead's fingerprint blocks and its length."""
+
+_LEADS = 1024
+"""Leads remembered: a fleet's system prompts and tool sets number far fewer, and one lead's
+keys take a few KB."""
+
+
+@dataclass(slots=True)
+class _Lead:
+    keys: tuple[int, ...]
+    bytes_per_token: float
+    prompt: int
+    """The fingerprint of the prompt the keys came from."""
+    confirmed: bool = False
+    """A second, different prompt opening with the lead was tokenized: ``keys`` are then the
+    blocks the two share (at most a block past the lead's end), not the first prompt's all."""
+
+
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+class LeadKeys:
+    """The token keys of shared leads (system prompts, tool sets), learned from the requests
+    tokenized with them. While no replica is believed to hold more of a request than its lead,
+    its events can only say how much of the lead each replica still holds, and the lead's own
+    keys answer that without a /tokenize round trip: a shared system prompt costs two round
+    trips, not one per request."""
+
+    def __init__(self, capacity: int = _LEADS) -> None:
+        self._leads: OrderedDict[LeadKey, _Lead] = OrderedDict()
+        self._capacity = capacity
+
+    def known(self, key: LeadKey) -> _Lead | None:
+        lead = self._leads.get(key)
+        if lead is None or not lead.confirmed:
+            return None
+        self._leads.move_to_end(key)
+        return lead
+
+    def learn(
+        self, key: LeadKey, keys: tuple[int, ...], lead_blocks: int, request: RequestFeatures
+    ) -> None:
+        """``request``, opening with the lead, was tokenized into ``keys``; by its length the
+        lead ends within its first ``lead_blocks`` blocks."""
+        prompt = request.block_hashes[-1]
+        lead = self._leads.get(key)
+        if lead is None:
+            per_token = request.hashed_bytes / max(request.prompt_tokens, 1)
+            self._leads[key] = _Lead(keys, per_token, prompt)
+            if len(self._leads) > self._capacity:
+                self._leads.popitem(last=False)
+            return
+        common = _common(lead.keys, keys)
+        if not lead.confirmed:
+            if prompt != lead.prompt:
+                # Two prompts that also share what follows the lead stop a block past it.
+                lead.keys, lead.confirmed = lead.keys[: min(common, lead_blocks + 1)], True
+        elif common < len(lead.keys):
+            lead.keys = lead.keys[:common]
+
+
+def opening_turn(parsed: ParsedRequest) -> bool:
+    """A chat whose lead is followed by one user message: no replica holds more of it than the
+    lead, unless it was sent this very prompt before (which the estimate remembers)."""
+    if parsed.endpoint is not Endpoint.CHAT:
+        return False
+    messages = parsed.body.get("messages")
+    turns = [
+        m for m in messages if isinstance(m, dict) and m.get("role") not in LEADING_ROLES
+    ] if isinstance(messages, list) else []  # fmt: skip
+    return len(turns) == 1 and turns[0].get("role") == "user"
 
 
 class TokenKeys:
@@ -68,18 +144,53 @@ class TokenKeys:
 
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self._session = session
+        self.leads = LeadKeys()
 
     async def attach(
         self, pool: PoolState, parsed: ParsedRequest, features: RequestFeatures
     ) -> RequestFeatures:
-        block_size = worth_tokenizing(pool, features, time.monotonic())
-        if not block_size:
+        block_size, deepest = believed_held(pool, features, time.monotonic())
+        prefix = pool.policy.prefix
+        least = prefix.layout.end(prefix.min_match_blocks)
+        if not block_size or deepest < least:
+            # Held nowhere: its exact count could only say less (or tell what another instance
+            # sent without shared state), and a prompt of its own text costs no round trip.
             return features
         model = parsed.model or pool.model
+        # An adapter's blocks are its own (the engine seeds their chain with its name).
+        lora = model if model != pool.model else None
+        root = root_key(lora, parsed.cache_salt or None)
+        lead_key: LeadKey | None = None
+        if features.lead_bytes >= least:
+            # The lead's own keys serve an opening turn that nobody is believed to hold past its
+            # lead; a later turn is tokenized whole, as its history may be held where the
+            # estimate has forgotten it.
+            lead_key = (pool.name, root, features.home_key, features.lead_bytes)
+            opening = deepest <= features.lead_bytes and opening_turn(parsed)
+            lead = self.leads.known(lead_key) if opening else None
+            if lead is not None:
+                tokens = round(features.hashed_bytes / lead.bytes_per_token)
+                held = len(lead.keys) * block_size
+                return replace(features, token_keys=lead.keys, prompt_tokens=max(tokens, held + 1))
+        tokenized = await self._tokenize(pool, parsed, model, block_size, root)
+        if tokenized is None:
+            return features
+        keys, count = tokenized
+        features = replace(features, token_keys=keys, prompt_tokens=count)
+        if lead_key is not None and count:
+            lead_blocks = features.lead_bytes * count // features.hashed_bytes // block_size
+            self.leads.learn(lead_key, keys, lead_blocks, features)
+        return features
+
+    async def _tokenize(
+        self, pool: PoolState, parsed: ParsedRequest, model: str, block_size: int, root: int
+    ) -> tuple[tuple[int, ...], int] | None:
+        """The prompt's token keys and token count, by a replica's /tokenize; None on any
+        failure."""
         body = tokenize_body(parsed, model)
         healthy = pool.healthy()
         if body is None or not healthy:
-            return features
+            return None
         # The least busy replica: its API server tokenizes beside serving.
         replica = min(healthy, key=lambda r: r.inflight + r.remote_inflight)
         timeout = aiohttp.ClientTimeout(total=pool.policy.prefix.events.tokenize_timeout_s)
@@ -90,12 +201,9 @@ class TokenKeys:
             ) as resp:  # fmt: skip
                 if resp.status != 200:
                     log.debug("/tokenize on %s answered %d", replica.name, resp.status)
-                    return features
+                    return None
                 tokens = orjson.loads(await resp.read())["tokens"]
-            # An adapter's blocks are its own (the engine seeds their chain with its name).
-            lora = model if model != pool.model else None
-            keys = token_block_keys(tokens, block_size, root_key(lora, parsed.cache_salt or None))
+            return token_block_keys(tokens, block_size, root), len(tokens)
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             log.debug("/tokenize on %s failed: %r", replica.name, exc)
-            return features
-        return replace(features, token_keys=keys, prompt_tokens=len(tokens))
+            return None
