@@ -11,7 +11,6 @@ from dataclasses import replace
 from typing import Any
 
 import aiohttp
-import msgspec
 import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
@@ -43,6 +42,7 @@ from tests.conftest import (
     metric,
     pool_policy,
 )
+from tests.kv_events import events_config, payload
 
 ROOT = root_key(None, None)
 TOKENS = list(range(1000, 1064))  # four blocks of 16
@@ -53,10 +53,6 @@ def stored_chain(blocks: EngineBlocks, tokens: list[int], first_hash: int = 1) -
     hashes = list(range(first_hash, first_hash + len(tokens) // 16))
     blocks.stored(hashes, None, tokens, 16, ROOT)
     return hashes
-
-
-def payload(*events: dict[str, Any]) -> bytes:
-    return msgspec.msgpack.encode([time.time(), list(events), 0])
 
 
 class TestEngineBlocks:
@@ -262,13 +258,6 @@ async def test_a_tokenize_slower_than_its_timeout_leaves_the_request_on_the_esti
         async with aiohttp.ClientSession() as session:
             assert await TokenKeys(session).attach(pool, COMPLETION, features) is features
         assert time.monotonic() - started < 2
-
-
-def events_config(port: int, replay: int | None = None) -> str:
-    config: dict[str, Any] = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}"}
-    if replay is not None:
-        config["replay_endpoint"] = f"tcp://127.0.0.1:{replay}"
-    return msgspec.json.encode(config).decode()
 
 
 def conversation(turns: int) -> list[list[dict[str, str]]]:

@@ -34,7 +34,7 @@ from tests.conftest import (
     metric,
     pool_policy,
 )
-from tests.test_kv_events import events_config, payload
+from tests.kv_events import events_config, payload
 
 SYSTEM = "You answer questions about the fleet's cache. " * 40
 ROOT = root_key(None, None)
