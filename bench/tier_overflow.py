@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import uvloop
 
@@ -39,12 +37,12 @@ from bench.close_calls import (
     SMALL,
     Outcome,
     Workload,
+    add_report_arguments,
     build_workload,
+    report_over_seeds,
     run_target,
     sim_pools,
-    write_report,
 )
-from bench.compare.code_state import CodeState
 from bench.driver import percentile
 
 ROUTE_OVERFLOW = "overflow"
@@ -122,18 +120,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--large-replicas", type=int, default=2, help=f"the large pool's, {SLOWER:g}x slower"
     )
-    parser.add_argument(
-        "--seeds", default="1,2,3", help="workload seeds (tuning: 0; report: 1,2,3, the default)"
-    )
-    parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
+    add_report_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
-    started = CodeState.now()
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    sections = []
-    for seed in seeds:
+    def section(seed: int) -> str:
         workload = build_workload(args.conversations, args.rate, seed)
         threshold = workload.threshold_for(LARGE_SHARE)
         hard = hard_requests(workload, threshold)
@@ -153,15 +144,12 @@ def run(args: argparse.Namespace) -> int:
             f"{predicted.ttft_ms(90, True) / saturation.ttft_ms(90, True):.2f}x); over the same "
             f"share's: {predicted.outcome.ttft_ms(90) / same.outcome.ttft_ms(90):.2f}x"
         )
-        section = f"{head}\n\n{table(targets)}\n{ratios}\n"
-        sys.stdout.write(f"\n{section}")
-        sections.append(section)
-    if args.out is not None:
-        command = (
-            f"llm-gateway bench overflow --conversations {args.conversations} --rate "
-            f"{args.rate:g} --small-replicas {args.small_replicas} --large-replicas "
-            f"{args.large_replicas} --seeds {args.seeds} --out {args.out}"
-        )
-        title = "Tier overflow by prediction against overflow at saturation"
-        write_report(args.out, title, command, started, when, __doc__, sections)
-    return 0
+        return f"{head}\n\n{table(targets)}\n{ratios}\n"
+
+    command = (
+        f"llm-gateway bench overflow --conversations {args.conversations} --rate "
+        f"{args.rate:g} --small-replicas {args.small_replicas} --large-replicas "
+        f"{args.large_replicas}"
+    )
+    title = "Tier overflow by prediction against overflow at saturation"
+    return report_over_seeds(args, title, command, __doc__, section)
