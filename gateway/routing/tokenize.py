@@ -49,15 +49,21 @@ def tokenize_body(parsed: ParsedRequest, model: str) -> dict[str, Any] | None:
 
 def believed_held(pool: PoolState, features: RequestFeatures, now: float) -> tuple[int, int]:
     """The block size of the pool's KV events (0 where no replica's events are read now) and
-    the most bytes of the request the estimate believes one of those replicas holds."""
+    the most bytes of the request the estimate believes one of those replicas holds; the scan
+    stops at a replica believed to hold a useful part beyond the request's lead, as the
+    request is then tokenized whole whatever the others hold."""
     if not pool.events_on:
         return 0, 0
+    prefix = pool.policy.prefix
+    enough = max(prefix.layout.end(prefix.min_match_blocks), features.lead_bytes + 1)
     block_size = deepest = 0
     for replica in pool.replicas.values():
         events = replica.exact_events(now)
         if events is not None and events.blocks.block_size:
             block_size = events.blocks.block_size
             deepest = max(deepest, pool.router.estimated_cached_bytes(replica.name, features))
+            if deepest >= enough:
+                break
     return block_size, deepest
 
 
