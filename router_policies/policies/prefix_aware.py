@@ -31,12 +31,13 @@ everywhere, as in one cache the fleet's size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from router_policies.cost.copies import copy_penalty_s
 from router_policies.cost.objective import late_choice
 from router_policies.cost.rates import Rates, default_rates
-from router_policies.cost.ttft import estimate, predicted_s
+from router_policies.cost.ttft import TtftEstimate, estimate, predicted_s
 from router_policies.decay import DecayedCount
 from router_policies.decision import Candidate, CandidateCost, Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
@@ -52,6 +53,45 @@ def _useful(matched_bytes: int, request: RequestFeatures, prefix: PrefixSettings
     if matched_bytes < prefix.layout.end(prefix.min_match_blocks):
         return False
     return matched_bytes >= prefix.min_match_ratio * request.hashed_bytes
+
+
+@dataclass(slots=True)
+class _Figures:
+    """One request's figures for each candidate (by index), as select weighs them."""
+
+    has_home: bool
+    """The request's shared lead is long enough to be worth a home."""
+    total: int
+    """The prompt's hashed bytes."""
+    per_token_bytes: float
+    blocks: list[int]
+    """Blocks matched on each candidate (the index's, or the events' for a tokenized request)."""
+    matched: list[int]
+    """Bytes of the prompt each candidate holds."""
+    spread_homes: set[int]
+    """Candidates a hot prefix counts as warm on."""
+    rates: list[Rates]
+    expected: list[float]
+    """Prompt tokens each candidate would prefill."""
+    predicted: list[float]
+    """Predicted TTFT on each candidate, seconds."""
+
+    @property
+    def prompt_tokens(self) -> float:
+        return self.total / self.per_token_bytes
+
+    def uncached(self, i: int) -> float:
+        return (self.total - self.matched[i]) / self.per_token_bytes
+
+    def estimate(self, candidate: Candidate, i: int) -> TtftEstimate:
+        return estimate(candidate.load, self.expected[i], self.prompt_tokens, self.rates[i])
+
+    def behind(self) -> list[float]:
+        """Each candidate's predicted wait before this request's own prefill."""
+        return [
+            p - e * r.prefill_s_per_token
+            for p, e, r in zip(self.predicted, self.expected, self.rates, strict=True)
+        ]
 
 
 class PrefixAware(SelectionPolicy):
@@ -122,10 +162,37 @@ class PrefixAware(SelectionPolicy):
         candidates = snapshot.candidates
         if not candidates:
             return None
-        prefix = self.prefix
-        cost = self.policy.cost
+        f = self._figures(request, snapshot)
+        objective = request.ttft_objective_s or self.policy.cost.ttft_objective_s
+        chosen: int | None = None
+        if request.session:
+            chosen = self._session_home(request.session, candidates, f)
+            route = Route.SESSION
+        if chosen is None and objective is not None:
+            chosen = late_choice(f.predicted, f.behind(), objective, self.policy.cost.late_limit_s)
+            route = Route.LATE
+        if chosen is None:
+            chosen, route = self._choose(request, snapshot, f, objective)
+        costs: tuple[CandidateCost, ...] = ()
+        if explain:
+            costs = tuple(
+                CandidateCost(c.name, f.blocks[i], f.uncached(i), f.estimate(c, i), c.recent, r)
+                for i, (c, r) in enumerate(zip(candidates, f.rates, strict=True))
+            )
+        winner = candidates[chosen]
+        return Decision(
+            winner.name,
+            route,
+            f.blocks[chosen],
+            f.uncached(chosen),
+            f.estimate(winner, chosen),
+            costs,
+        )
+
+    def _figures(self, request: RequestFeatures, snapshot: PoolSnapshot) -> _Figures:
+        candidates = snapshot.candidates
         lead_bytes = self.layout.floor(request.lead_bytes)
-        has_home = _useful(lead_bytes, request, prefix)
+        has_home = _useful(lead_bytes, request, self.prefix)
         total = request.hashed_bytes
         blocks = [self.matched_blocks(c.name, request) for c in candidates]
         matched = [min(self.layout.end(b), total) for b in blocks]
@@ -146,76 +213,51 @@ class PrefixAware(SelectionPolicy):
             predicted_s(c.load, e, prompt_tokens, r)
             for c, e, r in zip(candidates, expected, rates, strict=True)
         ]
-        objective = request.ttft_objective_s or cost.ttft_objective_s
-        late = home = None
-        if request.session:
-            home = self._session_home(request.session, candidates, predicted, prompt_tokens, rates)
-        if home is None and objective is not None:
-            behind = [
-                p - e * r.prefill_s_per_token
-                for p, e, r in zip(predicted, expected, rates, strict=True)
-            ]
-            late = late_choice(predicted, behind, objective, cost.late_limit_s)
-        if home is not None:
-            chosen, route = home, Route.SESSION
-        elif late is not None:
-            chosen, route = late, Route.LATE
-        else:
-            warmest = min(expected)
-            score = [
-                p + copy_penalty_s(e, warmest, r.prefill_s_per_token, cost.copy_weight)
-                for p, e, r in zip(predicted, expected, rates, strict=True)
-            ]
-            fastest = min(score)
-            limit = fastest * (1 + cost.near_ratio) + cost.near_s
-            if objective is not None and fastest <= objective:
-                limit = min(limit, objective)
-            # "not >" rather than "<=": were a prediction ever NaN, every replica stays a choice.
-            near = [i for i, s in enumerate(score) if not s > limit]
-            useful = {i for i in near if _useful(matched[i], request, prefix)}
-            warm = [i for i in near if i in useful or i in spread_homes]
-            if warm:
-                chosen = _least_loaded(warm, candidates, request.home_key)
-            elif has_home:
-                chosen = self._place(near, candidates, request.home_key)
-            else:
-                chosen = self._least_turnover(near, candidates, request.home_key, snapshot.now)
-            if chosen in useful:
-                route = Route.PREFIX_HIT
-            elif has_home:
-                route = Route.PREFIX_HOME
-            else:
-                route = Route.LEAST_LOADED
-        costs: tuple[CandidateCost, ...] = ()
-        if explain:
-            costs = tuple(
-                CandidateCost(
-                    c.name,
-                    blocks[i],
-                    (total - matched[i]) / per_token_bytes,
-                    estimate(c.load, expected[i], prompt_tokens, rates[i]),
-                    c.recent,
-                    rates[i],
-                )
-                for i, c in enumerate(candidates)
-            )
-        winner = candidates[chosen]
-        return Decision(
-            winner.name,
-            route,
-            blocks[chosen],
-            (total - matched[chosen]) / per_token_bytes,
-            estimate(winner.load, expected[chosen], prompt_tokens, rates[chosen]),
-            costs,
+        return _Figures(
+            has_home,
+            total,
+            per_token_bytes,
+            blocks,
+            matched,
+            spread_homes,
+            rates,
+            expected,
+            predicted,
         )
 
+    def _choose(
+        self, request: RequestFeatures, snapshot: PoolSnapshot, f: _Figures, objective: float | None
+    ) -> tuple[int, Route]:
+        """The ordinary choice, neither a session's home nor late: the replicas scored within
+        the near band of the fastest, the copy charge added, are equally good; among them a
+        warm one if any, else a home for a shared lead, else the least turned-over."""
+        candidates = snapshot.candidates
+        cost = self.policy.cost
+        warmest = min(f.expected)
+        score = [
+            p + copy_penalty_s(e, warmest, r.prefill_s_per_token, cost.copy_weight)
+            for p, e, r in zip(f.predicted, f.expected, f.rates, strict=True)
+        ]
+        fastest = min(score)
+        limit = fastest * (1 + cost.near_ratio) + cost.near_s
+        if objective is not None and fastest <= objective:
+            limit = min(limit, objective)
+        # "not >" rather than "<=": were a prediction ever NaN, every replica stays a choice.
+        near = [i for i, s in enumerate(score) if not s > limit]
+        useful = {i for i in near if _useful(f.matched[i], request, self.prefix)}
+        warm = [i for i in near if i in useful or i in f.spread_homes]
+        if warm:
+            chosen = _least_loaded(warm, candidates, request.home_key)
+        elif f.has_home:
+            chosen = self._place(near, candidates, request.home_key)
+        else:
+            chosen = self._least_turnover(near, candidates, request.home_key, snapshot.now)
+        if chosen in useful:
+            return chosen, Route.PREFIX_HIT
+        return chosen, Route.PREFIX_HOME if f.has_home else Route.LEAST_LOADED
+
     def _session_home(
-        self,
-        session: str,
-        candidates: tuple[Candidate, ...],
-        predicted: list[float],
-        prompt_tokens: float,
-        rates: list[Rates],
+        self, session: str, candidates: tuple[Candidate, ...], f: _Figures
     ) -> int | None:
         """The candidate the session last went to, unless a cold start of the whole prompt
         on another replica is predicted sooner, beyond the near band (within it, replicas are
@@ -224,15 +266,16 @@ class PrefixAware(SelectionPolicy):
         at = next((i for i, c in enumerate(candidates) if c.name == home), None)
         if at is None:
             return None
+        prompt_tokens = f.prompt_tokens
         cold = [
             predicted_s(c.load, prompt_tokens, prompt_tokens, r)
-            for i, (c, r) in enumerate(zip(candidates, rates, strict=True))
+            for i, (c, r) in enumerate(zip(candidates, f.rates, strict=True))
             if i != at
         ]
         if not cold:
             return at
         cost = self.policy.cost
-        return at if predicted[at] <= min(cold) * (1 + cost.near_ratio) + cost.near_s else None
+        return at if f.predicted[at] <= min(cold) * (1 + cost.near_ratio) + cost.near_s else None
 
     def _spread_homes(
         self, request: RequestFeatures, snapshot: PoolSnapshot, matched: list[int]
