@@ -157,6 +157,26 @@ def test_two_prompts_sharing_every_whole_block_confirm_the_blocks_within_the_lea
     assert known is not None and known.keys == (1, 2, 3)
 
 
+def test_a_replica_holding_another_prompt_with_the_lead_confirms_it_at_once() -> None:
+    leads = LeadKeys()
+    key = ("small", ROOT, 1, 100)
+    # A replica's events hold three blocks of another prompt opening with the lead.
+    leads.learn(key, (1, 2, 3, 4, 5), 3, tokenized(1), held=3)
+    known = leads.known(key)
+    assert known is not None and known.keys == (1, 2, 3)
+    # Held further than a block past the lead: cut there, as two prompts sharing more are.
+    leads.learn(("small", ROOT, 2, 100), (1, 2, 3, 4, 5), 2, tokenized(1), held=4)
+    known = leads.known(("small", ROOT, 2, 100))
+    assert known is not None and known.keys == (1, 2, 3)
+
+
+def test_a_replica_holding_under_half_the_lead_confirms_nothing() -> None:
+    leads = LeadKeys()
+    key = ("small", ROOT, 1, 100)
+    leads.learn(key, (1, 2, 3, 4, 5), 4, tokenized(1), held=1)  # the rest may be evicted
+    assert leads.known(key) is None
+
+
 def test_leads_are_forgotten_least_recently_used_first() -> None:
     leads = LeadKeys(capacity=2)
     for lead in (1, 2):
@@ -196,8 +216,9 @@ async def test_on_a_sims_template_the_leads_keys_predict_the_engines_cache_exact
                 )
                 await asyncio.sleep(0.2)  # the step's events reach the gateway
             text = await (await gateway.get("/metrics")).text()
-    # The first question is held nowhere; the next two are tokenized; the last three are not.
-    assert round_trips == 2
+    # The first question is held nowhere; the second is tokenized, and the replica holding the
+    # first shows where the two part; the last four are not.
+    assert round_trips == 1
     labels = {"pool": "small", "source": "events"}
     assert metric(text, "gateway_prefix_cached_tokens_error_count", **labels) == 5.0
     assert metric(text, "gateway_prefix_cached_tokens_error_sum", **labels) == 0.0

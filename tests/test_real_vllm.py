@@ -466,8 +466,8 @@ async def test_kv_events_predict_each_requests_cached_tokens_within_a_block(
 async def test_a_shared_system_prompts_learned_keys_predict_the_cache_within_a_block(
     fleet: RealFleet,
 ) -> None:
-    """Opening turns behind one system prompt: after two are tokenized, the rest are matched
-    on the lead's learned token keys (tests/test_lead_keys.py counts the round trips), and on
+    """Opening turns behind one system prompt: after one is tokenized, the rest are matched on
+    the lead's learned token keys (tests/test_lead_keys.py counts the round trips), and on
     vLLM's own chat template and tokenizer they predict its cache as closely."""
     before = await prediction_errors(fleet)
     system = long_system_prompt()

@@ -67,6 +67,16 @@ def believed_held(pool: PoolState, features: RequestFeatures, now: float) -> tup
     return block_size, deepest
 
 
+def _most_held(pool: PoolState, keys: tuple[int, ...], now: float) -> int:
+    """The most of ``keys``' first blocks one replica's events say it holds."""
+    held = 0
+    for replica in pool.replicas.values():
+        events = replica.exact_events(now)
+        if events is not None:
+            held = max(held, events.blocks.match(keys))
+    return held
+
+
 LeadKey = tuple[str, int, int, int]
 """A shared lead's identity: pool (its tokenizer), chain root (adapter, salt), the digest of
 the lead's fingerprint blocks and its length."""
@@ -83,8 +93,9 @@ class _Lead:
     prompt: int
     """The fingerprint of the prompt the keys came from."""
     confirmed: bool = False
-    """A second, different prompt opening with the lead was tokenized: ``keys`` are then the
-    blocks the two share (at most a block past the lead's end), not the first prompt's all."""
+    """Another prompt opening with the lead was seen (tokenized too, or held by a replica):
+    ``keys`` are then the blocks the two share (at most a block past the lead's end), not the
+    first prompt's all."""
 
 
 def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -97,8 +108,9 @@ class LeadKeys:
     """The token keys of shared leads (system prompts, tool sets), learned from the requests
     tokenized with them. While no replica is believed to hold more of a request than its lead,
     its events can only say how much of the lead each replica still holds, and the lead's own
-    keys answer that without a /tokenize round trip: a shared system prompt costs two round
-    trips, not one per request."""
+    keys answer that without a /tokenize round trip: a shared system prompt costs one round
+    trip where a replica already holds another prompt opening with it (two where none does),
+    not one per request."""
 
     def __init__(self, capacity: int = _LEADS) -> None:
         self._leads: OrderedDict[LeadKey, _Lead] = OrderedDict()
@@ -112,17 +124,28 @@ class LeadKeys:
         return lead
 
     def learn(
-        self, key: LeadKey, keys: tuple[int, ...], lead_blocks: int, request: RequestFeatures
+        self,
+        key: LeadKey,
+        keys: tuple[int, ...],
+        lead_blocks: int,
+        request: RequestFeatures,
+        held: int = 0,
     ) -> None:
         """``request``, opening with the lead, was tokenized into ``keys``; by its length the
-        lead ends within its first ``lead_blocks`` blocks."""
+        lead ends within its first ``lead_blocks`` blocks; ``held``: as many of its first
+        blocks of another prompt opening with the lead a replica's events hold."""
         prompt = request.block_hashes[-1]
         lead = self._leads.get(key)
         if lead is None:
             per_token = request.hashed_bytes / max(request.prompt_tokens, 1)
-            self._leads[key] = _Lead(keys, per_token, prompt)
+            lead = self._leads[key] = _Lead(keys, per_token, prompt)
             if len(self._leads) > self._capacity:
                 self._leads.popitem(last=False)
+            # The other prompt parts from this one where the lead ends, as a second tokenized
+            # prompt would show, one round trip sooner. Less than half the lead held may be a
+            # lead partly evicted: that waits for a second prompt.
+            if held >= max(1, lead_blocks // 2):
+                lead.keys, lead.confirmed = keys[: min(held, lead_blocks + 1)], True
             return
         common = _common(lead.keys, keys)
         if not lead.confirmed:
@@ -167,6 +190,7 @@ class TokenKeys:
         lora = model if model != pool.model else None
         root = root_key(lora, parsed.cache_salt or None)
         lead_key: LeadKey | None = None
+        opening = False
         if features.lead_bytes >= least:
             # The lead's own keys serve an opening turn that nobody is believed to hold past its
             # lead; a later turn is tokenized whole, as its history may be held where the
@@ -185,7 +209,10 @@ class TokenKeys:
         features = replace(features, token_keys=keys, prompt_tokens=count)
         if lead_key is not None and count:
             lead_blocks = features.lead_bytes * count // features.hashed_bytes // block_size
-            self.leads.learn(lead_key, keys, lead_blocks, features)
+            # An opening nobody was sent (its lead not yet known): what a replica holds of it
+            # is another prompt's.
+            held = _most_held(pool, keys, time.monotonic()) if opening else 0
+            self.leads.learn(lead_key, keys, lead_blocks, features, held)
         return features
 
     async def _tokenize(
