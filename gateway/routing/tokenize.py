@@ -132,8 +132,8 @@ class LeadKeys:
         held: int = 0,
     ) -> None:
         """``request``, opening with the lead, was tokenized into ``keys``; by its length the
-        lead ends within its first ``lead_blocks`` blocks; ``held``: as many of its first
-        blocks of another prompt opening with the lead a replica's events hold."""
+        lead ends within its first ``lead_blocks`` blocks; ``held``: how many of those keys a
+        replica's events hold of another prompt opening with the lead (0: none known)."""
         prompt = request.block_hashes[-1]
         lead = self._leads.get(key)
         if lead is None:
