@@ -138,14 +138,14 @@ class LeadKeys:
         lead = self._leads.get(key)
         if lead is None:
             per_token = request.hashed_bytes / max(request.prompt_tokens, 1)
-            lead = self._leads[key] = _Lead(keys, per_token, prompt)
-            if len(self._leads) > self._capacity:
-                self._leads.popitem(last=False)
             # The other prompt parts from this one where the lead ends, as a second tokenized
             # prompt would show, one round trip sooner. Less than half the lead held may be a
             # lead partly evicted: that waits for a second prompt.
-            if held >= max(1, lead_blocks // 2):
-                lead.keys, lead.confirmed = keys[: min(held, lead_blocks + 1)], True
+            confirmed = held >= max(1, lead_blocks // 2)
+            kept = keys[: min(held, lead_blocks + 1)] if confirmed else keys
+            self._leads[key] = _Lead(kept, per_token, prompt, confirmed)
+            if len(self._leads) > self._capacity:
+                self._leads.popitem(last=False)
             return
         common = _common(lead.keys, keys)
         if not lead.confirmed:
