@@ -490,17 +490,39 @@ def test_build_data_labels_each_source_by_category(tmp_path: Path) -> None:
     lines("t0/duorc_answer.jsonl", [{"prompt": "Answer from the plot: ...", "completion": "x"}])
     lines("t0/quoref_answer.jsonl", [{"prompt": "Who is ...?", "completion": "y"}])
     lines("t0/samsum_summary.jsonl", [{"prompt": "Not redistributable", "completion": "z"}])
+    (raw / "acpbench" / "app").mkdir(parents=True)
+    ferry = {"context": "This is a ferry domain.", "question": "Can it sail?", "group": "app_bool"}
+    blocks = {"context": "This is a blocksworld domain.", "question": "Pick up b1?", "group": "g"}
+    (raw / "acpbench" / "app" / "dev.bool.json").write_text(json.dumps([ferry, ferry, blocks]))
+    (raw / "prontoqa_dev.json").write_text(
+        json.dumps([{"context": "Max is a wumpus.", "question": "Is Max red?"}])
+    )
+    (raw / "multilogieval" / "d1_Data" / "pl").mkdir(parents=True)
+    rules = {
+        "logic": "pl",
+        "depth": "d1",
+        "samples": [{"context": "If it rains, it\u2019s wet.", "question": "Is it wet?"}],
+    }
+    (raw / "multilogieval" / "d1_Data" / "pl" / "MP.json").write_bytes(
+        json.dumps(rules, ensure_ascii=False).encode("cp1252")
+    )
 
     out = tmp_path / "out"
     counts = build(raw, out)
     assert counts["theoremqa"] == 1  # the question with a picture is left out
+    # PlanBench's domains (held out) are not trained on; a repeated question counts once
+    assert counts["acpbench"] == 1
     assert counts["p3_a"] == counts["p3_b"] == 1  # samsum is in neither part
 
     def records(name: str) -> list[dict[str, Any]]:
         return [json.loads(x) for x in (out / f"{name}.jsonl").read_text().splitlines()]
 
-    for name in ("gsm8k", "math", "humaneval", "mbpp", "theoremqa"):
+    for name in ("gsm8k", "math", "humaneval", "mbpp", "theoremqa", "acpbench", "prontoqa",
+                 "multilogieval"):  # fmt: skip
         assert {r["label"] for r in records(name)} == {"hard"}, name
+    assert records("multilogieval")[0]["body"]["messages"][0]["content"] == (
+        "If it rains, it\u2019s wet.\n\nIs it wet?"  # read from a cp1252 file
+    )
     for name in ("nq_open", "clinc", "banking77", "p3_a", "p3_b"):
         assert {r["label"] for r in records(name)} == {"easy"}, name
     seed = {r["body"]["messages"][0]["content"]: r["label"] for r in records("selfinstruct_seed")}

@@ -12,7 +12,7 @@ bag of words cannot tell from trivia: labelled hard by category, they taught the
 questions are hard and wrecked the held-out split with NQ trivia).
 
 Labels are by category, not by what a small model got wrong (no such labels exist for these
-sets): maths, coding and reasoning puzzles are ``hard``; general instructions, chit-chat,
+sets): maths, coding, planning and reasoning puzzles are ``hard``; general instructions, chit-chat,
 writing, extraction, reading-comprehension QA and summarisation are ``easy``.
 """
 
@@ -24,7 +24,7 @@ import gzip
 import json
 import random
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,10 @@ SEED = 9
 #   t0/<template>.jsonl        yizhongw/self-instruct data/finetuning/t0_train_50k/data_per_template
 #                              (P3 prompts; promptsource templates Apache-2.0; only datasets
 #                              whose own licence allows redistribution are used, see P3_SETS)
+#   acpbench/<task>/*.json[.gz]  IBM/ACPBench dataset/ (CDLA-Permissive-2.0), 2ed9c92
+#   prontoqa_dev.json          ProntoQA (asaparov/prontoqa, Apache-2.0), the 500-problem copy in
+#                              teacherpeterpan/Logic-LLM data/ProntoQA/dev.json (MIT), d29f1e5
+#   multilogieval/<depth>/<logic>/*.json   Mihir3009/Multi-LogiEval data/ (MIT), 6d55ade
 
 SEED_TASKS_HARD = frozenset(
     {
@@ -78,6 +82,14 @@ P3_SETS = {
     "quarel": ("CC-BY-4.0", "b"),
 }
 P3_PER_TEMPLATE = 12
+ACP_HELD_OUT_DOMAINS = (
+    "This is a blocksworld domain",
+    "There are several cities",  # logistics
+    "This is a depot domain",
+)
+"""ACPBench's blocksworld, logistics and depot (blocks and logistics combined) are left out:
+PlanBench, a held-out set (bench/data/tier_heldout/), asks about the same two domains, and a
+model that saw them would be tested on what it was trained on."""
 GSM8K_SAMPLE = 2000
 SAMPLE = 1000
 """Prompts kept from each of the larger query sets (NQ-open, CLINC150, BANKING77)."""
@@ -214,6 +226,54 @@ def banking77(raw: Path) -> list[dict[str, Any]]:
     ]
 
 
+def _json(path: Path) -> Any:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:  # three of Multi-LogiEval's files are cp1252
+        return json.loads(data.decode("cp1252"))
+
+
+def acpbench(raw: Path) -> list[dict[str, Any]]:
+    # Planning in words: a domain, a state and a goal, and a question about actions or plans.
+    seen: dict[str, str] = {}
+    for path in sorted((raw / "acpbench").glob("*/*.json*")):
+        for r in _json(path):
+            context = str(r["context"]).strip()
+            if context.startswith(ACP_HELD_OUT_DOMAINS):
+                continue
+            text = f"{context}\n\n{str(r['question']).strip()}"
+            seen.setdefault(text, "planning_" + str(r["group"]))
+    rows = _sample(sorted(seen.items()))
+    return [_record("acpbench", i, "hard", group, text) for i, (text, group) in enumerate(rows)]
+
+
+def prontoqa(raw: Path) -> list[dict[str, Any]]:
+    # Chains of deduction over made-up categories ("Every wumpus is an impus."): no world
+    # knowledge to lean on.
+    return [
+        _record("prontoqa", i, "hard", "deductive_reasoning",
+                f"{r['context'].strip()}\n\n{r['question'].strip()}")
+        for i, r in enumerate(_json(raw / "prontoqa_dev.json"))
+    ]  # fmt: skip
+
+
+def multilogieval(raw: Path) -> list[dict[str, Any]]:
+    # Everyday rules chained one to five steps deep, and a yes/no question on them.
+    rows = []
+    for path in sorted((raw / "multilogieval").glob("**/*.json")):
+        data = _json(path)
+        category = f"logic_{data['logic']}_{data['depth']}"
+        for r in data["samples"]:
+            rows.append((f"{r['context'].strip()}\n\n{r['question'].strip()}", category))
+    return [
+        _record("multilogieval", i, "hard", category, text)
+        for i, (text, category) in enumerate(_sample(rows))
+    ]
+
+
 def p3_a(raw: Path) -> list[dict[str, Any]]:
     return p3(raw, "a")
 
@@ -234,13 +294,18 @@ BUILDERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
     "nq_open": nq_open,
     "clinc": clinc,
     "banking77": banking77,
+    "acpbench": acpbench,
+    "prontoqa": prontoqa,
+    "multilogieval": multilogieval,
 }
 
 
-def build(raw: Path, out: Path) -> dict[str, int]:
+def build(raw: Path, out: Path, only: Sequence[str] = ()) -> dict[str, int]:
     out.mkdir(parents=True, exist_ok=True)
     counts = {}
     for name, builder in BUILDERS.items():
+        if only and name not in only:
+            continue
         records = builder(raw)
         with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
             for r in records:
@@ -253,8 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tier_eval.build_data")
     parser.add_argument("raw", type=Path, help="folder with the upstream files")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--only", nargs="+", choices=sorted(BUILDERS), default=(),
+                        help="build these sets only (RAW_DIR needs only their files)")  # fmt: skip
     args = parser.parse_args(argv)
-    for name, n in build(args.raw, args.out).items():
+    for name, n in build(args.raw, args.out, args.only).items():
         print(f"{name:<20} {n:>6}")
     return 0
 

@@ -49,8 +49,9 @@ _PART_A = (
     "p3_a",
     "nq_open",
     "banking77",
+    "acpbench",
 )
-_PART_B = ("math", "mbpp", "p3_b", "clinc")
+_PART_B = ("math", "mbpp", "p3_b", "clinc", "prontoqa", "multilogieval")
 SPLITS = (("A -> B", _PART_A, _PART_B), ("B -> A", _PART_B, _PART_A))  # fmt: skip
 """(name, training sources, held-out test sources): no source is on both sides."""
 TARGET_SHARE = 0.3
