@@ -1,10 +1,11 @@
 """Builds the tier classifier's public training sets, bench/data/tier_train/*.jsonl, from the
 upstream files (see bench/data/README.md for each source, its licence and its label rule).
 
-    python -m bench.tier_eval.build_data RAW_DIR [--out bench/data/tier_train]
+    python -m bench.tier_eval.build_data RAW_DIR [--out bench/data/tier_train] [--only NAME ...]
 
-RAW_DIR holds the upstream files under the names in ``SOURCES`` (each comes from the public
-repository and path given beside it). The output is deterministic: same inputs, same bytes.
+RAW_DIR holds the upstream files under the names listed below (each comes from the public
+repository and path given beside it); with ``--only``, those of the named sets alone. The
+output is deterministic: same inputs, same bytes.
 
 Not used, on purpose: self-instruct's 252 user-oriented instructions (they are part of the
 AlpacaEval set, reserved for independent evaluation), StrategyQA (yes/no questions that a
@@ -12,8 +13,8 @@ bag of words cannot tell from trivia: labelled hard by category, they taught the
 questions are hard and wrecked the held-out split with NQ trivia).
 
 Labels are by category, not by what a small model got wrong (no such labels exist for these
-sets): maths, coding, planning and reasoning puzzles are ``hard``; general instructions, chit-chat,
-writing, extraction, reading-comprehension QA and summarisation are ``easy``.
+sets): maths, coding, planning and reasoning puzzles are ``hard``; general instructions,
+chit-chat, writing, extraction, reading-comprehension QA and summarisation are ``easy``.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ PlanBench, a held-out set (bench/data/tier_heldout/), asks about the same two do
 model that saw them would be tested on what it was trained on."""
 GSM8K_SAMPLE = 2000
 SAMPLE = 1000
-"""Prompts kept from each of the larger query sets (NQ-open, CLINC150, BANKING77)."""
+"""Prompts kept from each of the larger sets (NQ-open, CLINC150, BANKING77, ACPBench,
+Multi-LogiEval)."""
 
 
 def _body(text: str) -> dict[str, Any]:
