@@ -116,6 +116,10 @@ class LeadKeys:
         self._leads: OrderedDict[LeadKey, _Lead] = OrderedDict()
         self._capacity = capacity
 
+    def seen(self, key: LeadKey) -> bool:
+        """Whether a prompt with this lead was tokenized before (confirmed or not)."""
+        return key in self._leads
+
     def known(self, key: LeadKey) -> _Lead | None:
         lead = self._leads.get(key)
         if lead is None or not lead.confirmed:
@@ -209,9 +213,10 @@ class TokenKeys:
         features = replace(features, token_keys=keys, prompt_tokens=count)
         if lead_key is not None and count:
             lead_blocks = features.lead_bytes * count // features.hashed_bytes // block_size
-            # An opening nobody was sent (its lead not yet known): what a replica holds of it
-            # is another prompt's.
-            held = _most_held(pool, keys, time.monotonic()) if opening else 0
+            # An opening nobody was sent (its lead not yet seen): what a replica holds of it is
+            # another prompt's. A lead seen before learns from this prompt's keys alone.
+            first = opening and not self.leads.seen(lead_key)
+            held = _most_held(pool, keys, time.monotonic()) if first else 0
             self.leads.learn(lead_key, keys, lead_blocks, features, held)
         return features
 
