@@ -152,19 +152,49 @@ def test_a_mostly_unique_prompt_goes_to_the_least_recently_loaded_replica() -> N
     assert (decision.replica, decision.route) == (emptiest, Route.LEAST_LOADED)
 
 
-def test_a_prompt_of_its_own_text_goes_where_the_cache_turned_over_least() -> None:
+@pytest.mark.parametrize("asked_at", [0.0, 86400.0])
+def test_a_prompt_of_its_own_text_goes_where_the_cache_took_the_least_new_text(
+    asked_at: float,
+) -> None:
     """ "a" had one long prompt and "b" three short ones: by request counts "a" is the quieter,
     but its cache took the more new text (evicting as much history), so a prompt no replica
-    holds goes to "b", whose histories would otherwise be kept shorter."""
+    holds goes to "b", whose histories would otherwise be kept shorter. A day later too: the
+    debt does not fade until the others have taken as much."""
     policy = PrefixAware(POOL)
     sent = {"a": [b"x" * BLOCK * 200], "b": [f"short {i} ".encode() * 40 for i in range(3)]}
     for name, prompts in sent.items():
         for text in prompts:
             request = features(CanonicalPrompt(text))
             policy.record(request, Decision(name, Route.LEAST_LOADED), now=0.0)
-    snap = PoolSnapshot((candidate("a", recent=1.0), candidate("b", recent=3.0)))
+    snap = PoolSnapshot((candidate("a", recent=1.0), candidate("b", recent=3.0)), now=asked_at)
     decision = choose(policy, snap, features(CanonicalPrompt(b"q" * BLOCK * 20)))
     assert (decision.replica, decision.route) == ("b", Route.LEAST_LOADED)
+
+
+def test_a_replica_joining_late_takes_new_text_only_until_its_cache_is_full() -> None:
+    """ "d" joins a pool whose replicas have each taken ten caches' worth of text: it takes the
+    prompts of their own text while it has free room, one cache's worth, and then its turn like
+    the others, not the pool's whole past."""
+    policy = PrefixAware(POOL)
+    capacity = 64
+    for name in NAMES:
+        policy.size_index(name, capacity)
+
+    def own_text(tag: str) -> RequestFeatures:
+        return features(CanonicalPrompt(f"{tag} ".encode() * (BLOCK * 8 // len(tag))))
+
+    for i in range(80):
+        for name in ("a", "b", "c"):
+            policy.record(own_text(f"{name} old {i}"), Decision(name, Route.LEAST_LOADED), 0.0)
+    placed = []
+    for i in range(24):
+        request = own_text(f"new {i}")
+        decision = choose(policy, snapshot(), request)
+        policy.record(request, decision, 0.0)
+        placed.append(decision.replica)
+    first_others = next(i for i, name in enumerate(placed) if name != "d")
+    assert 4 <= first_others <= 9  # a cache of 64 blocks holds 8 prompts of 8 blocks
+    assert set(placed[first_others:]) == set(NAMES)
 
 
 def test_distinct_prefixes_spread_over_the_pool() -> None:

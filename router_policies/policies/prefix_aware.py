@@ -12,7 +12,7 @@ replica. Then:
   ``cost.near_s`` are equally good; among them a warm one is kept if there is one, and the
   least recently loaded is chosen, ties by rendezvous order. A prompt no replica holds a
   useful part of, and without a shared lead worth a home (Preble's rule), goes to the one whose
-  cache turned over least lately (turnover below). A new prefix, or a copy of one, goes where
+  cache has taken the least new text (turnover below). A new prefix, or a copy of one, goes where
   recent requests and shared prefixes held, each against the pool's mean, sum least.
 - A hot prefix, whose recent share of the pool's traffic is more than a fair share of one
   replica, counts as warm on k replicas (k follows its share), so it spreads over k warm
@@ -22,11 +22,18 @@ replica. Then:
 - A request naming a session goes back to the replica the session last went to, unless a cold
   start of its whole prompt elsewhere is predicted sooner (router_policies/sessions.py).
 
-Turnover is the cache room a replica's recent prompts newly took (decayed, in index units):
-what its engine stored, evicting as much of older histories. Balanced by request counts, a
-replica that drew a few long prompts evicts its conversations' histories before their next
-turns while another keeps its own; balanced by turnover, histories last about as long
-everywhere, as in one cache the fleet's size.
+Turnover is the cache room a replica's prompts newly took (in index units, since the policy
+began): what its engine stored, evicting as much of older histories. Balanced by request
+counts, a replica that drew a few long prompts evicts its conversations' histories before
+their next turns while another keeps its own; balanced by turnover, every replica evicts at
+the pool's pace and histories last about as long everywhere, as in one cache the fleet's size.
+The count does not fade, as the peers' "smallest tree" does not: a replica that took a burst of
+long prompts keeps its debt until the others have taken as much (against a 10 s half-life:
++0.5 points of the bound on average over the four Mooncake tuning windows, loaded and at
+zero load; docs/benchmarks.md). A replica further behind
+than its own index's capacity (one added to the pool, or back from an outage) counts as that
+far behind once it takes a prompt: its free room takes new prompts until it is full, not the
+pool's past.
 """
 
 from __future__ import annotations
@@ -38,7 +45,6 @@ from router_policies.cost.copies import copy_penalty_s
 from router_policies.cost.objective import late_choice
 from router_policies.cost.rates import Rates, default_rates
 from router_policies.cost.ttft import TtftEstimate, estimate, predicted_s
-from router_policies.decay import DecayedCount
 from router_policies.decision import Candidate, CandidateCost, Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
 from router_policies.hot_prefixes import HotPrefixes, spread
@@ -106,10 +112,7 @@ class PrefixAware(SelectionPolicy):
         # Digests of another block size or seed match nothing: an index survives a reload only
         # when the fingerprint settings are unchanged.
         self._indexes: dict[str, PrefixIndex] = dict(previous._indexes) if keep and previous else {}
-        same_decay = previous is not None and previous.policy.load == policy.load
-        self._turnover: dict[str, DecayedCount] = (
-            dict(previous._turnover) if same_decay and previous else {}
-        )
+        self._turnover: dict[str, float] = dict(previous._turnover) if keep and previous else {}
         same_hot = previous is not None and previous.policy.hot == policy.hot
         self.hot: HotPrefixes = (
             previous.hot if same_hot and previous else HotPrefixes(policy.hot.half_life_s)
@@ -135,11 +138,9 @@ class PrefixAware(SelectionPolicy):
     def record(self, request: RequestFeatures, decision: Decision, now: float) -> None:
         index = self._index(decision.replica)
         added = index.insert(request.block_hashes)
-        turnover = self._turnover.get(decision.replica)
-        if turnover is None:
-            half_life = self.policy.load.recent_half_life_s
-            turnover = self._turnover[decision.replica] = DecayedCount(half_life)
-        turnover.add(now, added)
+        turnover = self._turnover
+        floor = max(turnover.values(), default=0.0) - index.capacity
+        turnover[decision.replica] = max(turnover.get(decision.replica, 0.0), floor) + added
         lead = self.layout.floor(request.lead_bytes)
         if _useful(lead, request, self.prefix):
             index.note_lead(request.home_key, lead)
@@ -251,7 +252,7 @@ class PrefixAware(SelectionPolicy):
         elif f.has_home:
             chosen = self._place(near, candidates, request.home_key)
         else:
-            chosen = self._least_turnover(near, candidates, request.home_key, snapshot.now)
+            chosen = self._least_turnover(near, candidates, request.home_key)
         if chosen in useful:
             return chosen, Route.PREFIX_HIT
         return chosen, Route.PREFIX_HOME if f.has_home else Route.LEAST_LOADED
@@ -308,19 +309,14 @@ class PrefixAware(SelectionPolicy):
             missing = int(min(candidates[i].recent for i in holders) > valley)
         return holders | set(others[:missing])
 
-    def _least_turnover(
-        self, near: list[int], candidates: tuple[Candidate, ...], key: int, now: float
-    ) -> int:
-        """Where a prompt that is its own text goes: the replica whose cache turned over least
-        lately (then the least recently loaded, then rendezvous order)."""
+    def _least_turnover(self, near: list[int], candidates: tuple[Candidate, ...], key: int) -> int:
+        """Where a prompt that is its own text goes: the replica whose cache has taken the least
+        new text (then the least recently loaded, then rendezvous order)."""
         turnover = self._turnover
 
-        def churn(i: int) -> float:
-            count = turnover.get(candidates[i].name)
-            return count.value(now) if count is not None else 0.0
-
         def order(i: int) -> tuple[float, float, float]:
-            return churn(i), candidates[i].recent, -hrw_score(key, candidates[i].name)
+            name = candidates[i].name
+            return turnover.get(name, 0.0), candidates[i].recent, -hrw_score(key, name)
 
         return min(near, key=order)
 
