@@ -28,12 +28,11 @@ counts, a replica that drew a few long prompts evicts its conversations' histori
 their next turns while another keeps its own; balanced by turnover, every replica evicts at
 the pool's pace and histories last about as long everywhere, as in one cache the fleet's size.
 The count does not fade, as the peers' "smallest tree" does not: a replica that took a burst of
-long prompts keeps its debt until the others have taken as much (against a 10 s half-life:
-+0.5 points of the bound on average over the four Mooncake tuning windows, loaded and at
-zero load; docs/benchmarks.md). A replica further behind
-than its own index's capacity (one added to the pool, or back from an outage) counts as that
-far behind once it takes a prompt: its free room takes new prompts until it is full, not the
-pool's past.
+long prompts keeps its debt until the others have taken as much (against a 10 s half-life,
+0.5 points more of the bound on average over the four Mooncake tuning windows, loaded and at
+zero load; docs/benchmarks.md). A replica further behind than its own index's capacity (one
+added to the pool, or back from an outage) counts as that far behind once it takes a prompt:
+its free room takes new prompts until it is full, not the pool's past.
 """
 
 from __future__ import annotations
