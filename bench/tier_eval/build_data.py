@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import io
 import json
 import random
 import sys
@@ -111,12 +112,16 @@ def _record(source: str, i: int, label: str, category: str, text: str) -> dict[s
     }
 
 
+def _open(path: Path) -> io.BufferedIOBase:
+    """The file's bytes, gunzipped where its name ends in .gz."""
+    return gzip.open(path) if path.suffix == ".gz" else path.open("rb")
+
+
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
+    with _open(path) as f:
         for line in f:
             if line.strip():
-                yield json.loads(line)
+                yield json.loads(line.decode("utf-8"))
 
 
 def gsm8k(raw: Path) -> list[dict[str, Any]]:
@@ -229,8 +234,7 @@ def banking77(raw: Path) -> list[dict[str, Any]]:
 
 
 def _json(path: Path) -> Any:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
+    with _open(path) as f:
         data = f.read()
     try:
         return json.loads(data.decode("utf-8"))
