@@ -4,7 +4,9 @@ other way, so a change to it cannot go unnoticed."""
 
 from __future__ import annotations
 
-from router_policies.decision import PoolSnapshot, Route
+import pytest
+
+from router_policies.decision import Decision, PoolSnapshot, Route
 from router_policies.fingerprint import CanonicalPrompt
 from router_policies.policies.prefix_aware import PrefixAware
 from tests.routing import (
@@ -97,3 +99,27 @@ def test_min_match_ratio_a_shared_lead_under_half_the_prompt_goes_by_load() -> N
     snap = PoolSnapshot(tuple(candidate(n, recent=r) for n, r in recent.items()))
     decision = choose(PrefixAware(POOL), snap, prompt)
     assert (decision.replica, decision.route) == (quiet, Route.LEAST_LOADED)
+
+
+@pytest.mark.parametrize(("index_memory", "back_to_a"), [(1.0, False), (1.5, True)])
+def test_index_memory_one_cache_forgets_a_history_the_engine_has_evicted(
+    index_memory: float, back_to_a: bool
+) -> None:
+    """ "a" holds one cache of 400 blocks and took a cache's worth of other text since the
+    conversation's earlier turn (288 blocks), so its engine has evicted that history. At
+    index_memory 1 the index forgets it with the engine: the next turn goes by turnover, to a
+    replica that took less. At 1.5 the index still holds the history's first 200 blocks (its
+    tail went first), most of the turn, and the turn goes back to "a"."""
+    prefix = POOL.prefix.model_copy(update={"index_memory": index_memory})
+    policy = PrefixAware(POOL.model_copy(update={"prefix": prefix}))
+    for name in NAMES:
+        policy.size_index(name, 400)
+    policy.record(EARLIER, Decision("a", Route.LEAST_LOADED), now=0.0)
+    for i in range(4):  # 100 blocks each
+        other = features(CanonicalPrompt(f"other {i} ".encode() * (100 * 128 // 8)))
+        policy.record(other, Decision("a", Route.LEAST_LOADED), now=0.0)
+    decision = choose(policy, snapshot(), CONVERSATION)
+    if back_to_a:
+        assert (decision.replica, decision.route) == ("a", Route.PREFIX_HIT)
+    else:
+        assert decision.replica != "a"

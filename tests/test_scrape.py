@@ -47,8 +47,9 @@ def test_kv_capacity_sizes_the_prefix_index() -> None:
     pool = PoolState("p", PoolPolicy(model="m", replicas=["http://a:1"]))
     replica = pool.replicas["a:1"]
     pool.apply_engine_stats(replica, parse_engine_stats(VLLM_METRICS))
-    # 32,000 tokens x 4 chars per token (until usage teaches better) / 128-byte blocks
-    assert pool.router.index_blocks("a:1") == 1000
+    # 32,000 tokens x 4 chars per token (until usage teaches better) / 128-byte blocks, times
+    # the caches' worth the index remembers
+    assert pool.router.index_blocks("a:1") == int(1000 * pool.policy.prefix.index_memory)
     assert replica.load().engine_waiting == 7.0  # nothing in flight from us, 7 on the engine
 
 
@@ -79,7 +80,7 @@ def test_the_index_shrinks_when_the_replica_reports_fewer_hits_than_it_promised(
     for _ in range(30):
         replica.index_belief.observe(expected_cached=1000, cached=500)
     pool.apply_engine_stats(replica, parse_engine_stats(VLLM_METRICS))
-    assert 500 <= pool.router.index_blocks("a:1") <= 650
+    assert 500 <= pool.router.index_blocks("a:1") / pool.policy.prefix.index_memory <= 650
 
 
 def test_health_needs_consecutive_evidence_after_the_first_probe() -> None:

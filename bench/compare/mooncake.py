@@ -112,6 +112,7 @@ TUNING_WINDOWS = (
     TraceWindow("conversation", 19, 24),
     TraceWindow("conversation", 44, 49),
     TraceWindow("synthetic", 0, 5),
+    TraceWindow("synthetic", 5, 10),
 )
 """Windows the routing's parameters may be chosen on (docs/benchmarks.md names them)."""
 REPORT_WINDOWS = (

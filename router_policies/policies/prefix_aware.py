@@ -33,6 +33,9 @@ long prompts keeps its debt until the others have taken as much (against a 10 s 
 zero load; docs/benchmarks.md). A replica further behind than its own index's capacity (one
 added to the pool, or back from an outage) counts as that far behind once it takes a prompt:
 its free room takes new prompts until it is full, not the pool's past.
+
+The index remembers ``prefix.index_memory`` caches' worth of what each replica was sent (1 by
+default: it forgets about when the engine evicts); see the setting for what more buys.
 """
 
 from __future__ import annotations
@@ -138,7 +141,7 @@ class PrefixAware(SelectionPolicy):
         index = self._index(decision.replica)
         added = index.insert(request.block_hashes)
         turnover = self._turnover
-        floor = max(turnover.values(), default=0.0) - index.capacity
+        floor = max(turnover.values(), default=0.0) - index.capacity / self.prefix.index_memory
         turnover[decision.replica] = max(turnover.get(decision.replica, 0.0), floor) + added
         lead = self.layout.floor(request.lead_bytes)
         if _useful(lead, request, self.prefix):
@@ -151,7 +154,7 @@ class PrefixAware(SelectionPolicy):
         return self._index(replica).lead_bytes
 
     def size_index(self, replica: str, blocks: int) -> None:
-        self._index(replica).resize(blocks)
+        self._index(replica).resize(int(blocks * self.prefix.index_memory))
 
     def index_blocks(self, replica: str) -> int:
         return self._index(replica).capacity
