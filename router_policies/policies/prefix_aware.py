@@ -127,8 +127,13 @@ class PrefixAware(SelectionPolicy):
     def _index(self, replica: str) -> PrefixIndex:
         index = self._indexes.get(replica)
         if index is None:
-            index = self._indexes[replica] = PrefixIndex(self.prefix.index_blocks, self.layout)
+            index = PrefixIndex(self._remembered(self.prefix.index_blocks), self.layout)
+            self._indexes[replica] = index
         return index
+
+    def _remembered(self, engine_blocks: int) -> int:
+        """The index's capacity for an engine cache of ``engine_blocks``."""
+        return int(engine_blocks * self.prefix.index_memory)
 
     def matched_blocks(self, replica: str, request: RequestFeatures) -> int:
         index = self._indexes.get(replica)
@@ -154,7 +159,7 @@ class PrefixAware(SelectionPolicy):
         return self._index(replica).lead_bytes
 
     def size_index(self, replica: str, blocks: int) -> None:
-        self._index(replica).resize(int(blocks * self.prefix.index_memory))
+        self._index(replica).resize(self._remembered(blocks))
 
     def index_blocks(self, replica: str) -> int:
         return self._index(replica).capacity
