@@ -59,7 +59,7 @@ class PrefixSettings(StrictModel):
     index_blocks: Annotated[int, Field(ge=1)] = 65536
     """Per-replica index capacity, in block_bytes units, until the replica's KV size is known
     from its metrics."""
-    index_memory: Annotated[float, Field(ge=0.25, le=16.0)] = 1.0
+    index_memory: Annotated[float, Field(ge=0.25, le=16.0)] = 1.25
     """How many of a replica's KV caches' worth of prompt blocks its index remembers. At 1 the
     index forgets about when the engine evicts, so what it says is held mostly is. Above 1 a
     prompt whose history the engine has probably evicted still goes where that history went,
@@ -67,8 +67,7 @@ class PrefixSettings(StrictModel):
     which never forget; the cost model then counts that history as cached. On Mooncake's
     tuning windows, loaded, 1.25 kept 3.5-8 points more of the affinity bound on the
     synthetic trace (prefixes shared across many requests) and moved the conversation trace's
-    within its spread (docs/benchmarks.md); 1 until the report-set comparison is rerun on
-    1.25."""
+    within its spread (docs/benchmarks.md), so 1.25."""
     chars_per_token: Annotated[float, Field(gt=0)] = 4.0
     """Bytes of prompt per model token until the replicas' reported usage teaches the real
     figure (real BPE tokenizers pack 2-4)."""

@@ -34,8 +34,8 @@ zero load; docs/benchmarks.md). A replica further behind than its own index's ca
 added to the pool, or back from an outage) counts as that far behind once it takes a prompt:
 its free room takes new prompts until it is full, not the pool's past.
 
-The index remembers ``prefix.index_memory`` caches' worth of what each replica was sent (1 by
-default: it forgets about when the engine evicts); see the setting for what more buys.
+The index remembers ``prefix.index_memory`` caches' worth of what each replica was sent (1.25
+by default: a little longer than the engine holds it); see the setting for why.
 """
 
 from __future__ import annotations
