@@ -18,9 +18,9 @@ COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY router_policies ./router_policies
 COPY replica ./replica
-# The extras: the same image runs `llm-gateway epp` (the endpoint picker behind Envoy) and
-# sends traces when GATEWAY_OTEL=true.
-RUN pip install ".[epp,otel]" && rm -rf /src
+# The same image runs `llm-gateway epp` (the endpoint picker behind Envoy) and sends traces
+# when GATEWAY_OTEL=true: both are in the base dependencies.
+RUN pip install . && rm -rf /src
 
 RUN groupadd --system --gid 10001 gateway \
     && useradd --system --uid 10001 --gid gateway --no-create-home --home-dir /nonexistent \

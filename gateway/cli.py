@@ -42,7 +42,7 @@ def _process_config(flags: Sequence[tuple[str, object]]) -> tuple[Settings, Poli
         print("error: no policy file: pass --policy PATH or set GATEWAY_POLICY", file=sys.stderr)
         return None
     policy = _load_or_explain(settings.policy)
-    if policy is None or not _state_usable(settings, policy) or not _tracing_usable(settings):
+    if policy is None or not _state_usable(settings, policy):
         return None
     return settings, policy
 
@@ -66,15 +66,7 @@ def _epp(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     settings, policy = config
-    try:
-        from gateway.picker.server import add_picker
-    except ModuleNotFoundError as exc:
-        print(
-            f"error: the endpoint picker needs the epp extra ({exc.name} is missing): "
-            "pip install 'llm-gateway[epp]'",
-            file=sys.stderr,
-        )
-        return 2
+    from gateway.picker.server import add_picker  # here, so that `serve` never loads gRPC
     from gateway.server import run
 
     return run(settings, policy, lambda app: add_picker(app, settings.host, args.port))
@@ -126,21 +118,6 @@ def _check_policy(args: argparse.Namespace) -> int:
     if settings.redis_url is not None:
         print("note: GATEWAY_REDIS_URL is set: it overrides the state section", file=sys.stderr)
     return 0
-
-
-def _tracing_usable(settings: Settings) -> bool:
-    if not settings.otel:
-        return True
-    try:
-        from gateway.telemetry import tracing  # noqa: F401
-    except ModuleNotFoundError as exc:
-        print(
-            f"error: GATEWAY_OTEL needs the otel extra ({exc.name} is missing): "
-            "pip install 'llm-gateway[otel]'",
-            file=sys.stderr,
-        )
-        return False
-    return True
 
 
 def _state_usable(settings: Settings, policy: Policy) -> bool:
@@ -232,9 +209,7 @@ def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=_serve)
 
-    epp = sub.add_parser(
-        "epp", help="run the endpoint picker for Envoy (ext_proc; needs the epp extra)"
-    )
+    epp = sub.add_parser("epp", help="run the endpoint picker for Envoy (ext_proc)")
     epp.add_argument(
         "--policy", type=Path, help="routing policy YAML file (default from GATEWAY_POLICY)"
     )

@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     disabled."""
     log_level: str = "INFO"
     otel: bool = False
-    """OpenTelemetry traces of proxied requests (gateway/telemetry/tracing.py; the otel extra), sent
+    """OpenTelemetry traces of proxied requests (gateway/telemetry/tracing.py), sent
     over OTLP/HTTP as the standard OTEL_* variables say."""
     workers: Annotated[int, Field(ge=1, le=256)] = 1
     """Processes serving one port (SO_REUSEPORT). They share routing state through the Redis

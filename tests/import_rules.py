@@ -140,15 +140,11 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def base_dependencies(pyproject: Path, extra: str | None = None) -> frozenset[str]:
-    """The normalised distribution names of [project] dependencies (extras not included), or
-    of the optional dependencies ``extra``."""
+def base_dependencies(pyproject: Path) -> frozenset[str]:
+    """The normalised distribution names of [project] dependencies (extras not included)."""
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
-    listed = project.get("dependencies", [])
-    if extra is not None:
-        listed = project["optional-dependencies"][extra]
     names = set()
-    for requirement in listed:
+    for requirement in project.get("dependencies", []):
         match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
         assert match, f"unreadable requirement {requirement!r} in {pyproject}"
         names.add(normalise(match.group(1)))
@@ -159,12 +155,9 @@ def undeclared_imports(
     root: Path,
     declared: frozenset[str],
     providers: Mapping[str, list[str]] | None = None,
-    extras: Mapping[str, frozenset[str]] | None = None,
 ) -> list[str]:
     """Module-level imports of the product that neither the stdlib, the project itself nor a
-    declared base dependency provides: a fresh `pip install .` would fail on them. ``extras``:
-    a module or folder (relative to ``root``) that may also import an extra's dependencies,
-    because nothing imports it unless that extra is installed."""
+    declared base dependency provides: a fresh `pip install .` would fail on them."""
     if providers is None:
         providers = packages_distributions()
     problems = []
@@ -173,15 +166,7 @@ def undeclared_imports(
         if not found.module_level or top in sys.stdlib_module_names or top in OWN:
             continue
         dists = {normalise(d) for d in providers.get(top, [])}
-        where = found.path.relative_to(root).as_posix()
-        allowed = declared.union(
-            *(
-                deps
-                for place, deps in (extras or {}).items()
-                if where == place or where.startswith(place + "/")
-            )
-        )
-        if not dists & allowed:
+        if not dists & declared:
             origin = ", ".join(sorted(dists)) or "no installed distribution"
             problems.append(
                 f"{found.where(root)}: imports {found.module} (from {origin}), "

