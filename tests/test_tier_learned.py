@@ -463,7 +463,7 @@ async def test_admin_route_shows_the_learned_score_threshold_and_contributions(
 
 
 def test_build_data_labels_each_source_by_category(tmp_path: Path) -> None:
-    from bench.tier_eval.build_data import build
+    from bench.tier_eval.build_data import MATH_DRILL_MODULES, build
 
     raw = tmp_path / "raw"
     (raw / "t0").mkdir(parents=True)
@@ -506,6 +506,13 @@ def test_build_data_labels_each_source_by_category(tmp_path: Path) -> None:
     (raw / "multilogieval" / "d1_Data" / "pl" / "MP.json").write_bytes(
         json.dumps(rules, ensure_ascii=False).encode("cp1252")
     )
+    drills = raw / "mathematics" / "train-easy"
+    drills.mkdir(parents=True)
+    for module in MATH_DRILL_MODULES:  # the generator's files: a question line, an answer line
+        drills.joinpath(f"{module}.txt").write_text(f"What is {module}?\n1\nAgain {module}?\n2\n")
+    sort = {"intent": "sort list `x` in reverse order", "code": "x.sort(reverse=True)"}
+    (raw / "conala_train.json").write_text(json.dumps([sort, sort]))
+    (raw / "conala_test.json").write_text(json.dumps([{"intent": "trim `s`", "code": "s.strip()"}]))
 
     out = tmp_path / "out"
     counts = build(raw, out)
@@ -513,6 +520,11 @@ def test_build_data_labels_each_source_by_category(tmp_path: Path) -> None:
     # PlanBench's domains (held out) are not trained on; a repeated question counts once
     assert counts["acpbench"] == 1
     assert counts["p3_a"] == counts["p3_b"] == 1  # samsum is in neither part
+    assert counts["conala"] == 2  # train and test, a repeated intent once
+    # The drills' questions, not their answers; arithmetic and comparisons in part A only
+    arithmetic = sum(m.startswith(("arithmetic__", "comparison__")) for m in MATH_DRILL_MODULES)
+    assert counts["math_drills_a"] == 2 * arithmetic
+    assert counts["math_drills_b"] == 2 * (len(MATH_DRILL_MODULES) - arithmetic)
 
     def records(name: str) -> list[dict[str, Any]]:
         return [json.loads(x) for x in (out / f"{name}.jsonl").read_text().splitlines()]
@@ -523,8 +535,11 @@ def test_build_data_labels_each_source_by_category(tmp_path: Path) -> None:
     assert records("multilogieval")[0]["body"]["messages"][0]["content"] == (
         "If it rains, it\u2019s wet.\n\nIs it wet?"  # read from a cp1252 file
     )
-    for name in ("nq_open", "clinc", "banking77", "p3_a", "p3_b"):
+    for name in ("nq_open", "clinc", "banking77", "p3_a", "p3_b", "conala", "math_drills_a",
+                 "math_drills_b"):  # fmt: skip
         assert {r["label"] for r in records(name)} == {"easy"}, name
+    asked = {r["body"]["messages"][0]["content"] for r in records("math_drills_a")}
+    assert "What is arithmetic__mul?" in asked and not any(a.isdigit() for a in asked)
     seed = {r["body"]["messages"][0]["content"]: r["label"] for r in records("selfinstruct_seed")}
     assert seed == {"Sort this in Python.\n\n[3,1]": "hard", "Write a cover letter.": "easy"}
     assert records("nq_open")[0]["body"]["messages"][0]["content"] == "Who wrote hamlet?"

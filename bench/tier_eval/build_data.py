@@ -13,8 +13,9 @@ bag of words cannot tell from trivia: labelled hard by category, they taught the
 questions are hard and wrecked the held-out split with NQ trivia).
 
 Labels are by category, not by what a small model got wrong (no such labels exist for these
-sets): maths, coding, planning and reasoning puzzles are ``hard``; general instructions,
-chit-chat, writing, extraction, reading-comprehension QA and summarisation are ``easy``.
+sets): maths problems, programs to write, planning and reasoning puzzles are ``hard``; general
+instructions, chit-chat, writing, extraction, reading-comprehension QA, summarisation, one-step
+maths drills and programming questions one line of code answers are ``easy``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ SEED = 9
 #   prontoqa_dev.json          ProntoQA (asaparov/prontoqa, Apache-2.0), the 500-problem copy in
 #                              teacherpeterpan/Logic-LLM data/ProntoQA/dev.json (MIT), d29f1e5
 #   multilogieval/<depth>/<logic>/*.json   Mihir3009/Multi-LogiEval data/ (MIT), 6d55ade
+#   mathematics/train-easy/<module>.txt  google-deepmind/mathematics_dataset's generator
+#                              (Apache-2.0; pip package mathematics_dataset 1.0.1 with sympy
+#                              1.5.1): `python -m mathematics_dataset.generate_to_file
+#                              --output_dir=mathematics --per_train_module=300 --filter=MODULE`
+#                              for each of MATH_DRILL_MODULES (the generator draws at random:
+#                              a new generation gives other questions of the same kinds)
+#   conala_train.json, conala_test.json   CoNaLa's curated intents (conala-corpus, Stack
+#                              Overflow questions, CC-BY-SA-4.0), the copy in yuxiang2/CoNaLa
+#                              corpus/ (ef779b8)
 
 SEED_TASKS_HARD = frozenset(
     {
@@ -92,10 +102,25 @@ ACP_HELD_OUT_DOMAINS = (
 """ACPBench's blocksworld, logistics and depot (blocks and logistics combined) are left out:
 PlanBench, a held-out set (bench/data/tier_heldout/), asks about the same two domains, and a
 model that saw them would be tested on what it was trained on."""
+MATH_DRILL_MODULES = (
+    "arithmetic__add_or_sub", "arithmetic__mul", "arithmetic__div",
+    "arithmetic__add_sub_multiple", "arithmetic__mul_div_multiple", "algebra__linear_1d",
+    "calculus__differentiate", "comparison__pair", "comparison__sort",
+    "measurement__conversion", "measurement__time", "numbers__round_number",
+    "numbers__place_value", "numbers__gcd", "numbers__lcm", "numbers__div_remainder",
+    "polynomials__evaluate",
+)  # fmt: skip
+"""The mathematics dataset's one-operation drills (a sum, a unit conversion, a rounding, a
+linear equation in one unknown, a polynomial's derivative), at its easiest level: the easy
+maths a general assistant is asked. Chosen by kind before any score was seen; its composed,
+multi-step modules, systems of equations, probability and primality of large numbers are left
+out. Two sets, like P3's: arithmetic and comparisons (part A), the rest (part B)."""
+MATH_DRILL_SAMPLE = 500
+"""Drills kept in each part."""
 GSM8K_SAMPLE = 2000
 SAMPLE = 1000
 """Prompts kept from each of the larger sets (NQ-open, CLINC150, BANKING77, ACPBench,
-Multi-LogiEval)."""
+Multi-LogiEval, CoNaLa)."""
 
 
 def _body(text: str) -> dict[str, Any]:
@@ -280,6 +305,43 @@ def multilogieval(raw: Path) -> list[dict[str, Any]]:
     ]
 
 
+def _math_drills(raw: Path, part: str) -> list[dict[str, Any]]:
+    # One-step maths drills ("What is 515 plus -0.3?", "Solve 3*x = 12 for x."): the file
+    # alternates question and answer lines.
+    rows: dict[str, str] = {}
+    for module in MATH_DRILL_MODULES:
+        if module.startswith(("arithmetic__", "comparison__")) != (part == "a"):
+            continue
+        lines = (raw / "mathematics" / "train-easy" / f"{module}.txt").read_text().splitlines()
+        for question in lines[::2]:
+            rows.setdefault(question.strip(), "math_drill_" + module.split("__")[1])
+    name = f"math_drills_{part}"
+    chosen = random.Random(SEED).sample(sorted(rows.items()), min(MATH_DRILL_SAMPLE, len(rows)))
+    return [_record(name, i, "easy", category, text) for i, (text, category) in enumerate(chosen)]
+
+
+def math_drills_a(raw: Path) -> list[dict[str, Any]]:
+    return _math_drills(raw, "a")
+
+
+def math_drills_b(raw: Path) -> list[dict[str, Any]]:
+    return _math_drills(raw, "b")
+
+
+def conala(raw: Path) -> list[dict[str, Any]]:
+    # Programming questions a line of Python answers ("sort list `x` in reverse order",
+    # "How to delete a record in Django models?"), as curated from Stack Overflow.
+    intents = {
+        str(r["intent"]).strip()
+        for name in ("conala_train.json", "conala_test.json")
+        for r in _json(raw / name)
+    }
+    return [
+        _record("conala", i, "easy", "code_one_liner", text)
+        for i, text in enumerate(_sample(sorted(intents)))
+    ]
+
+
 def p3_a(raw: Path) -> list[dict[str, Any]]:
     return p3(raw, "a")
 
@@ -303,6 +365,9 @@ BUILDERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
     "acpbench": acpbench,
     "prontoqa": prontoqa,
     "multilogieval": multilogieval,
+    "math_drills_a": math_drills_a,
+    "math_drills_b": math_drills_b,
+    "conala": conala,
 }
 
 

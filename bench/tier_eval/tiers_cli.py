@@ -50,8 +50,18 @@ _PART_A = (
     "nq_open",
     "banking77",
     "acpbench",
+    "math_drills_a",
 )
-_PART_B = ("math", "mbpp", "p3_b", "clinc", "prontoqa", "multilogieval")
+_PART_B = (
+    "math",
+    "mbpp",
+    "p3_b",
+    "clinc",
+    "prontoqa",
+    "multilogieval",
+    "conala",
+    "math_drills_b",
+)
 SPLITS = (("A -> B", _PART_A, _PART_B), ("B -> A", _PART_B, _PART_A))  # fmt: skip
 """(name, training sources, held-out test sources): no source is on both sides."""
 TARGET_SHARE = 0.3
