@@ -55,6 +55,7 @@ from bench.compare.results import (
 )
 from bench.compare.runner import SIM_TIMEOUT_S, measure, stop_all, warm_up
 from bench.driver import RequestResult, RunResult, percentile
+from bench.replica_counters import max_over_mean
 from bench.workloads_mooncake import (
     TRACE_BLOCK_TOKENS,
     TraceRecord,
@@ -225,6 +226,11 @@ def spread(runs: Mapping[str, Sequence[RunFigures]]) -> str:
     return "\n".join(lines)
 
 
+def _max_over_mean(values: Sequence[float]) -> str:
+    ratio = max_over_mean(values)
+    return "-" if ratio is None else f"{ratio:.2f}"
+
+
 def describe(label: str, measurement: Measurement, run: RunResult, model: CacheModel | None) -> str:
     m = measurement
     hit = m.cache_hits / max(m.cache_queries, 1)
@@ -232,7 +238,9 @@ def describe(label: str, measurement: Measurement, run: RunResult, model: CacheM
     lines = [
         f"{label}: hit {hit:.3f}, bound {m.bound.bound:.3f}, hit/bound {f.hit_bound:.3f}; "
         f"TTFT p50/p90/p99 {1000 * percentile(sorted(m.ttfts), 50):.0f}/{f.ttft_p90_ms:.0f}/"
-        f"{f.ttft_p99_ms:.0f} ms; {m.sent - m.errors}/{m.planned} answered"
+        f"{f.ttft_p99_ms:.0f} ms; {m.sent - m.errors}/{m.planned} answered",
+        f"  per replica, max/mean: requests {_max_over_mean(m.requests_per_replica)}, "
+        f"prompt tokens prefilled {_max_over_mean(m.prefilled_per_replica)}",
     ]
     routes: dict[str, list[RequestResult]] = {}
     for result in run.results:

@@ -179,6 +179,7 @@ def test_summarize_takes_hits_and_requests_from_the_replicas() -> None:
     assert (m.planned, m.sent, m.ok, m.errors, m.not_sent) == (5, 4, 3, 1, 1)
     assert m.first_error == "overloaded"
     assert m.requests_per_replica == (2, 1)
+    assert m.prefilled_per_replica == (100, 900)  # queries less hits: the new text stored
     assert m.balance == pytest.approx(2 / 1.5)
     assert m.hit_rate == pytest.approx(3000 / 4000)
     assert m.hit_fraction_of_bound == pytest.approx(0.75 / 0.8)

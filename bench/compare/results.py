@@ -146,6 +146,9 @@ class Measurement:
     measurement per seed and target."""
     phases: tuple[PhaseFigures, ...] = ()
     """Goodput and TTFT per arrival phase, then the whole run's ("all"): phased workloads only."""
+    prefilled_per_replica: tuple[float, ...] = ()
+    """Prompt tokens each replica prefilled (its cache queries less its hits), in fleet order:
+    the new text it stored, evicting as much of older histories."""
 
     @property
     def ok(self) -> int:
@@ -228,6 +231,10 @@ def summarize(
         cache_hits=cache.hits,
         requests_per_replica=tuple(
             counters[url].requests if url in counters else 0.0 for url in replica_order
+        ),
+        prefilled_per_replica=tuple(
+            counters[url].cache.queries - counters[url].cache.hits if url in counters else 0.0
+            for url in replica_order
         ),
         bound=bound,
         first_error=failed[0].error if failed else None,
