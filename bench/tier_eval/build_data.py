@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import gzip
 import io
 import json
@@ -57,7 +58,9 @@ SEED = 9
 #   multilogieval/<depth>/<logic>/*.json   Mihir3009/Multi-LogiEval data/ (MIT), 6d55ade
 #   mathematics/train-easy/<module>.txt  google-deepmind/mathematics_dataset's generator
 #                              (Apache-2.0; pip package mathematics_dataset 1.0.1 with sympy
-#                              1.5.1): `python -m mathematics_dataset.generate_to_file
+#                              1.5.1 and numpy 1.26, the aliases np.object, np.int, np.bool and
+#                              np.float it still uses set back to the builtins before it is
+#                              imported): `python -m mathematics_dataset.generate_to_file
 #                              --output_dir=mathematics --per_train_module=300 --filter=MODULE`
 #                              for each of MATH_DRILL_MODULES (the generator draws at random:
 #                              a new generation gives other questions of the same kinds)
@@ -305,7 +308,7 @@ def multilogieval(raw: Path) -> list[dict[str, Any]]:
     ]
 
 
-def _math_drills(raw: Path, part: str) -> list[dict[str, Any]]:
+def math_drills(raw: Path, part: str) -> list[dict[str, Any]]:
     # One-step maths drills ("What is 515 plus -0.3?", "Solve 3*x = 12 for x."): the file
     # alternates question and answer lines.
     rows: dict[str, str] = {}
@@ -318,14 +321,6 @@ def _math_drills(raw: Path, part: str) -> list[dict[str, Any]]:
     name = f"math_drills_{part}"
     chosen = random.Random(SEED).sample(sorted(rows.items()), min(MATH_DRILL_SAMPLE, len(rows)))
     return [_record(name, i, "easy", category, text) for i, (text, category) in enumerate(chosen)]
-
-
-def math_drills_a(raw: Path) -> list[dict[str, Any]]:
-    return _math_drills(raw, "a")
-
-
-def math_drills_b(raw: Path) -> list[dict[str, Any]]:
-    return _math_drills(raw, "b")
 
 
 def conala(raw: Path) -> list[dict[str, Any]]:
@@ -342,22 +337,14 @@ def conala(raw: Path) -> list[dict[str, Any]]:
     ]
 
 
-def p3_a(raw: Path) -> list[dict[str, Any]]:
-    return p3(raw, "a")
-
-
-def p3_b(raw: Path) -> list[dict[str, Any]]:
-    return p3(raw, "b")
-
-
 BUILDERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
     "gsm8k": gsm8k,
     "math": math,
     "humaneval": humaneval,
     "mbpp": mbpp,
     "selfinstruct_seed": selfinstruct_seed,
-    "p3_a": p3_a,
-    "p3_b": p3_b,
+    "p3_a": functools.partial(p3, part="a"),
+    "p3_b": functools.partial(p3, part="b"),
     "theoremqa": theoremqa,
     "nq_open": nq_open,
     "clinc": clinc,
@@ -365,8 +352,8 @@ BUILDERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
     "acpbench": acpbench,
     "prontoqa": prontoqa,
     "multilogieval": multilogieval,
-    "math_drills_a": math_drills_a,
-    "math_drills_b": math_drills_b,
+    "math_drills_a": functools.partial(math_drills, part="a"),
+    "math_drills_b": functools.partial(math_drills, part="b"),
     "conala": conala,
 }
 
