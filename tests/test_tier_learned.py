@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from bench.launcher import start_gateway
 from bench.tier_eval.conversations import EVAL_FOLLOW_UPS, TRAIN_FOLLOW_UPS, conversations
 from bench.tier_eval.evaluation import Example
-from bench.tier_eval.tiers_cli import SPLITS
+from bench.tier_eval.tiers_cli import SPLITS, category_report
 from bench.tier_eval.train import TrainConfig, train
 from replica.processes import ManagedProcess
 from router_policies.schema import InvalidPolicy
@@ -380,6 +380,22 @@ def test_tiers_train_and_eval_run_end_to_end(tmp_path: Path) -> None:
     out = evaluated.stdout
     assert "Cross-source held-out splits" in out and "own set" in out
     assert out.count("| learned |") >= 2 and out.count("| cue |") >= 2
+
+
+def test_the_own_set_report_counts_each_categorys_prompts_sent_large() -> None:
+    examples = tiny_examples()
+    model = train(examples, TrainConfig(min_df=1))
+    pairs = {(e.category, e.label) for e in examples}
+
+    def rows(threshold: float) -> dict[tuple[str, str], tuple[int, int]]:
+        table = [line.split("|") for line in category_report(model, examples, threshold)]
+        return {(r[1].strip(), r[2].strip()): (int(r[3]), int(r[4])) for r in table[4:]}
+
+    everything, nothing = rows(0.0), rows(1.0)  # a score is strictly between 0 and 1
+    assert everything.keys() == nothing.keys() == pairs
+    assert all(n == sent for n, sent in everything.values())
+    assert all(sent == 0 for _, sent in nothing.values())
+    assert sum(n for n, _ in everything.values()) == len(examples)
 
 
 def test_the_shipped_model_is_rebuilt_byte_for_byte_from_the_shipped_data(tmp_path: Path) -> None:

@@ -210,8 +210,10 @@ def own_report(model: TierClassifier, path: Path) -> list[str]:
         ("single-turn", [e for e in examples if _user_turns(e) <= 1]),
         ("multi-turn", [e for e in examples if _user_turns(e) > 1]),
     )
+    thresholds: dict[str, float] = {}
     for name, clf in (("learned", model), ("cue", CueClassifier(TierWeights()))):
         whole = figures(clf, examples)
+        thresholds[name] = whole.threshold
         rows = [("all", whole)]
         for subset, chosen in subsets:
             if len({e.hard for e in chosen}) == 2:  # no AUC without both labels
@@ -221,6 +223,25 @@ def own_report(model: TierClassifier, path: Path) -> list[str]:
                 f"| {name} | {subset} | {f.n} | {f.n_hard} | {f.auc:.3f} | {f.large_share:.2f} "
                 f"| {f.recall:.3f} | {f.large_precision:.3f} |"
             )
+    return [*lines, "", *category_report(model, examples, thresholds["learned"])]
+
+
+def category_report(
+    model: TierClassifier, examples: Sequence[Example], threshold: float
+) -> list[str]:
+    """Where the learned classifier errs: each category's prompts sent large at the threshold
+    sending TARGET_SHARE of the set large."""
+    large: dict[tuple[str, str], list[bool]] = {}
+    for e in examples:
+        large.setdefault((e.category, e.label), []).append(model.score(e.body).score > threshold)
+    lines = [
+        f"Sent large by category (learned, at that threshold, {threshold:.3f}):",
+        "",
+        "| category | label | n | sent large |",
+        "|---|---|---:|---:|",
+    ]
+    for (category, label), sent in sorted(large.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        lines.append(f"| {category} | {label} | {len(sent)} | {sum(sent)} |")
     return lines
 
 
