@@ -298,6 +298,8 @@ def report_over_seeds(
     """Runs a two-pool benchmark's ``section`` on each seed of ``args.seeds``, printing each,
     and writes them to ``args.out`` where asked, under its command, code and machine and the
     description from its module docstring (after the first paragraph)."""
+    if args.out is not None:  # before the seeds run, not after: a bad path fails at once
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     started = CodeState.now()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     sections = []

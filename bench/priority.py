@@ -153,6 +153,8 @@ def report(rows: list[Row], args: argparse.Namespace, capacity: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.no_out:  # before the run, not after: a bad path fails at once
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     rows, capacity = uvloop.run(measure(args))
     text = report(rows, args, capacity)
     sys.stdout.write(text)

@@ -124,6 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for path in (args.out, args.plot):  # before the soak, not after: a bad path fails at once
+        path.parent.mkdir(parents=True, exist_ok=True)
     samples, tally = uvloop.run(_soak(args))
     command = "llm-gateway bench soak " + shlex.join(sys.argv[3:] if len(sys.argv) > 3 else [])
     _plot(samples, args.plot)

@@ -4,7 +4,10 @@ included) is what the gateway itself routes."""
 
 from __future__ import annotations
 
-from bench.close_calls import Workload, build_workload, measure, table
+import argparse
+from pathlib import Path
+
+from bench.close_calls import Workload, build_workload, measure, report_over_seeds, table
 
 
 def test_a_conversation_that_went_large_stays_large_in_the_offline_share() -> None:
@@ -12,6 +15,20 @@ def test_a_conversation_that_went_large_stays_large_in_the_offline_share() -> No
     assert workload.share_large(0.5) == 3 / 5
     assert workload.share_large(0.15) == 4 / 5  # the second conversation goes large on turn 2
     assert workload.within(0.5, 0.35) == 2 / 5  # the two turns scored 0.2
+
+
+def test_the_report_folder_is_made_before_the_seeds_run(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "report.md"
+    made_first: list[bool] = []
+
+    def section(seed: int) -> str:
+        made_first.append(out.parent.is_dir())
+        return f"seed {seed}\n"
+
+    args = argparse.Namespace(seeds="1,2", out=out)
+    assert report_over_seeds(args, "Title", "llm-gateway bench x", "Lead.\n\nBody.", section) == 0
+    assert made_first == [True, True]  # a bad --out fails before minutes of work, not after
+    assert out.read_text().count("seed ") == 2 and "Body." in out.read_text()
 
 
 def test_the_matched_threshold_sends_the_asked_share_large() -> None:
