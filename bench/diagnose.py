@@ -2,9 +2,10 @@
 
 Replays one trace window on the Mooncake fleet of ``bench compare`` (8 simulated replicas
 with its KV size), target by target, and for each run prints the fleet's figures (hit rate,
-the affinity bound, TTFT), the figures per route, and for the gateway's targets (whose answers
-name their replica) a model of the replicas' caches replaying the run's own decisions: an LRU
-of trace blocks per replica, as many as the sims' KV cache holds. The model answers what the
+the affinity bound, TTFT), the figures per route, and a model of the replicas' caches
+replaying the run's own decisions: an LRU of trace blocks per replica, as many as the sims' KV
+cache holds. Which replica served a request is in the gateway's x-gateway-replica header, and,
+through the peer routers, in the sim's response id (bench/driver.py). The model answers what the
 measured hit rate cannot: how much the replicas chosen held (it should match the measured rate),
 how much the best replica at each request held (what following every history would have
 served), how much unbounded caches would have held (the placements' ceiling), and how many
@@ -296,9 +297,8 @@ async def _diagnose(args: argparse.Namespace) -> None:
                     on_run=runs.append,
                 )  # fmt: skip
                 ordered = _in_arrival_order(runs[0], workload)
-                model = (
-                    cache_model(records, ordered, capacity) if target.kind == "gateway" else None
-                )
+                named = any(r.replica is not None for r in ordered)
+                model = cache_model(records, ordered, capacity) if named else None
                 print(describe(f"run {turn + 1} {target.label}", measurement, runs[0], model))
                 seen[target.label].append(figures(measurement))
                 if args.dump is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -94,6 +95,17 @@ class RunResult:
         return [r.latency_s for r in self.results if r.ok]
 
 
+_SIM_ID = re.compile(r"(?:chatcmpl|cmpl)-(\d+)-[0-9a-f]{32}")
+"""A simulated replica's response id when the caller gave no request id: its port leads."""
+
+
+def answered_by(response_id: object) -> str | None:
+    """The simulated replica a response id names ("sim:PORT"), for targets whose answers carry
+    no x-gateway-replica (the peer routers); None for any other id."""
+    match = _SIM_ID.fullmatch(response_id) if isinstance(response_id, str) else None
+    return f"sim:{match.group(1)}" if match else None
+
+
 def replica_name(url: str) -> str:
     """A replica's name as the gateway spells it in x-gateway-replica (its URL's host:port)."""
     return urlsplit(url).netloc
@@ -120,6 +132,7 @@ class _Reply:
     usage: Mapping[str, Any] | None = None
     chunks: int = 0
     error: str | None = None
+    id: object = None
 
 
 def _usage_numbers(usage: Mapping[str, Any] | None, chunks: int) -> tuple[int, int, int]:
@@ -144,6 +157,7 @@ async def _read_stream(response: aiohttp.ClientResponse, started: float) -> _Rep
             await response.content.read()
             return reply
         event = orjson.loads(data)
+        reply.id = reply.id or event.get("id")
         if "error" in event:
             # A failure after the first byte can only be reported in-band.
             error = event["error"]
@@ -166,7 +180,7 @@ async def _read_stream(response: aiohttp.ClientResponse, started: float) -> _Rep
 
 async def _read_whole(response: aiohttp.ClientResponse) -> _Reply:
     body = orjson.loads(await response.read())
-    reply = _Reply(usage=body.get("usage"))
+    reply = _Reply(usage=body.get("usage"), id=body.get("id"))
     for choice in body.get("choices") or ():
         content = (choice.get("message") or {}).get("content")
         if content:
@@ -218,7 +232,7 @@ async def send(
         output_tokens=output,
         prompt_tokens=prompt,
         cached_tokens=cached,
-        replica=replica,
+        replica=replica or answered_by(reply.id),
         route=route,
         error=reply.error,
     )

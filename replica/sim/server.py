@@ -57,8 +57,10 @@ class _Handlers:
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         given_id = request.headers.get(REQUEST_ID)
         headers = {REQUEST_ID: given_id} if given_id else {}
-        # vLLM builds the response id from the caller's request id when there is one.
-        request_id = given_id or uuid.uuid4().hex
+        # vLLM builds the response id from the caller's request id when there is one. Without
+        # one, vLLM's is a random hex; the sim's leads with its port ("chatcmpl-8001-<hex>"),
+        # an opaque id still, which says which replica answered through any router.
+        request_id = given_id or f"{self.config.port}-{uuid.uuid4().hex}"
         sim_requests: list[SimRequest] = []
         try:
             parsed = parse_request(await request.read(), kind, self.config)
