@@ -222,8 +222,8 @@ def p3(raw: Path, part: str) -> list[dict[str, Any]]:
     return out
 
 
-def _sample(rows: list[Any]) -> list[Any]:
-    return random.Random(SEED).sample(rows, min(SAMPLE, len(rows)))
+def _sample(rows: list[Any], size: int = SAMPLE) -> list[Any]:
+    return random.Random(SEED).sample(rows, min(size, len(rows)))
 
 
 def theoremqa(raw: Path) -> list[dict[str, Any]]:
@@ -319,7 +319,7 @@ def math_drills(raw: Path, part: str) -> list[dict[str, Any]]:
         for question in lines[::2]:
             rows.setdefault(question.strip(), "math_drill_" + module.split("__")[1])
     name = f"math_drills_{part}"
-    chosen = random.Random(SEED).sample(sorted(rows.items()), min(MATH_DRILL_SAMPLE, len(rows)))
+    chosen = _sample(sorted(rows.items()), MATH_DRILL_SAMPLE)
     return [_record(name, i, "easy", category, text) for i, (text, category) in enumerate(chosen)]
 
 
