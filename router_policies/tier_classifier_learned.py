@@ -106,9 +106,19 @@ def text_features(text: str) -> set[Feature]:
     return out
 
 
-def request_features(body: Mapping[str, Any], text: str, turns: int) -> list[str]:
-    """The non-text features, as names: every request has exactly one length and turns bucket."""
-    out = [f"#len:{min(_bucket(len(text)) // 2, 8)}", f"#turns:{min(turns, 4)}"]
+def _length(text: str) -> int:
+    return min(_bucket(len(text)) // 2, 8)
+
+
+def request_features(body: Mapping[str, Any], texts: Sequence[str], turns: int) -> list[str]:
+    """The non-text features, as names: every request has exactly one length and turns bucket.
+
+    The length is the task's, its first user message's: a follow-up's ("Why?") says nothing
+    of how big the task is, and read as the length it made every conversation look like a
+    short question. The latest message's length, in a conversation, is a feature of its own."""
+    out = [f"#len:{_length(texts[0])}", f"#turns:{min(turns, 4)}"]
+    if len(texts) > 1:
+        out.append(f"#latest_len:{_length(texts[-1])}")
     if body.get("tools"):
         out.append("#tools")
     response_format = body.get("response_format")
@@ -124,13 +134,12 @@ def request_features(body: Mapping[str, Any], text: str, turns: int) -> list[str
 
 
 def features(body: Mapping[str, Any]) -> tuple[set[Feature], list[str]]:
-    """(text features, request features) of a request body; training uses this same function.
-    The length bucket is the latest message's."""
+    """(text features, request features) of a request body; training uses this same function."""
     texts, turns = _task_texts(body)
     words = text_features(texts[0])
     for text in texts[1:]:
         words |= text_features(text)
-    return words, request_features(body, texts[-1], turns)
+    return words, request_features(body, texts, turns)
 
 
 def feature_name(feature: Feature) -> str:

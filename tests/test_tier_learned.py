@@ -153,7 +153,27 @@ def test_a_conversation_is_read_by_its_first_and_latest_user_messages() -> None:
     }
     text, meta = features(body)
     assert text == {b"prove", b"the", b"theorem", b"now", b"shorter"}
-    assert "#len:2" in meta  # the latest message's length: "now shorter", 11 characters
+    # The task's length is its first message's ("prove the theorem", 17 characters); the
+    # follow-up's ("now shorter", 11) is a feature of its own.
+    assert [m for m in meta if m.startswith(("#len", "#latest_len"))] == ["#len:2", "#latest_len:2"]
+
+
+def test_a_short_follow_up_does_not_make_a_long_task_look_short() -> None:
+    task = "Prove the following statement about graphs in full detail. " * 20
+    alone = features(chat(task))[1]
+    followed = features(
+        {
+            "messages": [
+                {"role": "user", "content": task},
+                {"role": "assistant", "content": "Here it is."},
+                {"role": "user", "content": "Why?"},
+            ]
+        }
+    )[1]
+    [length] = [m for m in alone if m.startswith("#len:")]
+    assert length in followed
+    assert "#latest_len:1" in followed
+    assert not any(m.startswith("#latest_len") for m in alone)
 
 
 @pytest.mark.parametrize(
