@@ -16,8 +16,8 @@ from router_policies.tier_settings import TierWeights
 from router_policies.value import value
 
 _SCAN_CHARS = 4000
-"""Cues are searched in the head and tail of the last user message: long pastes add cost,
-not signal."""
+"""Cues are searched in the head and tail of the task's user messages, the first and the
+latest: long pastes add cost, not signal."""
 
 # Each pattern errs towards missing a cue rather than inventing one: a date, a price or a line
 # of prose ending in ";" is not evidence of a hard request.
@@ -40,7 +40,8 @@ _REASONING = re.compile(
     re.IGNORECASE,
 )
 _LENGTH_SATURATION = 8000
-"""Characters of the last user message at which the length feature reaches 1 (log scale)."""
+"""Characters of the task's first user message at which the length feature reaches 1 (log
+scale)."""
 _TURNS_SATURATION = 6
 _MAX_TOKENS_SATURATION = 4096
 
@@ -66,6 +67,22 @@ def _text(content: Any) -> str:
     return ""
 
 
+def task_texts(body: Mapping[str, Any]) -> tuple[tuple[str, ...], int]:
+    """(the first and the latest user message, or the one there is; the number of user
+    turns). A completion's prompt is one message."""
+    messages: Sequence[Mapping[str, Any]] = body.get("messages") or []
+    if messages:
+        user_turns = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
+        if not user_turns:
+            return ("",), 0
+        latest = _text(user_turns[-1].get("content"))
+        if len(user_turns) == 1:
+            return (latest,), 1
+        return (_text(user_turns[0].get("content")), latest), len(user_turns)
+    prompt = body.get("prompt")
+    return ((prompt if isinstance(prompt, str) else " ".join(map(str, prompt or []))),), 1
+
+
 def _scan_window(text: str) -> str:
     if len(text) <= _SCAN_CHARS:
         return text
@@ -84,16 +101,10 @@ def _cue_density(pattern: re.Pattern[str], text: str) -> float:
 
 
 def extract_features(body: Mapping[str, Any]) -> dict[str, float]:
-    messages: Sequence[Mapping[str, Any]] = body.get("messages") or []
-    if messages:
-        user_turns = [m for m in messages if m.get("role") == "user"]
-        last = _text(user_turns[-1].get("content")) if user_turns else ""
-        turns = len(user_turns)
-    else:
-        prompt = body.get("prompt")
-        last = prompt if isinstance(prompt, str) else " ".join(map(str, prompt or []))
-        turns = 1
-    window = _scan_window(last)
+    texts, turns = task_texts(body)
+    # The task is set in the first user message; a follow-up ("Now do it in Rust") may add to
+    # it. Both are read, and the length is the task's: a bare follow-up says nothing of its size.
+    window = "\n".join(_scan_window(text) for text in texts)
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 0
     if not isinstance(max_tokens, int):
         max_tokens = 0
@@ -103,7 +114,7 @@ def extract_features(body: Mapping[str, Any]) -> dict[str, float]:
         "json_object",
     )
     return {
-        "length": _saturating(len(last), _LENGTH_SATURATION),
+        "length": _saturating(len(texts[0]), _LENGTH_SATURATION),
         "code": _cue_density(_CODE, window),
         "math": _cue_density(_MATH, window),
         "reasoning": _cue_density(_REASONING, window),

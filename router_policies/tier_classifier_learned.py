@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from router_policies.tier_classifier import TierScore, _sigmoid, _text
+from router_policies.tier_classifier import TierScore, _sigmoid, task_texts
 
 MODEL_FORMAT = "llm-gateway/tier-linear"
 MODEL_VERSION = 1
@@ -65,22 +65,6 @@ _TABLE = bytes(32 if c in _PUNCT else 48 if 48 <= c <= 57 else c for c in range(
 
 Feature = bytes | int | str
 """A word (its UTF-8 bytes), a punctuation mark (its byte), a request feature (``#...``)."""
-
-
-def _task_texts(body: Mapping[str, Any]) -> tuple[tuple[str, ...], int]:
-    """(the first and the latest user message, or the one there is; the number of user
-    turns). A completion's prompt is one message."""
-    messages: Sequence[Mapping[str, Any]] = body.get("messages") or []
-    if messages:
-        user_turns = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
-        if not user_turns:
-            return ("",), 0
-        latest = _text(user_turns[-1].get("content"))
-        if len(user_turns) == 1:
-            return (latest,), 1
-        return (_text(user_turns[0].get("content")), latest), len(user_turns)
-    prompt = body.get("prompt")
-    return ((prompt if isinstance(prompt, str) else " ".join(map(str, prompt or []))),), 1
 
 
 def _bucket(value: int) -> int:
@@ -135,7 +119,7 @@ def request_features(body: Mapping[str, Any], texts: Sequence[str], turns: int) 
 
 def features(body: Mapping[str, Any]) -> tuple[set[Feature], list[str]]:
     """(text features, request features) of a request body; training uses this same function."""
-    texts, turns = _task_texts(body)
+    texts, turns = task_texts(body)
     words = text_features(texts[0])
     for text in texts[1:]:
         words |= text_features(text)

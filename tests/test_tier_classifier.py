@@ -121,7 +121,8 @@ FEATURE_PAIRS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         chat(same_length("Tell me about the two options.", "Compare the trade-offs and justify.")),
         chat("Compare the trade-offs and justify."),
     ),
-    "turns": (chat("And the next one?"), chat("And the next one?", history=3)),
+    # As long as the helper's first question, which is the task's length with a history.
+    "turns": (chat("earlier question x"), chat("earlier question x", history=3)),
     "max_tokens": (chat("Write a story."), chat("Write a story.", max_tokens=2000)),
     "tools": (chat("Weather in Oslo?"), chat("Weather in Oslo?", tools=[TOOL])),
     "structured_output": (
@@ -237,19 +238,41 @@ def test_system_and_assistant_messages_do_not_count_as_turns() -> None:
     assert extract_features(body)["turns"] == 0.0
 
 
-def test_only_the_last_user_message_is_read() -> None:
-    earlier = "Prove this theorem step by step: ```def f(): pass```"
+def test_the_task_is_read_from_the_first_and_latest_user_messages() -> None:
+    task = "Prove this theorem step by step: ```def f(): pass```"
+    noise = "Compare and justify the proof in depth, $x^2$."
     body = {
         "messages": [
-            {"role": "system", "content": earlier},
-            {"role": "user", "content": earlier},
-            {"role": "assistant", "content": earlier},
+            {"role": "system", "content": noise},
+            {"role": "user", "content": task},
+            {"role": "assistant", "content": noise},
+            {"role": "user", "content": noise},  # a middle turn: not read
+            {"role": "assistant", "content": noise},
             {"role": "user", "content": "thanks"},
         ]
     }
     features = extract_features(body)
-    assert features["code"] == features["math"] == features["reasoning"] == 0.0
-    assert features["length"] == extract_features(chat("thanks"))["length"]
+    alone = extract_features(chat(task))
+    assert {k: features[k] for k in ("code", "math", "reasoning", "length")} == {
+        k: alone[k] for k in ("code", "math", "reasoning", "length")
+    }
+
+
+def test_a_bare_follow_up_scores_its_conversation_as_its_task() -> None:
+    task = "Prove that the square root of 2 is irrational, step by step."
+    follow_up = "Can you make it shorter?"
+    conversation = {
+        "model": "auto",
+        "messages": [
+            {"role": "user", "content": task},
+            {"role": "assistant", "content": "Here it is."},
+            {"role": "user", "content": follow_up},
+        ],
+    }
+    alone = score(chat(task), WEIGHTS).score
+    assert score(chat(follow_up), WEIGHTS).score < alone - 0.2
+    # The same task, one turn further on: only the turns feature differs.
+    assert score(conversation, WEIGHTS).score >= alone
 
 
 def test_text_parts_of_multimodal_content_are_read() -> None:
