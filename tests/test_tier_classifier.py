@@ -19,6 +19,7 @@ from bench.tier_eval import load_examples
 from router_policies.calibration import QuantileThreshold
 from router_policies.tier_classifier import extract_features, score
 from router_policies.tier_settings import TierWeights
+from tests.tiers import dialogue
 
 WEIGHTS = TierWeights()
 FEATURES = (
@@ -261,18 +262,10 @@ def test_the_task_is_read_from_the_first_and_latest_user_messages() -> None:
 def test_a_bare_follow_up_scores_its_conversation_as_its_task() -> None:
     task = "Prove that the square root of 2 is irrational, step by step."
     follow_up = "Can you make it shorter?"
-    conversation = {
-        "model": "auto",
-        "messages": [
-            {"role": "user", "content": task},
-            {"role": "assistant", "content": "Here it is."},
-            {"role": "user", "content": follow_up},
-        ],
-    }
     alone = score(chat(task), WEIGHTS).score
     assert score(chat(follow_up), WEIGHTS).score < alone - 0.2
     # The same task, one turn further on: only the turns feature differs.
-    assert score(conversation, WEIGHTS).score >= alone
+    assert score(dialogue(task, follow_up), WEIGHTS).score >= alone
 
 
 def test_text_parts_of_multimodal_content_are_read() -> None:

@@ -40,6 +40,7 @@ from router_policies.tier_classifiers import CueClassifier, load_learned
 from router_policies.tier_router import TierRouter
 from router_policies.tier_settings import TierClassifierName, TierSettings
 from tests.conftest import FAST_PROBES, running_sims
+from tests.tiers import dialogue
 
 SHIPPED = load_learned(None)
 
@@ -161,15 +162,7 @@ def test_a_conversation_is_read_by_its_first_and_latest_user_messages() -> None:
 def test_a_short_follow_up_does_not_make_a_long_task_look_short() -> None:
     task = "Prove the following statement about graphs in full detail. " * 20
     alone = features(chat(task))[1]
-    followed = features(
-        {
-            "messages": [
-                {"role": "user", "content": task},
-                {"role": "assistant", "content": "Here it is."},
-                {"role": "user", "content": "Why?"},
-            ]
-        }
-    )[1]
+    followed = features(dialogue(task, "Why?"))[1]
     [length] = [m for m in alone if m.startswith("#len:")]
     assert length in followed
     assert "#latest_len:1" in followed

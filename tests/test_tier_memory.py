@@ -10,6 +10,7 @@ from router_policies.tier_memory import conversation_key, follow_up
 from router_policies.tier_router import TierRouter
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import Tier
+from tests.tiers import dialogue
 
 HARD = (
     "Prove step by step that the integral of $e^{-x^2}$ over the real line is $\\sqrt{\\pi}$, "
@@ -19,75 +20,66 @@ EASY = "Thanks! And what is the capital of France?"
 OPENING = "Hi! I have a few questions for you today."
 
 
-def chat(*users: str) -> dict[str, Any]:
-    """A conversation's request: its user turns, each answered but the last."""
-    messages: list[dict[str, str]] = [{"role": "system", "content": "You are helpful."}]
-    for i, text in enumerate(users):
-        if i:
-            messages.append({"role": "assistant", "content": "Here you go."})
-        messages.append({"role": "user", "content": text})
-    return {"messages": messages}
-
-
 def router(**settings: Any) -> TierRouter:
     return TierRouter("auto", TierSettings(small="small", large="large", **settings))
 
 
 def test_a_follow_up_is_scored_with_the_conversations_first_message() -> None:
     forgetful = router(conversation_memory=0)
-    assert forgetful.classify(chat(EASY)).tier is Tier.SMALL  # read alone, the follow-up is easy
-    assert forgetful.classify(chat(HARD, EASY)).tier is Tier.LARGE  # the task is the first turn's
+    # Read alone, the follow-up is easy; the task is the first turn's.
+    assert forgetful.classify(dialogue(EASY)).tier is Tier.SMALL
+    assert forgetful.classify(dialogue(HARD, EASY)).tier is Tier.LARGE
     # The turns between the first and the latest are not read.
-    assert forgetful.classify(chat(OPENING, HARD, EASY)).tier is Tier.SMALL
+    assert forgetful.classify(dialogue(OPENING, HARD, EASY)).tier is Tier.SMALL
 
 
 def test_a_conversation_that_went_large_stays_large_for_its_later_turns() -> None:
     tiers = router()
-    assert tiers.classify(chat(OPENING, EASY)).tier is Tier.SMALL
-    went = tiers.classify(chat(OPENING, HARD))
+    assert tiers.classify(dialogue(OPENING, EASY)).tier is Tier.SMALL
+    went = tiers.classify(dialogue(OPENING, HARD))
     assert went.tier is Tier.LARGE and not went.kept
     tiers.observe(went, sent_large=True)
-    later = tiers.classify(chat(OPENING, HARD, EASY))
+    later = tiers.classify(dialogue(OPENING, HARD, EASY))
     assert later.tier is Tier.LARGE and later.kept
-    assert tiers.classify(chat("Hi there.", EASY)).tier is Tier.SMALL  # another conversation
+    assert tiers.classify(dialogue("Hi there.", EASY)).tier is Tier.SMALL  # another conversation
 
 
 def test_a_conversation_may_go_large_later_but_never_back() -> None:
     tiers = router()
-    first = tiers.classify(chat(EASY))
+    first = tiers.classify(dialogue(EASY))
     tiers.observe(first, sent_large=False)
     assert first.tier is Tier.SMALL
-    harder = tiers.classify(chat(EASY, HARD))
+    harder = tiers.classify(dialogue(EASY, HARD))
     assert harder.tier is Tier.LARGE
     tiers.observe(harder, sent_large=True)
-    assert tiers.classify(chat(EASY, HARD, EASY)).tier is Tier.LARGE
+    assert tiers.classify(dialogue(EASY, HARD, EASY)).tier is Tier.LARGE
 
 
 def test_a_large_verdict_a_close_call_sent_small_is_not_remembered() -> None:
     tiers = router()
-    went = tiers.classify(chat(OPENING, HARD))
+    went = tiers.classify(dialogue(OPENING, HARD))
     assert went.tier is Tier.LARGE
     tiers.observe(went, sent_large=False)  # its history is cached in the small pool
-    later = tiers.classify(chat(OPENING, HARD, EASY))
+    later = tiers.classify(dialogue(OPENING, HARD, EASY))
     assert later.tier is Tier.SMALL and not later.kept
 
 
 def test_a_dry_run_remembers_nothing_and_memory_zero_scores_every_turn_alone() -> None:
     tiers = router()
-    tiers.classify(chat(OPENING, HARD))  # as POST /admin/route does: never observed
-    assert tiers.classify(chat(OPENING, HARD, EASY)).tier is Tier.SMALL
+    tiers.classify(dialogue(OPENING, HARD))  # as POST /admin/route does: never observed
+    assert tiers.classify(dialogue(OPENING, HARD, EASY)).tier is Tier.SMALL
     forgetful = router(conversation_memory=0)
-    forgetful.observe(forgetful.classify(chat(OPENING, HARD)), sent_large=True)
-    assert forgetful.classify(chat(OPENING, HARD, EASY)).tier is Tier.SMALL
+    forgetful.observe(forgetful.classify(dialogue(OPENING, HARD)), sent_large=True)
+    assert forgetful.classify(dialogue(OPENING, HARD, EASY)).tier is Tier.SMALL
 
 
 def test_a_conversation_is_known_by_its_lead_and_first_user_message() -> None:
-    assert conversation_key(chat(HARD)) == conversation_key(chat(HARD, EASY, EASY))
-    assert conversation_key(chat(HARD)) != conversation_key(chat(EASY))
+    assert conversation_key(dialogue(HARD)) == conversation_key(dialogue(HARD, EASY, EASY))
+    assert conversation_key(dialogue(HARD)) != conversation_key(dialogue(EASY))
     assert conversation_key({"prompt": "a completion"}) is None
     assert conversation_key({"messages": [{"role": "system", "content": "no user"}]}) is None
 
 
 def test_only_a_second_user_turn_or_later_is_a_follow_up() -> None:
-    assert follow_up(chat(OPENING, HARD)) and follow_up(chat(OPENING, HARD, EASY))
-    assert not follow_up(chat(OPENING)) and not follow_up({"prompt": "a completion"})
+    assert follow_up(dialogue(OPENING, HARD)) and follow_up(dialogue(OPENING, HARD, EASY))
+    assert not follow_up(dialogue(OPENING)) and not follow_up({"prompt": "a completion"})

@@ -14,7 +14,8 @@ from gateway import headers
 from tests.conftest import FAST_PROBES, running_sims
 from tests.redis_server import running_redis
 from tests.test_gateway_tiers import tiered_policy
-from tests.test_tier_memory import EASY, HARD, OPENING, chat
+from tests.test_tier_memory import EASY, HARD, OPENING
+from tests.tiers import dialogue
 
 
 async def tier_of(url: str, body: dict[str, Any]) -> str:
@@ -42,9 +43,9 @@ async def test_a_follow_up_through_another_instance_keeps_the_conversations_larg
             start_gateway(policy, env=FAST_PROBES),
         )
         try:
-            assert await tier_of(first.url, chat(OPENING)) == "small"
-            assert await tier_of(first.url, chat(OPENING, HARD)) == "large"
-            follow_up = chat(OPENING, HARD, EASY)  # read alone: the opening and a thank-you
+            assert await tier_of(first.url, dialogue(OPENING)) == "small"
+            assert await tier_of(first.url, dialogue(OPENING, HARD)) == "large"
+            follow_up = dialogue(OPENING, HARD, EASY)  # read alone: the opening and a thank-you
             assert await tier_of(alone.url, follow_up) == "small"  # an instance not sharing
             assert await tier_of(second.url, follow_up) == "large"
         finally:

@@ -1,5 +1,5 @@
 """Shared helpers of the tier tests: a fleet of a small and a large pool of one replica each
-behind the tier model `auto`, requests to it, and load on a pool."""
+behind the tier model `auto`, requests to it, conversations, and load on a pool."""
 
 from __future__ import annotations
 
@@ -20,6 +20,16 @@ HARD = (
 )
 SLOW = {"prefill_tokens_per_s": 2000.0, "step_s": 0.04}
 """A large model's starting rates: slower at everything than the default small one's."""
+
+
+def dialogue(*users: str) -> dict[str, Any]:
+    """A conversation's request: its user turns, each answered but the last."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": "You are helpful."}]
+    for i, text in enumerate(users):
+        if i:
+            messages.append({"role": "assistant", "content": "Here you go."})
+        messages.append({"role": "user", "content": text})
+    return {"messages": messages}
 
 
 def fleet(
