@@ -17,6 +17,7 @@ from bench.driver import RequestResult
 from bench.overhead import (
     DIRECT,
     FEATURES,
+    FLOOR,
     GATEWAY,
     NOTES_MARKER,
     PEERS,
@@ -207,7 +208,9 @@ async def test_tiny_real_run_direct_and_gateway(tmp_path: Path) -> None:
         (True, 1),
     ]
     for cell in result.cells:
-        assert set(cell.sides) == {DIRECT, GATEWAY}
+        # The floor relays every answer whole, streamed ones chunk by chunk (r.ok: the body
+        # parsed, the stream's [DONE] read).
+        assert set(cell.sides) == {DIRECT, GATEWAY, FLOOR}
         expected = 120 if cell.concurrency == 8 else 30
         for side in cell.sides.values():
             assert len(side.results) == expected
@@ -224,7 +227,7 @@ async def test_tiny_real_run_direct_and_gateway(tmp_path: Path) -> None:
         ("streaming", 8),
         ("streaming", 1),
     ):
-        for target in (DIRECT, GATEWAY):
+        for target in (DIRECT, GATEWAY, FLOOR):
             assert f"| {mode} | {concurrency} | {target} | " in report
         assert f"| {mode} | {concurrency} | vllm-router | not installed |" in report
 
@@ -245,7 +248,7 @@ def test_cpu_per_chunk_is_the_extra_cpu_of_a_longer_stream_per_extra_token() -> 
 async def test_tiny_run_with_the_features_target_and_the_chunk_cells(tmp_path: Path) -> None:
     config = OverheadConfig(
         requests=48, concurrency=4, rounds=2, unloaded_requests=0, out=None,
-        peers_venv=tmp_path / "no-venv", chunk_tokens=24,
+        peers_venv=tmp_path / "no-venv", chunk_tokens=24, floor=False,
     )  # fmt: skip
     result = await run_overhead(config)
     assert result.failed == 0
@@ -267,3 +270,4 @@ async def test_tiny_run_with_the_features_target_and_the_chunk_cells(tmp_path: P
     assert "## CPU per relayed chunk" in report and "| gateway | 8 / 24 |" in report
     assert "--chunk-tokens 24" in config.command()
     assert "--no-features" in OverheadConfig(features=False).command()
+    assert "--no-floor" in config.command() and "--no-floor" not in OverheadConfig().command()

@@ -1,7 +1,8 @@
 """``llm-gateway bench overhead``: what a router adds on top of a replica that costs nothing.
 
 One zero-delay simulated replica (every sim timing 0) and, in front of that same replica, this
-gateway (round-robin) and, when installed, the peer routers vllm-router and sglang-router
+gateway (round-robin), the bare Python relay of ``floor`` (the yardstick: what any Python router
+on this loop pays) and, when installed, the peer routers vllm-router and sglang-router
 (``--policy round_robin``). The same small chat request is sent straight to the replica and
 through each router in the same run, in batches interleaved across targets: the order rotates
 every round (direct, gateway, vllm, sglang; then gateway, vllm, sglang, direct; ...) so that
@@ -17,7 +18,8 @@ figures include competing with the client and the replica for CPU, as a sidecar 
 node would.
 """
 
-# Modules: ``config`` (targets and results), ``runner`` (the measurement), ``report``, ``cli``.
+# Modules: ``config`` (targets and results), ``runner`` (the measurement), ``report``, ``cli``,
+# ``floor`` (the bare relay).
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from bench.host import machine_description, process_cpu_s
 from bench.overhead.cli import add_arguments, run
 from bench.overhead.config import (
     DIRECT,
+    FLOOR,
     GATEWAY,
     NOTES_MARKER,
     PEERS,
@@ -48,6 +51,7 @@ from bench.overhead.runner import round_order, run_overhead, split_requests, sta
 __all__ = [
     "DIRECT",
     "FEATURES",
+    "FLOOR",
     "GATEWAY",
     "NOTES_MARKER",
     "PEERS",

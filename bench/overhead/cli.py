@@ -83,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "is installed)",
     )
     parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="leave out the bare Python relay (bench/overhead/floor.py), the yardstick for "
+        "what the gateway costs beyond relaying",
+    )
+    parser.add_argument(
         "--chunk-tokens",
         type=int,
         default=defaults.chunk_tokens,
@@ -127,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         features=not args.no_features,
         chunk_tokens=args.chunk_tokens,
         envoy=not args.no_envoy,
+        floor=not args.no_floor,
     )
     print("Starting a zero-delay simulated replica and the routers...", file=sys.stderr)
     try:

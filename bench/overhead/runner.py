@@ -16,6 +16,7 @@ from bench.launcher import start_gateway
 from bench.overhead.config import (
     DIRECT,
     FEW_TOKENS,
+    FLOOR,
     GATEWAY,
     MODEL,
     PACED,
@@ -31,6 +32,7 @@ from bench.overhead.config import (
 )
 from bench.overhead.envoy_target import start_envoy_target
 from bench.overhead.features import FEATURES, start_features
+from bench.overhead.floor import start_floor
 from bench.overhead.report import fmt
 from bench.redis_server import start_redis
 from replica.processes import ManagedProcess, ProcessStartError, start_sim_replicas
@@ -160,6 +162,12 @@ async def _peers(
     return targets
 
 
+async def _floor(replica_url: str, processes: list[ManagedProcess]) -> Target:
+    floor = await start_floor(replica_url)
+    processes.append(floor)
+    return Target(FLOOR, floor.url, floor.pid)
+
+
 def _progress(cell: Cell) -> None:
     figures = ", ".join(
         f"{name} {side.req_per_s:.0f} req/s p50 {fmt(side.latency_ms(50))} ms"
@@ -204,6 +212,8 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
                 targets.append(Target(name, workers.url, workers.pid))
         if config.envoy:
             targets.append(await start_envoy_target(policy, processes))
+        if config.floor:
+            targets.append(await _floor(replica.url, processes))
         targets += await _peers(config, replica.url, processes)
         plan = [(config.concurrency, config.requests)]
         if config.unloaded_requests and config.concurrency != 1:
@@ -240,6 +250,8 @@ async def _chunk_cells(config: OverheadConfig, processes: list[ManagedProcess]) 
     gateway = await start_gateway(round_robin(paced.url))
     processes.append(gateway)
     targets = [Target(DIRECT, paced.url), Target(GATEWAY, gateway.url, gateway.pid)]
+    if config.floor:
+        targets.append(await _floor(paced.url, processes))
     targets += await _peers(config, paced.url, processes)
     requests = max(config.requests // 16, config.concurrency * config.rounds)
     few, many = [
