@@ -20,23 +20,8 @@ from urllib.parse import urlsplit
 import httptools
 import uvloop
 
+from gateway.http.front import RequestHead
 from replica.processes import ManagedProcess, start_on_free_port
-
-
-class _Head:
-    """llhttp's callbacks for one request head."""
-
-    __slots__ = ("fields", "url")
-
-    def __init__(self) -> None:
-        self.url = b""
-        self.fields: list[tuple[bytes, bytes]] = []
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.fields.append((name, value))
 
 
 class _Upstream(asyncio.Protocol):
@@ -111,7 +96,7 @@ class _Client(asyncio.Protocol):
         end = buffer.find(b"\r\n\r\n")
         if end < 0:
             return
-        head = _Head()
+        head = RequestHead()
         parser = httptools.HttpRequestParser(head)
         parser.feed_data(bytes(buffer[: end + 4]))
         length = next((int(v) for n, v in head.fields if n.lower() == b"content-length"), 0)

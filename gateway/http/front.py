@@ -49,7 +49,7 @@ class Request:
         """The task serving it (asyncio.current_task() would cost a getpid() per request)."""
 
 
-class _Head:
+class RequestHead:
     """llhttp's callbacks for one request head."""
 
     __slots__ = ("fields", "url")
@@ -243,7 +243,7 @@ class FrontConnection(asyncio.Protocol):
                 self._hand_over()
             return
         front = self._front
-        head = _Head()
+        head = RequestHead()
         parser = httptools.HttpRequestParser(head)
         try:
             parser.feed_data(bytes(buffer[: end + 4]))
