@@ -43,8 +43,7 @@ class _Upstream(asyncio.Protocol):
         self.parser.feed_data(data)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        lower = name.lower()
-        if lower == b"transfer-encoding":
+        if name.lower() == b"transfer-encoding":
             self.chunked = True
         self.head.append(b"%s: %s\r\n" % (name, value))
 
