@@ -2,8 +2,8 @@
 decision (the classifier's score, the threshold, the conversation's tier memory) on prompts of
 2 KB and 30 KB and on a long conversation, and the model's load time and memory.
 
-Both are measured in a fresh process, as a gateway's: timed inside the evaluation's own, whose
-heap holds every data set it read, the same decision took 1.5-2x as long."""
+Both are measured in fresh processes, as a gateway's, not in the evaluation's own, whose heap
+holds every data set it read."""
 
 from __future__ import annotations
 
