@@ -120,17 +120,20 @@ class _Relay:
 
     def send(self, client: _Client, request: bytes) -> None:
         if self.idle:
-            upstream = self.idle.pop()
-            upstream.client = client
-            upstream.transport.write(request)
+            _hand(self.idle.pop(), client, request)
         else:
             asyncio.get_running_loop().create_task(self._connect(client, request))
 
     async def _connect(self, client: _Client, request: bytes) -> None:
         loop = asyncio.get_running_loop()
         _, upstream = await loop.create_connection(lambda: _Upstream(self.idle), *self.upstream)
-        upstream.client = client
-        upstream.transport.write(request)
+        _hand(upstream, client, request)
+
+
+def _hand(upstream: _Upstream, client: _Client, request: bytes) -> None:
+    """``client``'s request goes out on ``upstream``, whose answer then goes back to it."""
+    upstream.client = client
+    upstream.transport.write(request)
 
 
 async def serve(port: int, upstream_host: str, upstream_port: int) -> None:

@@ -108,12 +108,12 @@ def rss_kib():
 import router_policies.tier_classifiers as t
 before = rss_kib()
 t0 = time.perf_counter()
-model = t.load_learned(sys.argv[1] if len(sys.argv) > 1 else None)
+model = t.load_learned(None if sys.argv[1] == "-" else sys.argv[1])
 elapsed = time.perf_counter() - t0
 print(elapsed, (rss_kib() - before) / 1024, len(model.weights))
 """
 _SHIPPED = "-"
-"""The model argument that names the shipped model."""
+"""The model argument that names the shipped model (to the probe above and to this module)."""
 
 
 def _fresh(args: list[str]) -> str:
@@ -122,9 +122,9 @@ def _fresh(args: list[str]) -> str:
 
 def timing_report(model_path: str | None, corpus_files: Sequence[Path]) -> list[str]:
     """The Markdown section; ``corpus_files``: public prompts the timed requests are cut from."""
-    model = [model_path] if model_path else []
-    load_s, rss_mib, n_features = _fresh([sys.executable, "-c", _LOAD_PROBE, *model]).split()
-    timing = [sys.executable, "-m", "bench.tier_eval.timing", model_path or _SHIPPED]
+    model = model_path or _SHIPPED
+    load_s, rss_mib, n_features = _fresh([sys.executable, "-c", _LOAD_PROBE, model]).split()
+    timing = [sys.executable, "-m", "bench.tier_eval.timing", model]
     runs = [json.loads(_fresh([*timing, *map(str, corpus_files)])) for _ in range(TIMING_PROCESSES)]
     lines = [
         "### Decision time (one core, pure Python, CPython "
