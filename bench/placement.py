@@ -11,6 +11,9 @@ measures the same routing on the sims):
 - hit / bound of the policy's placements, of the peers' cache_aware rule's (best match above
   0.3 of the prompt, else the smallest tree) and of one LRU cache the fleet's size (what the
   peers reach on the sims on these windows: docs/benchmarks.md);
+- hit / bound of one cache the fleet's size, and of a half, a quarter and an eighth of it, that
+  evicts the block used again farthest ahead (Belady's rule: it knows the future), which
+  tells what the cache's size costs from what evicting by recency costs;
 - ``--jitter P --seeds N``: the same, with a share P of the requests no replica holds history
   for sent to a random replica instead, as a queue elsewhere would send them: how far one
   window's figure moves when a few placements change;
@@ -42,6 +45,7 @@ from bench.workloads_mooncake import (
     TraceRecord,
     lru_remember,
     lru_reuse,
+    optimal_reuse,
     reused_blocks,
     reused_tokens,
     summarise,
@@ -107,6 +111,14 @@ def replay(prompts: Sequence[Prompt], capacity: int, jitter: float = 0.0, seed: 
         lru_remember(caches[chosen], prompt.record, capacity, tail_first=True)
     return served / max(total, 1)
 
+
+OPTIMAL_SHARES = (
+    ("the fleet's size", 1.0),
+    ("half", 0.5),
+    ("a quarter", 0.25),
+    ("an eighth", 0.125),
+)
+"""The fleet's cache, and fractions of it, given to the cache that knows the future."""
 
 CACHE_THRESHOLD = 0.3
 """vllm-router's and sglang-router's default cache_threshold (their router_args.py)."""
@@ -187,6 +199,11 @@ def run(args: argparse.Namespace) -> int:
     )
     fleet = lru_reuse(records, capacity * SIM_REPLICAS, tail_first=True)
     print(f"one LRU the fleet's size: hit/bound {fleet / ceiling:.3f}")
+    room = ", ".join(
+        f"{name} {optimal_reuse(records, int(capacity * SIM_REPLICAS * share)) / ceiling:.3f}"
+        for name, share in OPTIMAL_SHARES
+    )
+    print(f"one cache that evicts the block used again farthest ahead (Belady): hit/bound {room}")
     print(f"prefix-aware at zero load: hit/bound {replay(prompts, capacity) / ceiling:.3f}")
     peers = cache_aware_replay(prompts, capacity) / ceiling
     print(f"the peers' cache_aware rule at zero load: hit/bound {peers:.3f}")

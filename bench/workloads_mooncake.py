@@ -19,9 +19,10 @@ this repository.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,4 +232,44 @@ def lru_reuse(
         inputs += record.input_length
         reused += reused_tokens(record, reused_blocks(record, cache))
         lru_remember(cache, record, capacity_blocks, tail_first=tail_first)
+    return reused / inputs if inputs else 0.0
+
+
+def optimal_reuse(records: Sequence[TraceRecord], capacity_blocks: int) -> float:
+    """The token share one prefix cache of ``capacity_blocks`` trace blocks would serve over
+    ``records`` if it knew the future: when full, it evicts the block whose next use is
+    farthest ahead (Belady's rule), so a block no later prompt uses goes first.
+
+    No engine can evict this way; beside ``lru_reuse`` it tells what finite caches cost from
+    what the order of eviction costs: the bound (``token_reuse``) reached here means the
+    fleet's cache is large enough, and what an LRU loses is the blocks it keeps that nothing
+    uses again.
+    """
+    if capacity_blocks < 0:
+        raise ValueError("capacity_blocks must be >= 0")
+    uses: defaultdict[int, list[int]] = defaultdict(list)
+    for position, record in enumerate(records):
+        for hash_id in record.hash_ids:
+            uses[hash_id].append(position)
+    seen: defaultdict[int, int] = defaultdict(int)
+    """How many of each block's uses have happened."""
+    never = len(records)
+    cache: dict[int, int] = {}
+    """Each cached block's next use."""
+    farthest: list[tuple[int, int]] = []
+    """(-next use, block) for every block cached, stale entries included (skipped on pop)."""
+    inputs = reused = 0
+    for record in records:
+        inputs += record.input_length
+        reused += reused_tokens(record, reused_blocks(record, cache))
+        for hash_id in record.hash_ids:
+            seen[hash_id] += 1
+            later = uses[hash_id]
+            next_use = later[seen[hash_id]] if seen[hash_id] < len(later) else never
+            cache[hash_id] = next_use
+            heapq.heappush(farthest, (-next_use, hash_id))
+        while len(cache) > capacity_blocks:
+            negative, hash_id = heapq.heappop(farthest)
+            if cache.get(hash_id) == -negative:
+                del cache[hash_id]
     return reused / inputs if inputs else 0.0

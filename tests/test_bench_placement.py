@@ -8,7 +8,13 @@ from typing import cast
 import pytest
 
 from bench.placement import Prompt, cache_aware_replay, next_turn_chances
-from bench.workloads_mooncake import TraceRecord, lru_remember, lru_reuse, summarise
+from bench.workloads_mooncake import (
+    TraceRecord,
+    lru_remember,
+    lru_reuse,
+    optimal_reuse,
+    summarise,
+)
 from router_policies.fingerprint import RequestFeatures
 
 
@@ -30,6 +36,17 @@ def test_one_fleet_sized_lru_serves_what_it_still_holds() -> None:
     assert lru_reuse(turns, 4, tail_first=True) == pytest.approx(2 / 7)
     # Two blocks of room: the second prompt evicts the first, whose next turn starts cold.
     assert lru_reuse(turns, 2, tail_first=True) == 0.0
+
+
+def test_the_cache_that_knows_the_future_evicts_what_nothing_uses_again() -> None:
+    # Conversation 1-2 continues after a one-off prompt 3-4; two blocks of room. An LRU
+    # evicts the history for the one-off; the optimal cache evicts the one-off instead.
+    turns = [record(1, 2), record(3, 4), record(1, 2, 5)]
+    assert lru_reuse(turns, 2, tail_first=True) == 0.0
+    assert optimal_reuse(turns, 2) == pytest.approx(2 / 7)
+    # With no room it serves nothing; with room for everything it serves the whole bound.
+    assert optimal_reuse(turns, 0) == 0.0
+    assert optimal_reuse(turns, 64) == pytest.approx(summarise(turns).token_reuse)
 
 
 def test_a_turn_counts_as_continued_when_a_later_prompt_holds_its_last_full_block() -> None:
