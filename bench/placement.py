@@ -11,6 +11,7 @@ measures the same routing on the sims):
 - hit / bound of the policy's placements, of the peers' cache_aware rule's (best match above
   0.3 of the prompt, else the smallest tree) and of one LRU cache the fleet's size (what the
   peers reach on the sims on these windows: docs/benchmarks.md);
+- hit / bound of one LRU 1.5 and 2 times the fleet's size: what more room would keep;
 - hit / bound of one cache the fleet's size, and of a half, a quarter and an eighth of it, that
   evicts the block used again farthest ahead (Belady's rule: it knows the future), which
   tells what the cache's size costs from what evicting by recency costs;
@@ -112,6 +113,9 @@ def replay(prompts: Sequence[Prompt], capacity: int, jitter: float = 0.0, seed: 
     return served / max(total, 1)
 
 
+LARGER_SHARES = (("1.5x", 1.5), ("twice", 2.0))
+"""Multiples of the fleet's cache given to one LRU: what a second tier of KV cache (an
+engine's CPU offloading) would keep, if routing kept every history where it is held."""
 OPTIMAL_SHARES = (
     ("the fleet's size", 1.0),
     ("half", 0.5),
@@ -197,10 +201,16 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{window}: {len(prompts)} requests at replay time ({RATE_SCALE:g}x), bound {ceiling:.3f}"
     )
-    fleet = lru_reuse(records, capacity * SIM_REPLICAS, tail_first=True)
+    fleet_blocks = capacity * SIM_REPLICAS
+    fleet = lru_reuse(records, fleet_blocks, tail_first=True)
     print(f"one LRU the fleet's size: hit/bound {fleet / ceiling:.3f}")
+    larger = ", ".join(
+        f"{name} {lru_reuse(records, int(fleet_blocks * share), tail_first=True) / ceiling:.3f}"
+        for name, share in LARGER_SHARES
+    )
+    print(f"one LRU larger than the fleet's cache (a second tier's room): hit/bound {larger}")
     room = ", ".join(
-        f"{name} {optimal_reuse(records, int(capacity * SIM_REPLICAS * share)) / ceiling:.3f}"
+        f"{name} {optimal_reuse(records, int(fleet_blocks * share)) / ceiling:.3f}"
         for name, share in OPTIMAL_SHARES
     )
     print(f"one cache that evicts the block used again farthest ahead (Belady): hit/bound {room}")
