@@ -12,12 +12,13 @@ served), how much unbounded caches would have held (the placements' ceiling), an
 requests were sent away from a replica holding more of their history, and what that cost.
 
 ``--set KEY=VALUE`` overrides the gateway pool's policy for the run (``cost.copy_weight=10``),
-so the effect of a routing constant is measured the way it was chosen. ``--runs N`` repeats
-the replay, the targets taking turns going first, and ends with each target's spread over the
-runs (min-max and mean of hit / bound, TTFT p90 and p99) and the difference of the means of
-hit / bound against twice its standard error, so a difference can be told from run-to-run
-noise. ``--dump DIR`` writes each run's requests as JSON lines. Meant for tuning
-windows: acceptance figures come from ``bench compare`` on the report set.
+so the effect of a routing constant is measured the way it was chosen; ``--sim KEY=VALUE`` the
+simulated replicas' settings (``kv_offload_blocks=12288``: a CPU tier twice the KV cache).
+``--runs N`` repeats the replay, the targets taking turns going first, and ends with each
+target's spread over the runs (min-max and mean of hit / bound, TTFT p90 and p99) and the
+difference of the means of hit / bound against twice its standard error, so a difference can
+be told from run-to-run noise. ``--dump DIR`` writes each run's requests as JSON lines. Meant
+for tuning windows: acceptance figures come from ``bench compare`` on the report set.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from bench.workloads_mooncake import (
     reused_tokens,
 )
 from replica.processes import LOCAL_KV_EVENTS, start_sim_replicas
+from replica.sim.config import SimConfig
 
 TARGETS: dict[str, Target] = {
     "prefix-aware": PREFIX_AWARE,
@@ -93,6 +95,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="a gateway pool setting for the runs (YAML value), e.g. cost.copy_weight=10",
+    )
+    parser.add_argument(
+        "--sim",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a simulated replica setting for the runs (replica/sim/config.py), e.g. "
+        "kv_offload_blocks=12288 (a CPU tier twice the GPU cache)",
     )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0, help="block texts (the tuning seeds)")
@@ -278,8 +288,12 @@ async def _diagnose(args: argparse.Namespace) -> None:
     print(f"{window}: {len(records)} requests; cache model {capacity} trace blocks per replica")
     if pool:
         print(f"gateway pool settings: {json.dumps(pool)}")
+    sim = {**MOONCAKE_SIM, **overrides(args.sim)}
+    SimConfig.model_validate(sim)  # a misspelt setting fails here, not in eight replicas
+    if args.sim:
+        print(f"replica settings: {json.dumps(overrides(args.sim))}")
     replicas = await start_sim_replicas(
-        SIM_REPLICAS, model=SIM_MODEL, **MOONCAKE_SIM, kv_events_config=LOCAL_KV_EVENTS
+        SIM_REPLICAS, model=SIM_MODEL, **sim, kv_events_config=LOCAL_KV_EVENTS
     )
     live = list(replicas)
     urls = [r.url for r in replicas]

@@ -5,6 +5,11 @@ The engine's own block hashes depend on its hash function and a per-process seed
 not recomputed here: each stored block is re-keyed by its token ids, chained through its parent
 (the first block seeded by the adapter and cache salt, which the engine keys its blocks by too),
 and a request's tokens are keyed the same way (``token_block_keys``) to be matched against it.
+
+Blocks the engine also holds in another tier (vLLM's CPU offloading: events with a ``medium``
+other than the GPU's) count as held: the engine loads them back rather than computing them,
+and reports them among its cached tokens. Such events carry no token ids, so a block is known
+there by the key its GPU event gave it.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ def cached_tokens(matched_blocks: int, prompt_tokens: int, block_size: int) -> i
 class EngineBlocks:
     """The blocks one engine holds, keyed by their tokens (see the module docstring)."""
 
-    __slots__ = ("_copies", "_key", "block_size")
+    __slots__ = ("_copies", "_key", "_tier_copies", "_tiered", "block_size")
 
     def __init__(self) -> None:
         self._key: dict[EngineHash, int | None] = {}
@@ -66,9 +71,18 @@ class EngineBlocks:
         content twice, in two concurrent requests, and evicts the copies one at a time)."""
         self.block_size = 0
         """Tokens per block, from the events (0 until the first one)."""
+        self._tiered: dict[tuple[str, EngineHash], int] = {}
+        """(medium, engine hash) -> our key, for blocks another tier holds."""
+        self._tier_copies: dict[int, int] = {}
+        """Our key -> how many tiers hold it."""
 
     def __len__(self) -> int:
         return len(self._copies)
+
+    @property
+    def tier_blocks(self) -> int:
+        """Blocks another tier holds (its events', keyed): a full tier's size."""
+        return len(self._tier_copies)
 
     def stored(
         self,
@@ -106,20 +120,55 @@ class EngineBlocks:
             if key is None or self._count(key, -1) == 0:
                 del self._key[engine_hash]
 
+    def offloaded(self, medium: str, hashes: Sequence[EngineHash]) -> None:
+        """Blocks another tier stored; one the GPU's events never keyed cannot be matched."""
+        for engine_hash in hashes:
+            key = self._key.get(engine_hash)
+            if key is not None and (medium, engine_hash) not in self._tiered:
+                self._tiered[medium, engine_hash] = key
+                _count(self._tier_copies, key, 1)
+
+    def unloaded(self, medium: str, hashes: Sequence[EngineHash]) -> None:
+        """Blocks another tier evicted."""
+        for engine_hash in hashes:
+            key = self._tiered.pop((medium, engine_hash), None)
+            if key is not None:
+                _count(self._tier_copies, key, -1)
+
     def clear(self) -> None:
         self._key.clear()
         self._copies.clear()
+        self._tiered.clear()
+        self._tier_copies.clear()
 
     def match(self, keys: Sequence[int]) -> int:
-        """Leading blocks of a request (its ``token_block_keys``) the engine holds."""
-        return leading(keys, self._copies)
+        """Leading blocks of a request (its ``token_block_keys``) the engine holds, in any
+        tier."""
+        if not self._tier_copies:
+            return leading(keys, self._copies)
+        return leading(keys, _Either(self._copies, self._tier_copies))
 
     def _count(self, key: int | None, delta: int) -> int:
-        if key is None:
-            return 0
-        left = self._copies.get(key, 0) + delta
-        if left > 0:
-            self._copies[key] = left
-        else:
-            self._copies.pop(key, None)
-        return left
+        return 0 if key is None else _count(self._copies, key, delta)
+
+
+def _count(copies: dict[int, int], key: int, delta: int) -> int:
+    left = copies.get(key, 0) + delta
+    if left > 0:
+        copies[key] = left
+    else:
+        copies.pop(key, None)
+    return left
+
+
+class _Either:
+    """Keys held in either of two places."""
+
+    __slots__ = ("_first", "_second")
+
+    def __init__(self, first: Container[int], second: Container[int]) -> None:
+        self._first = first
+        self._second = second
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._first or key in self._second

@@ -92,6 +92,22 @@ class TestEngineBlocks:
         assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
         assert blocks.match(token_block_keys(TOKENS, 16, root_key("sql-lora", None))) == 2
 
+    def test_a_block_the_gpu_evicted_is_held_while_another_tier_holds_it(self) -> None:
+        blocks = EngineBlocks()
+        hashes = stored_chain(blocks, TOKENS)
+        blocks.offloaded("CPU", hashes[:3])
+        blocks.removed(hashes)
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 3
+        blocks.unloaded("CPU", [hashes[1]])
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 1
+        blocks.clear()
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+
+    def test_another_tiers_block_no_gpu_event_keyed_matches_nothing(self) -> None:
+        blocks = EngineBlocks()
+        blocks.offloaded("CPU", [1, 2])
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+
     def test_the_engine_never_reuses_the_prompts_last_token(self) -> None:
         assert cached_tokens(4, 64, 16) == 48  # 63 tokens reusable: 3 whole blocks
         assert cached_tokens(4, 65, 16) == 64
@@ -106,6 +122,16 @@ class TestEventStream:
         assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 3
         stream.apply(2, payload(ALL_BLOCKS_CLEARED))
         assert len(stream.blocks) == 0
+
+    def test_cpu_tier_events_keep_what_the_gpu_evicted_matchable(self) -> None:
+        # vLLM's CPU offloading publishes its tier's blocks with medium "CPU" and no tokens.
+        stream = EventStream("tcp://unused")
+        stream.apply(0, payload(block_stored([1, 2, 3, 4], None, TOKENS, 16, None)))
+        stream.apply(1, payload(block_stored([1, 2, 3, 4], None, [], 16, None, "CPU")))
+        stream.apply(2, payload(block_removed([1, 2, 3, 4])))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 4
+        stream.apply(3, payload(block_removed([3], "CPU")))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 2
 
     def test_a_cache_salt_in_the_extra_keys_seeds_the_chain(self) -> None:
         stream = EventStream("tcp://unused")

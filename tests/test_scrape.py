@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from gateway.fleet.kv_event_stream import EventStream
 from gateway.fleet.pools import PoolState, ReplicaState
 from gateway.fleet.replicas import EngineStats
 from gateway.fleet.scrape import parse_engine_stats
+from replica.sim.kv_events import block_removed, block_stored
 from router_policies.cost.ttft import queued_tokens
 from router_policies.fingerprint import CanonicalPrompt
 from router_policies.schema import PoolPolicy
+from tests.kv_events import payload
 
 # Shaped like vLLM 0.x output: colons in names, a model_name label, histograms around.
 VLLM_METRICS = """\
@@ -51,6 +54,19 @@ def test_kv_capacity_sizes_the_prefix_index() -> None:
     # the caches' worth the index remembers
     assert pool.router.index_blocks("a:1") == int(1000 * pool.policy.prefix.index_memory)
     assert replica.load().engine_waiting == 7.0  # nothing in flight from us, 7 on the engine
+
+
+def test_a_cpu_tier_larger_than_the_cache_sizes_the_index_by_what_it_holds() -> None:
+    pool = PoolState("p", PoolPolicy(model="m", replicas=["http://a:1"]))
+    replica = pool.replicas["a:1"]
+    replica.kv_events = EventStream("tcp://unused")
+    hashes = list(range(4000))  # 64,000 tokens: twice the GPU cache of VLLM_METRICS
+    tokens = list(range(4000 * 16))
+    replica.kv_events.apply(0, payload(block_stored(hashes, None, tokens, 16, None)))
+    replica.kv_events.apply(1, payload(block_stored(hashes, None, [], 16, None, "CPU")))
+    replica.kv_events.apply(2, payload(block_removed(hashes[2000:])))  # the GPU keeps 2,000
+    pool.apply_engine_stats(replica, parse_engine_stats(VLLM_METRICS))
+    assert pool.router.index_blocks("a:1") == int(2000 * pool.policy.prefix.index_memory)
 
 
 def test_own_requests_that_left_the_engine_queue_since_the_scrape_are_not_counted_waiting() -> None:

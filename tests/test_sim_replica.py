@@ -110,6 +110,31 @@ def test_pinned_blocks_are_never_evicted_and_a_full_cache_refuses() -> None:
     assert cache.usage() == 0.5
 
 
+def test_a_prefix_the_cache_evicted_is_loaded_back_from_the_cpu_tier() -> None:
+    a, b = toks(0, 8), toks(100, 16)
+    for tier, loaded in ((6, 8), (5, 0), (0, 0)):
+        cache = KVCache(num_blocks=4, block_size=4, offload_blocks=tier)
+        cache.events = []
+        _cache_and_release(cache, a)
+        _cache_and_release(cache, b)  # B's four blocks evict A's two from the GPU cache
+        assert cache.cached_prefix_tokens([*a, 1]) == 0
+        again = cache.lookup_and_allocate([*a, 1], extra_tokens=0)
+        assert again is not None
+        # Loaded back while the tier holds A's blocks; with room for five, B's four pushed
+        # out A's first, and a prefix cannot start past its first block; with no tier, A is
+        # computed again.
+        assert (again.num_cached_tokens, again.loaded_tokens) == (loaded, loaded)
+        cpu = [e for e in cache.events if e.get("medium") == "CPU"]
+        if not tier:
+            assert cpu == []
+            continue
+        stored = [e for e in cpu if e["type"] == "BlockStored"]
+        assert [len(e["block_hashes"]) for e in stored] == [2, 4]
+        assert all(e["token_ids"] == [] for e in stored)
+        removed = [h for e in cpu if e["type"] == "BlockRemoved" for h in e["block_hashes"]]
+        assert removed == ([] if loaded else stored[0]["block_hashes"][:1])
+
+
 def test_reset_drops_cached_blocks() -> None:
     cache = KVCache(num_blocks=4, block_size=4)
     _cache_and_release(cache, toks(0, 8))

@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 _END_SEQ = -1
 _REPLAY_TIMEOUT_S = 1.0
 _GPU_MEDIA = frozenset((None, "GPU", "gpu"))
-"""Blocks in the engine's own cache; offloaded copies (CPU, storage) are not prefix hits."""
+"""Blocks in the engine's own cache; the events of any other medium are another tier's (vLLM's
+CPU offloading), whose blocks the engine loads back rather than computes."""
 
 
 class EventStream:
@@ -142,8 +143,13 @@ class EventStream:
             kind = event.get("type")
             if kind == "AllBlocksCleared":
                 blocks.clear()
-            elif event.get("medium") not in _GPU_MEDIA or event.get("group_idx"):
-                continue  # another tier's copy, or another KV group's
+            elif event.get("group_idx"):
+                continue  # another KV group's
+            elif (medium := event.get("medium")) not in _GPU_MEDIA:
+                if kind == "BlockStored":
+                    blocks.offloaded(str(medium), event["block_hashes"])
+                elif kind == "BlockRemoved":
+                    blocks.unloaded(str(medium), event["block_hashes"])
             elif kind == "BlockStored":
                 _stored(blocks, event)
             elif kind == "BlockRemoved":

@@ -27,6 +27,18 @@ class SimConfig(BaseModel):
     max_num_seqs: int = Field(16, ge=1, description="most requests running at once")
     num_blocks: int = Field(1024, ge=1, description="KV cache size in blocks")
     block_size: int = Field(16, ge=1, description="tokens per KV block")
+    kv_offload_blocks: int = Field(
+        0,
+        ge=0,
+        description="blocks of a CPU tier behind the KV cache, as vLLM's CPU offloading keeps "
+        "(every computed block written to it; a prefix the cache lost loaded back); 0: none",
+    )
+    kv_load_share: float = Field(
+        0.05,
+        ge=0,
+        description="time to load a block back from the CPU tier, as a share of computing it: an "
+        "8B model's KV (128 KiB a token) over PCIe 5 (~50 GB/s: 2.6 us) against 50 us of prefill",
+    )
     max_num_batched_tokens: int = Field(
         2048, ge=1, description="prefill token budget per engine step (chunked prefill)"
     )

@@ -113,7 +113,7 @@ class Engine:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
-        self.kv_cache = KVCache(config.num_blocks, config.block_size)
+        self.kv_cache = KVCache(config.num_blocks, config.block_size, config.kv_offload_blocks)
         events = KvEventsConfig.parse(config.kv_events_config)
         self._publisher = EventPublisher(events) if events is not None else None
         if self._publisher is not None:
@@ -128,6 +128,8 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[FinishedRequest], None]] = []
         self._step_end = 0.0
+        self._loading_s = 0.0
+        """Loading admitted requests' blocks back from the CPU tier: the next step's to pay."""
 
     @property
     def num_running(self) -> int:
@@ -269,6 +271,11 @@ class Engine:
             self._waiting.popleft()
             request.allocation = allocation
             request.num_computed_tokens = allocation.num_cached_tokens
+            self._loading_s += (
+                allocation.loaded_tokens
+                * self.config.prefill_s_per_token
+                * self.config.kv_load_share
+            )
             self._running.append(request)
             self.stats.prefix_cache_queries += request.num_prompt_tokens
             self.stats.prefix_cache_hits += allocation.num_cached_tokens
@@ -288,7 +295,8 @@ class Engine:
                 budget -= chunk
                 prefill.append((request, chunk))
         prefill_tokens = config.max_num_batched_tokens - budget
-        duration = prefill_tokens * config.prefill_s_per_token
+        duration = prefill_tokens * config.prefill_s_per_token + self._loading_s
+        self._loading_s = 0.0
         if decode:
             duration += config.decode_step_s + config.decode_s_per_seq * len(decode)
         await self._sleep(duration)

@@ -4,7 +4,9 @@ A prompt is cut into blocks of ``block_size`` tokens. Only FULL blocks can be sh
 block is identified by a hash chained through every block before it, so a hit on block i
 implies the whole prefix up to i matches. Blocks used by running requests are pinned by a
 reference count; blocks freed by finished requests keep their contents and stay findable
-until an allocation needs the space, then the least recently used one is evicted.
+until an allocation needs the space, then the least recently used one is evicted. With a CPU
+tier (replica/sim/offload.py) behind it, a prompt's blocks past its cached ones that the tier
+holds are loaded back: they count as cached tokens, as vLLM's usage counts them.
 """
 
 from collections import OrderedDict
@@ -15,6 +17,7 @@ from typing import Any
 import xxhash
 
 from replica.sim.kv_events import ALL_BLOCKS_CLEARED, block_removed, block_stored
+from replica.sim.offload import OffloadTier
 from replica.sim.tokenizer import token_bytes
 
 _TOKEN_WIDTH = 8  # bytes per token id in token_bytes()
@@ -46,12 +49,14 @@ class Allocation:
     tokens: Sequence[int] = ()
     """The prompt (kept only while KV events are on: a stored block's event carries them)."""
     lora_name: str | None = None
+    loaded_tokens: int = 0
+    """Of ``num_cached_tokens``, those loaded back from the CPU tier."""
 
 
 class KVCache:
     """A fixed pool of KV blocks with reference counts, a hash index and LRU eviction."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, offload_blocks: int = 0) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._ref = [0] * num_blocks
@@ -62,6 +67,7 @@ class KVCache:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
         self.events: list[dict[str, Any]] | None = None
         """What changed since the engine last published (None: KV events are off)."""
+        self.offload = OffloadTier(offload_blocks, block_size) if offload_blocks else None
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -75,6 +81,11 @@ class KVCache:
         """
         hashes = block_hashes(tokens, self.block_size, salt)
         hits = self._hits(hashes, len(tokens))
+        loaded = 0
+        if self.offload is not None:
+            usable = hashes[: max(len(tokens) - 1, 0) // self.block_size]
+            loaded = self.offload.loadable(usable[len(hits) :])
+            self.offload.touch(usable[: len(hits) + loaded])
 
         num_new = self.blocks_needed(len(tokens) + extra_tokens) - len(hits)
         hits_unpinned = sum(1 for block_id in hits if self._ref[block_id] == 0)
@@ -90,10 +101,11 @@ class KVCache:
             block_ids=hits + new_blocks,
             prompt_hashes=hashes,
             num_hit_blocks=len(hits),
-            num_cached_tokens=len(hits) * self.block_size,
+            num_cached_tokens=(len(hits) + loaded) * self.block_size,
             num_committed_blocks=len(hits),
             tokens=tokens if self.events is not None else (),
             lora_name=lora_name,
+            loaded_tokens=loaded * self.block_size,
         )
 
     def cached_prefix_tokens(self, tokens: Sequence[int]) -> int:
@@ -146,9 +158,12 @@ class KVCache:
                 self._cached[block_hash] = block_id
                 self._hash[block_id] = block_hash
                 stored.append(i)
+        first = allocation.num_committed_blocks
         allocation.num_committed_blocks = max(allocation.num_committed_blocks, done)
         if stored and self.events is not None:
             self._note_stored(allocation, stored)
+        if self.offload is not None and done > first:
+            self.offload.store(allocation.prompt_hashes[first:done], self.events)
 
     def _note_stored(self, allocation: Allocation, stored: list[int]) -> None:
         """One BlockStored per run of consecutive new blocks, as vLLM reports them."""
@@ -188,12 +203,15 @@ class KVCache:
         return (self.num_blocks - free) / self.num_blocks
 
     def reset(self) -> int:
-        """Forget every cached block (vLLM's /reset_prefix_cache); returns how many.
+        """Forget every cached block, the CPU tier's too (vLLM's /reset_prefix_cache); returns
+        how many the GPU cache held.
 
         Pinned blocks stay allocated to their requests but are no longer findable, and
         return to the empty pool when freed.
         """
         dropped = len(self._cached)
+        if self.offload is not None:
+            self.offload.clear()
         for block_id in self._cached.values():
             self._hash[block_id] = None
         self._cached.clear()

@@ -4,9 +4,10 @@ vLLM's wire format (``vllm/distributed/kv_events.py``): a ZeroMQ PUB socket send
 three-part message per engine step, ``(topic, seq, payload)``: ``seq`` an 8-byte big-endian
 counter, ``payload`` a msgpack ``KVEventBatch`` array ``[ts, events, data_parallel_rank]`` whose
 events are maps tagged by ``type``: ``BlockStored`` (block hashes, parent hash, token ids, block
-size, LoRA), ``BlockRemoved`` (block hashes) and ``AllBlocksCleared``. Where a replay endpoint is
-set, a ROUTER socket answers a subscriber's 8-byte start sequence with every buffered message
-from it on, then an end marker (sequence -1, empty payload).
+size, LoRA, medium), ``BlockRemoved`` (block hashes, medium) and ``AllBlocksCleared``; the
+medium is "GPU" for the KV cache, "CPU" for its offloaded tier (replica/sim/offload.py).
+Where a replay endpoint is set, a ROUTER socket answers a subscriber's 8-byte start sequence
+with every buffered message from it on, then an end marker (sequence -1, empty payload).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class KvEventsConfig(BaseModel):
 
 def block_stored(
     hashes: Sequence[int], parent: int | None, token_ids: Sequence[int], block_size: int,
-    lora_name: str | None,
+    lora_name: str | None, medium: str = MEDIUM,
 ) -> dict[str, Any]:  # fmt: skip
     # Keys in vLLM's field order; lora_id is deprecated upstream and sent as None.
     return {
@@ -73,13 +74,13 @@ def block_stored(
         "token_ids": list(token_ids),
         "block_size": block_size,
         "lora_id": None,
-        "medium": MEDIUM,
+        "medium": medium,
         "lora_name": lora_name,
     }
 
 
-def block_removed(hashes: Sequence[int]) -> dict[str, Any]:
-    return {"type": "BlockRemoved", "block_hashes": list(hashes), "medium": MEDIUM}
+def block_removed(hashes: Sequence[int], medium: str = MEDIUM) -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": list(hashes), "medium": medium}
 
 
 ALL_BLOCKS_CLEARED: dict[str, Any] = {"type": "AllBlocksCleared"}
