@@ -60,7 +60,7 @@ def cached_tokens(matched_blocks: int, prompt_tokens: int, block_size: int) -> i
 class EngineBlocks:
     """The blocks one engine holds, keyed by their tokens (see the module docstring)."""
 
-    __slots__ = ("_copies", "_key", "_tier_copies", "_tiered", "block_size")
+    __slots__ = ("_copies", "_key", "_tier_copies", "_tiered", "block_size", "tier_evicted")
 
     def __init__(self) -> None:
         self._key: dict[EngineHash, int | None] = {}
@@ -75,13 +75,16 @@ class EngineBlocks:
         """(medium, engine hash) -> our key, for blocks another tier holds."""
         self._tier_copies: dict[int, int] = {}
         """Our key -> how many tiers hold it."""
+        self.tier_evicted = False
+        """Whether another tier has evicted a block: until it does, it holds every block the
+        engine wrote to it, and its size is not known."""
 
     def __len__(self) -> int:
         return len(self._copies)
 
     @property
     def tier_blocks(self) -> int:
-        """Blocks another tier holds (its events', keyed): a full tier's size."""
+        """Blocks another tier holds (its events', keyed): its size, once it has evicted."""
         return len(self._tier_copies)
 
     def stored(
@@ -130,6 +133,7 @@ class EngineBlocks:
 
     def unloaded(self, medium: str, hashes: Sequence[EngineHash]) -> None:
         """Blocks another tier evicted."""
+        self.tier_evicted = True
         for engine_hash in hashes:
             key = self._tiered.pop((medium, engine_hash), None)
             if key is not None:

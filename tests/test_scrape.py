@@ -56,17 +56,22 @@ def test_kv_capacity_sizes_the_prefix_index() -> None:
     assert replica.load().engine_waiting == 7.0  # nothing in flight from us, 7 on the engine
 
 
-def test_a_cpu_tier_larger_than_the_cache_sizes_the_index_by_what_it_holds() -> None:
+def test_a_cpu_tier_sizes_the_index_by_what_it_holds_once_it_has_evicted() -> None:
     pool = PoolState("p", PoolPolicy(model="m", replicas=["http://a:1"]))
     replica = pool.replicas["a:1"]
-    replica.kv_events = EventStream("tcp://unused")
-    hashes = list(range(4000))  # 64,000 tokens: twice the GPU cache of VLLM_METRICS
-    tokens = list(range(4000 * 16))
-    replica.kv_events.apply(0, payload(block_stored(hashes, None, tokens, 16, None)))
-    replica.kv_events.apply(1, payload(block_stored(hashes, None, [], 16, None, "CPU")))
-    replica.kv_events.apply(2, payload(block_removed(hashes[2000:])))  # the GPU keeps 2,000
+    events = replica.kv_events = EventStream("tcp://unused")
+    hashes = list(range(4001))
+    events.apply(0, payload(block_stored(hashes, None, list(range(4001 * 16)), 16, None)))
+    events.apply(1, payload(block_stored(hashes, None, [], 16, None, "CPU")))
+    events.apply(2, payload(block_removed(hashes[2000:])))  # the GPU cache keeps 2,000
+    remembered = pool.policy.prefix.index_memory
+    # Nothing evicted from the tier yet: it holds all it was written, however much that is.
     pool.apply_engine_stats(replica, parse_engine_stats(VLLM_METRICS))
-    assert pool.router.index_blocks("a:1") == int(2000 * pool.policy.prefix.index_memory)
+    assert pool.router.index_blocks("a:1") == int(pool.policy.prefix.index_blocks * remembered)
+    # Once it evicts, what it holds is its size: 4,000 blocks, 64,000 tokens, twice the GPU's.
+    events.apply(3, payload(block_removed(hashes[:1], "CPU")))
+    pool.apply_engine_stats(replica, parse_engine_stats(VLLM_METRICS))
+    assert pool.router.index_blocks("a:1") == int(2000 * remembered)
 
 
 def test_own_requests_that_left_the_engine_queue_since_the_scrape_are_not_counted_waiting() -> None:

@@ -100,6 +100,18 @@ class EventStream:
             held = max(held, min(layout.end(inflight), request.hashed_bytes))
         return held
 
+    def capacity_tokens(self, cache_tokens: int) -> int | None:
+        """What the engine holds at most, given its KV cache's size: the larger of the cache and
+        a tier behind it (vLLM's CPU offloading, written every block the cache computes); None
+        while such a tier has evicted nothing: it holds all it was written, up to a size no
+        metric tells."""
+        blocks = self.blocks
+        if not blocks.tier_blocks:
+            return cache_tokens
+        if not blocks.tier_evicted:
+            return None
+        return max(cache_tokens, blocks.tier_blocks * blocks.block_size)
+
     def dispatched(self, request: RequestFeatures, now: float) -> int | None:
         """A request sent here: in flight until it ends; the tokens the events say the engine
         holds of it (None where it was not tokenized or the stream is not exact)."""

@@ -320,14 +320,14 @@ class PoolState:
         replica.started_since_scrape = 0
         replica.slots.observe(stats.running, stats.waiting)
         if stats.kv_capacity_tokens:
-            held = stats.kv_capacity_tokens
+            held: int | None = stats.kv_capacity_tokens
             if replica.kv_events is not None:
-                # A tier behind the cache (vLLM's CPU offloading) is written every block the
-                # cache computes: the engine holds what the larger of the two holds.
-                engine = replica.kv_events.blocks
-                held = max(held, engine.tier_blocks * engine.block_size)
-            tokens = held * replica.index_belief.value
-            blocks = tokens * self.learned.chars_per_token / self.policy.prefix.block_bytes
+                held = replica.kv_events.capacity_tokens(stats.kv_capacity_tokens)
+            if held is None:
+                blocks = float(self.policy.prefix.index_blocks)  # as before any size was known
+            else:
+                tokens = held * replica.index_belief.value
+                blocks = tokens * self.learned.chars_per_token / self.policy.prefix.block_bytes
             self.router.size_index(replica.name, int(blocks))
 
     def engine_waiting(self) -> float:
