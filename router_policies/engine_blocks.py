@@ -144,6 +144,7 @@ class EngineBlocks:
         self._copies.clear()
         self._tiered.clear()
         self._tier_copies.clear()
+        self.tier_evicted = False  # a restarted engine's tier, or an emptied one, fills anew
 
     def match(self, keys: Sequence[int]) -> int:
         """Leading blocks of a request (its ``token_block_keys``) the engine holds, in any
