@@ -288,10 +288,11 @@ async def _diagnose(args: argparse.Namespace) -> None:
     print(f"{window}: {len(records)} requests; cache model {capacity} trace blocks per replica")
     if pool:
         print(f"gateway pool settings: {json.dumps(pool)}")
-    sim = {**MOONCAKE_SIM, **overrides(args.sim)}
+    sim_settings = overrides(args.sim)
+    sim = {**MOONCAKE_SIM, **sim_settings}
     SimConfig.model_validate(sim)  # a misspelt setting fails here, not in eight replicas
-    if args.sim:
-        print(f"replica settings: {json.dumps(overrides(args.sim))}")
+    if sim_settings:
+        print(f"replica settings: {json.dumps(sim_settings)}")
     replicas = await start_sim_replicas(
         SIM_REPLICAS, model=SIM_MODEL, **sim, kv_events_config=LOCAL_KV_EVENTS
     )
