@@ -135,6 +135,19 @@ def test_a_prefix_the_cache_evicted_is_loaded_back_from_the_cpu_tier() -> None:
         assert removed == ([] if loaded else stored[0]["block_hashes"][:1])
 
 
+def test_a_refused_allocation_leaves_the_cpu_tiers_order_alone() -> None:
+    cache = KVCache(num_blocks=2, block_size=4, offload_blocks=4)
+    cache.events = []
+    a = toks(0, 8)
+    _cache_and_release(cache, a)
+    _cache_and_release(cache, toks(100, 8))  # the tier holds A's two blocks, then B's
+    assert cache.lookup_and_allocate([*a, *toks(500, 8), 1], extra_tokens=0) is None
+    _cache_and_release(cache, toks(200, 4))  # one block more: the tier evicts its oldest
+    cpu = [e for e in cache.events if e.get("medium") == "CPU"]
+    removed = [e["block_hashes"] for e in cpu if e["type"] == "BlockRemoved"]
+    assert removed == [cpu[0]["block_hashes"][:1]], "A's first block, still the least recent"
+
+
 def test_reset_drops_cached_blocks() -> None:
     cache = KVCache(num_blocks=4, block_size=4)
     _cache_and_release(cache, toks(0, 8))

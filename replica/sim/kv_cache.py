@@ -82,15 +82,16 @@ class KVCache:
         hashes = block_hashes(tokens, self.block_size, salt)
         hits = self._hits(hashes, len(tokens))
         loaded = 0
-        if self.offload is not None:
-            usable = hashes[: max(len(tokens) - 1, 0) // self.block_size]
-            loaded = self.offload.loadable(usable[len(hits) :])
-            self.offload.touch(usable[: len(hits) + loaded])
+        if self.offload is not None:  # past the cached blocks, short of the last token's
+            usable = max(len(tokens) - 1, 0) // self.block_size
+            loaded = self.offload.loadable(hashes[len(hits) : usable])
 
         num_new = self.blocks_needed(len(tokens) + extra_tokens) - len(hits)
         hits_unpinned = sum(1 for block_id in hits if self._ref[block_id] == 0)
         if num_new > len(self._empty) + len(self._evictable) - hits_unpinned:
             return None
+        if self.offload is not None:
+            self.offload.touch(hashes[: len(hits) + loaded])
 
         for block_id in hits:
             if self._ref[block_id] == 0:
