@@ -526,6 +526,8 @@ def test_build_data_labels_each_source_by_category(tmp_path: Path) -> None:
     (raw / "prontoqa_dev.json").write_text(
         json.dumps([{"context": "Max is a wumpus.", "question": "Is Max red?"}])
     )
+    proof = {"context": "Bob is red. Red things are big.", "question": "Bob is big?"}
+    (raw / "proofwriter_train.json").write_text(json.dumps([proof, proof]))
     (raw / "multilogieval" / "d1_Data" / "pl").mkdir(parents=True)
     rules = {
         "logic": "pl",
@@ -550,6 +552,7 @@ def test_build_data_labels_each_source_by_category(tmp_path: Path) -> None:
     assert counts["acpbench"] == 1
     assert counts["p3_a"] == counts["p3_b"] == 1  # samsum is in neither part
     assert counts["conala"] == 2  # train and test, a repeated intent once
+    assert counts["proofwriter"] == 1  # a repeated problem once
     # The drills' questions, not their answers; arithmetic and comparisons in part A only
     arithmetic = sum(m.startswith(("arithmetic__", "comparison__")) for m in MATH_DRILL_MODULES)
     assert counts["math_drills_a"] == 2 * arithmetic
@@ -559,7 +562,7 @@ def test_build_data_labels_each_source_by_category(tmp_path: Path) -> None:
         return [json.loads(x) for x in (out / f"{name}.jsonl").read_text().splitlines()]
 
     for name in ("gsm8k", "math", "humaneval", "mbpp", "theoremqa", "acpbench", "prontoqa",
-                 "multilogieval"):  # fmt: skip
+                 "multilogieval", "proofwriter"):  # fmt: skip
         assert {r["label"] for r in records(name)} == {"hard"}, name
     assert records("multilogieval")[0]["body"]["messages"][0]["content"] == (
         "If it rains, it\u2019s wet.\n\nIs it wet?"  # read from a cp1252 file

@@ -56,6 +56,8 @@ SEED = 9
 #   prontoqa_dev.json          ProntoQA (asaparov/prontoqa, Apache-2.0), the 500-problem copy in
 #                              teacherpeterpan/Logic-LLM data/ProntoQA/dev.json (MIT), d29f1e5
 #   multilogieval/<depth>/<logic>/*.json   Mihir3009/Multi-LogiEval data/ (MIT), 6d55ade
+#   proofwriter_train.json     ProofWriter (AllenAI, CC-BY-4.0), the depth-5 copy in
+#                              teacherpeterpan/Logic-LLM data/ProofWriter/train.json (MIT), d29f1e5
 #   mathematics/train-easy/<module>.txt  google-deepmind/mathematics_dataset's generator
 #                              (Apache-2.0; pip package mathematics_dataset 1.0.1 with sympy
 #                              1.5.1 and numpy 1.26, the aliases np.object, np.int, np.bool and
@@ -123,7 +125,7 @@ MATH_DRILL_SAMPLE = 500
 GSM8K_SAMPLE = 2000
 SAMPLE = 1000
 """Prompts kept from each of the larger sets (NQ-open, CLINC150, BANKING77, ACPBench,
-Multi-LogiEval, CoNaLa)."""
+Multi-LogiEval, ProofWriter, CoNaLa)."""
 
 
 def _body(text: str) -> dict[str, Any]:
@@ -294,6 +296,19 @@ def prontoqa(raw: Path) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def proofwriter(raw: Path) -> list[dict[str, Any]]:
+    # Facts and rules over people and animals, five steps of deduction deep, and a
+    # true / false / unknown question.
+    texts = {
+        f"{str(r['context']).strip()}\n\n{str(r['question']).strip()}"
+        for r in _json(raw / "proofwriter_train.json")
+    }
+    return [
+        _record("proofwriter", i, "hard", "deductive_reasoning", text)
+        for i, text in enumerate(_sample(sorted(texts)))
+    ]
+
+
 def multilogieval(raw: Path) -> list[dict[str, Any]]:
     # Everyday rules chained one to five steps deep, and a yes/no question on them.
     rows = []
@@ -352,6 +367,7 @@ BUILDERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {
     "acpbench": acpbench,
     "prontoqa": prontoqa,
     "multilogieval": multilogieval,
+    "proofwriter": proofwriter,
     "math_drills_a": functools.partial(math_drills, part="a"),
     "math_drills_b": functools.partial(math_drills, part="b"),
     "conala": conala,

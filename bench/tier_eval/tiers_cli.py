@@ -50,6 +50,7 @@ _PART_A = (
     "nq_open",
     "banking77",
     "acpbench",
+    "proofwriter",
     "math_drills_a",
 )
 _PART_B = (
