@@ -9,7 +9,9 @@ and a request's tokens are keyed the same way (``token_block_keys``) to be match
 Blocks the engine also holds in another tier (vLLM's CPU offloading: events with a ``medium``
 other than the GPU's) count as held: the engine loads them back rather than computing them,
 and reports them among its cached tokens. Such events carry no token ids, so a block is known
-there by the key its GPU event gave it.
+there by the key its GPU event gave it. A tier's block may span several of the engine's (vLLM's
+``offloaded_block_size``, a multiple of the GPU's): it carries the hash of the last of them and
+holds them all, the groups counted from a prompt's start.
 """
 
 from __future__ import annotations
@@ -60,7 +62,15 @@ def cached_tokens(matched_blocks: int, prompt_tokens: int, block_size: int) -> i
 class EngineBlocks:
     """The blocks one engine holds, keyed by their tokens (see the module docstring)."""
 
-    __slots__ = ("_copies", "_key", "_tier_copies", "_tiered", "block_size", "tier_evicted")
+    __slots__ = (
+        "_copies",
+        "_key",
+        "_tier_copies",
+        "_tiered",
+        "block_size",
+        "tier_evicted",
+        "tier_factor",
+    )
 
     def __init__(self) -> None:
         self._key: dict[EngineHash, int | None] = {}
@@ -74,7 +84,9 @@ class EngineBlocks:
         self._tiered: dict[tuple[str, EngineHash], int] = {}
         """(medium, engine hash) -> our key, for blocks another tier holds."""
         self._tier_copies: dict[int, int] = {}
-        """Our key -> how many tiers hold it."""
+        """Our key (of a tier block's last engine block) -> how many tiers hold it."""
+        self.tier_factor = 1
+        """Engine blocks per tier block, from the tier's events."""
         self.tier_evicted = False
         """Whether another tier has evicted a block: until it does, it holds every block the
         engine wrote to it, and its size is not known."""
@@ -83,9 +95,10 @@ class EngineBlocks:
         return len(self._copies)
 
     @property
-    def tier_blocks(self) -> int:
-        """Blocks another tier holds (its events', keyed): its size, once it has evicted."""
-        return len(self._tier_copies)
+    def tier_tokens(self) -> int:
+        """Tokens another tier holds (its events' blocks, keyed): its size, once it has
+        evicted."""
+        return len(self._tier_copies) * self.tier_factor * self.block_size
 
     def stored(
         self,
@@ -123,8 +136,11 @@ class EngineBlocks:
             if key is None or self._count(key, -1) == 0:
                 del self._key[engine_hash]
 
-    def offloaded(self, medium: str, hashes: Sequence[EngineHash]) -> None:
-        """Blocks another tier stored; one the GPU's events never keyed cannot be matched."""
+    def offloaded(self, medium: str, hashes: Sequence[EngineHash], block_size: int = 0) -> None:
+        """Blocks another tier stored, each ``block_size`` tokens (the engine's where not
+        given); one the GPU's events never keyed cannot be matched."""
+        if block_size and self.block_size:
+            self.tier_factor = max(block_size // self.block_size, 1)
         for engine_hash in hashes:
             key = self._key.get(engine_hash)
             if key is not None and (medium, engine_hash) not in self._tiered:
@@ -151,7 +167,17 @@ class EngineBlocks:
         tier."""
         if not self._tier_copies:
             return leading(keys, self._copies)
-        return leading(keys, _Either(self._copies, self._tier_copies))
+        factor = self.tier_factor
+        if factor == 1:
+            return leading(keys, _Either(self._copies, self._tier_copies))
+        copies, tier, n = self._copies, self._tier_copies, len(keys)
+        for i, key in enumerate(keys):
+            if key in copies:
+                continue
+            last = i - i % factor + factor - 1  # the tier block's last engine block
+            if last >= n or keys[last] not in tier:
+                return i
+        return n
 
     def _count(self, key: int | None, delta: int) -> int:
         return 0 if key is None else _count(self._copies, key, delta)

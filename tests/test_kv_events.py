@@ -103,6 +103,18 @@ class TestEngineBlocks:
         blocks.clear()
         assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
 
+    def test_a_tier_block_of_two_engine_blocks_holds_both_known_by_the_last(self) -> None:
+        blocks = EngineBlocks()
+        hashes = stored_chain(blocks, TOKENS)
+        blocks.offloaded("CPU", [hashes[1], hashes[3]], block_size=32)  # vLLM: every 2nd hash
+        blocks.removed(hashes)
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 4
+        assert blocks.tier_tokens == 64
+        # A prompt ending inside a tier block loads none of it: the tier's blocks are whole.
+        assert blocks.match(token_block_keys(TOKENS[:48], 16, ROOT)) == 2
+        blocks.unloaded("CPU", [hashes[1]])
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+
     def test_another_tiers_block_no_gpu_event_keyed_matches_nothing(self) -> None:
         blocks = EngineBlocks()
         blocks.offloaded("CPU", [1, 2])
@@ -132,6 +144,16 @@ class TestEventStream:
         assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 4
         stream.apply(3, payload(block_removed([3], "CPU")))
         assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 2
+
+    def test_cpu_tier_blocks_larger_than_the_gpus_are_read_from_their_block_size(self) -> None:
+        stream = EventStream("tcp://unused")
+        stream.apply(0, payload(block_stored([1, 2, 3, 4], None, TOKENS, 16, None)))
+        stream.apply(1, payload(block_stored([2, 4], None, [], 32, None, "CPU")))
+        stream.apply(2, payload(block_removed([1, 2, 3, 4])))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 4
+        stream.apply(3, payload(block_removed([4], "CPU")))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 2
+        assert stream.capacity_tokens(16) == 32  # one 32-token block left, and it evicted
 
     def test_a_cache_salt_in_the_extra_keys_seeds_the_chain(self) -> None:
         stream = EventStream("tcp://unused")

@@ -106,11 +106,12 @@ class EventStream:
         while such a tier has evicted nothing: it holds all it was written, up to a size no
         metric tells."""
         blocks = self.blocks
-        if not blocks.tier_blocks:
+        tier = blocks.tier_tokens
+        if not tier:
             return cache_tokens
         if not blocks.tier_evicted:
             return None
-        return max(cache_tokens, blocks.tier_blocks * blocks.block_size)
+        return max(cache_tokens, tier)
 
     def dispatched(self, request: RequestFeatures, now: float) -> int | None:
         """A request sent here: in flight until it ends; the tokens the events say the engine
@@ -159,7 +160,9 @@ class EventStream:
                 continue  # another KV group's
             elif (medium := event.get("medium")) not in _GPU_MEDIA:
                 if kind == "BlockStored":
-                    blocks.offloaded(str(medium), event["block_hashes"])
+                    blocks.offloaded(
+                        str(medium), event["block_hashes"], event.get("block_size") or 0
+                    )
                 elif kind == "BlockRemoved":
                     blocks.unloaded(str(medium), event["block_hashes"])
             elif kind == "BlockStored":
