@@ -135,6 +135,24 @@ def test_a_prefix_the_cache_evicted_is_loaded_back_from_the_cpu_tier() -> None:
         assert removed == ([] if loaded else stored[0]["block_hashes"][:1])
 
 
+def test_a_cpu_tier_of_larger_blocks_writes_and_loads_whole_groups() -> None:
+    # vLLM's connector with a block_size of two engine blocks: a group is written once both
+    # are computed, named by its last block's hash, and loaded only whole.
+    a, b = toks(0, 12), toks(100, 16)  # A: three blocks, one group and a half
+    cache = KVCache(num_blocks=4, block_size=4, offload_blocks=8, offload_factor=2)
+    cache.events = []
+    _cache_and_release(cache, a)
+    _cache_and_release(cache, b)
+    again = cache.lookup_and_allocate([*a, 1], extra_tokens=0)
+    assert again is not None
+    assert again.loaded_tokens == 8, "the first group only: A's third block has no group"
+    stored = [e for e in cache.events if e.get("medium") == "CPU" and e["type"] == "BlockStored"]
+    assert [e["block_size"] for e in stored] == [8, 8]
+    assert [len(e["block_hashes"]) for e in stored] == [1, 2]
+    gpu = [e for e in cache.events if e.get("medium") != "CPU" and e["type"] == "BlockStored"]
+    assert stored[0]["block_hashes"] == gpu[0]["block_hashes"][1:2], "named by its last block"
+
+
 def test_a_refused_allocation_leaves_the_cpu_tiers_order_alone() -> None:
     cache = KVCache(num_blocks=2, block_size=4, offload_blocks=4)
     cache.events = []

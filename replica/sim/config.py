@@ -1,8 +1,9 @@
 """Every knob of the simulated replica, with its default, in one place, and its command line."""
 
 import argparse
+from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class SimConfig(BaseModel):
@@ -32,6 +33,12 @@ class SimConfig(BaseModel):
         ge=0,
         description="blocks of a CPU tier behind the KV cache, as vLLM's CPU offloading keeps "
         "(every computed block written to it; a prefix the cache lost loaded back); 0: none",
+    )
+    kv_offload_block_size: int = Field(
+        0,
+        ge=0,
+        description="tokens per block of the CPU tier, a multiple of block_size (the connector's "
+        "block_size: vLLM's usage guide sets 64); 0: block_size, the connector's default",
     )
     kv_load_share: float = Field(
         0.05,
@@ -65,6 +72,17 @@ class SimConfig(BaseModel):
         description="publish KV-cache events as vLLM's --kv-events-config does: its JSON, "
         'e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557"}\'',
     )
+
+    @model_validator(mode="after")
+    def _tier_blocks_whole(self) -> Self:
+        if self.kv_offload_block_size % self.block_size:
+            raise ValueError("kv_offload_block_size must be a multiple of block_size")
+        return self
+
+    @property
+    def kv_offload_factor(self) -> int:
+        """KV-cache blocks per CPU-tier block."""
+        return max(self.kv_offload_block_size // self.block_size, 1)
 
     def adapters(self) -> dict[str, str]:
         """Adapter name -> its path, as /v1/models lists it (a bare name is its own path)."""

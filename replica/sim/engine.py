@@ -113,7 +113,12 @@ class Engine:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
-        self.kv_cache = KVCache(config.num_blocks, config.block_size, config.kv_offload_blocks)
+        self.kv_cache = KVCache(
+            config.num_blocks,
+            config.block_size,
+            config.kv_offload_blocks,
+            config.kv_offload_factor,
+        )
         events = KvEventsConfig.parse(config.kv_events_config)
         self._publisher = EventPublisher(events) if events is not None else None
         if self._publisher is not None:

@@ -56,7 +56,9 @@ class Allocation:
 class KVCache:
     """A fixed pool of KV blocks with reference counts, a hash index and LRU eviction."""
 
-    def __init__(self, num_blocks: int, block_size: int, offload_blocks: int = 0) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, offload_blocks: int = 0, offload_factor: int = 1
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._ref = [0] * num_blocks
@@ -67,7 +69,9 @@ class KVCache:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
         self.events: list[dict[str, Any]] | None = None
         """What changed since the engine last published (None: KV events are off)."""
-        self.offload = OffloadTier(offload_blocks, block_size) if offload_blocks else None
+        self.offload = (
+            OffloadTier(offload_blocks, block_size, offload_factor) if offload_blocks else None
+        )
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -84,14 +88,14 @@ class KVCache:
         loaded = 0
         if self.offload is not None:  # past the cached blocks, short of the last token's
             usable = max(len(tokens) - 1, 0) // self.block_size
-            loaded = self.offload.loadable(hashes[len(hits) : usable])
+            loaded = self.offload.loadable(hashes, len(hits), usable)
 
         num_new = self.blocks_needed(len(tokens) + extra_tokens) - len(hits)
         hits_unpinned = sum(1 for block_id in hits if self._ref[block_id] == 0)
         if num_new > len(self._empty) + len(self._evictable) - hits_unpinned:
             return None
         if self.offload is not None:
-            self.offload.touch(hashes[: len(hits) + loaded])
+            self.offload.touch(hashes, len(hits) + loaded)
 
         for block_id in hits:
             if self._ref[block_id] == 0:
@@ -164,7 +168,7 @@ class KVCache:
         if stored and self.events is not None:
             self._note_stored(allocation, stored)
         if self.offload is not None and done > first:
-            self.offload.store(allocation.prompt_hashes[first:done], self.events)
+            self.offload.store(allocation.prompt_hashes, first, done, self.events)
 
     def _note_stored(self, allocation: Allocation, stored: list[int]) -> None:
         """One BlockStored per run of consecutive new blocks, as vLLM reports them."""

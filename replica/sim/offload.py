@@ -8,6 +8,11 @@ a fleet's hit rate is then the prompt tokens it did not compute.
 Its KV-cache events are the connector's: ``BlockStored`` with medium "CPU" and no token ids
 (a subscriber knows the blocks by their hashes from the GPU's events) for each block written,
 ``BlockRemoved`` with medium "CPU" for each evicted.
+
+A tier block may hold several of the cache's (the connector's ``block_size``, a multiple of
+the engine's; vLLM's usage guide configures 64 against the GPU's 16): the cache's blocks are
+grouped from a prompt's start, a group is written once all of it is computed and loaded only
+whole, and it is named by the hash of its last block, as the connector names it.
 """
 
 from __future__ import annotations
@@ -22,35 +27,52 @@ MEDIUM = "CPU"
 
 
 class OffloadTier:
-    """Block hashes held in host memory, least recently used first."""
+    """Tier blocks held in host memory, by the hash of their last cache block, least recently
+    used first."""
 
-    def __init__(self, capacity: int, block_size: int) -> None:
-        self.capacity = capacity
-        self.block_size = block_size
+    def __init__(self, capacity: int, block_size: int, factor: int = 1) -> None:
+        self.factor = factor
+        """Cache blocks per tier block."""
+        self.capacity = capacity // factor
+        """Tier blocks it holds: ``capacity`` cache blocks' worth."""
+        self.block_size = block_size * factor
         self._held: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def loadable(self, hashes: Sequence[int]) -> int:
-        """How many of ``hashes``, from the first, it holds."""
-        count = 0
-        for block_hash in hashes:
-            if block_hash not in self._held:
+    def _names(self, hashes: Sequence[int], start: int, end: int) -> Sequence[int]:
+        """The tier blocks whose last cache block is one of ``start`` to ``end`` of a prompt's
+        ``hashes``: those hashes."""
+        last = start + (self.factor - 1 - start) % self.factor
+        return hashes[last : end : self.factor]
+
+    def loadable(self, hashes: Sequence[int], cached: int, usable: int) -> int:
+        """Cache blocks past the ``cached`` first that whole tier blocks it holds cover, within
+        the first ``usable`` of a prompt's ``hashes``."""
+        start = cached - cached % self.factor  # the group the cached blocks end in
+        held = 0
+        for name in self._names(hashes, start, usable):
+            if name not in self._held:
                 break
-            count += 1
-        return count
+            held += 1
+        return max(start + held * self.factor - cached, 0)
 
-    def touch(self, hashes: Sequence[int]) -> None:
-        """A prompt used these blocks: the most recently used now, where held."""
-        for block_hash in hashes:
-            if block_hash in self._held:
-                self._held.move_to_end(block_hash)
+    def touch(self, hashes: Sequence[int], blocks: int) -> None:
+        """A prompt used its first ``blocks``: the tier blocks among them the most recently used
+        now, where held."""
+        for name in self._names(hashes, 0, blocks):
+            if name in self._held:
+                self._held.move_to_end(name)
 
-    def store(self, hashes: Sequence[int], events: list[dict[str, Any]] | None) -> None:
-        """Computed blocks written through; the least recently used evicted past capacity."""
-        written = [h for h in hashes if h not in self._held]
-        for block_hash in hashes:
+    def store(
+        self, hashes: Sequence[int], first: int, done: int, events: list[dict[str, Any]] | None
+    ) -> None:
+        """A prompt's blocks ``first`` to ``done`` computed: the tier blocks they complete
+        written through; the least recently used evicted past capacity."""
+        names = self._names(hashes, first, done)
+        written = [h for h in names if h not in self._held]
+        for block_hash in names:
             self._held[block_hash] = None
             self._held.move_to_end(block_hash)
         evicted: list[int] = []
