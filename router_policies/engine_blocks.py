@@ -168,8 +168,6 @@ class EngineBlocks:
         if not self._tier_copies:
             return leading(keys, self._copies)
         factor = self.tier_factor
-        if factor == 1:
-            return leading(keys, _Either(self._copies, self._tier_copies))
         copies, tier, n = self._copies, self._tier_copies, len(keys)
         for i, key in enumerate(keys):
             if key in copies:
@@ -190,16 +188,3 @@ def _count(copies: dict[int, int], key: int, delta: int) -> int:
     else:
         copies.pop(key, None)
     return left
-
-
-class _Either:
-    """Keys held in either of two places."""
-
-    __slots__ = ("_first", "_second")
-
-    def __init__(self, first: Container[int], second: Container[int]) -> None:
-        self._first = first
-        self._second = second
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._first or key in self._second
