@@ -4,6 +4,7 @@ of the policy's choice of classifier (router_policies/tier_classifiers.py), and 
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -282,6 +283,19 @@ def test_training_on_a_tiny_dataset_separates_it() -> None:
     easy = [model.score(e.body).score for e in tiny_examples() if not e.hard]
     assert min(hard) > max(easy)
     assert model.meta["examples"] == len(TINY)
+
+
+def test_request_features_decay_on_their_own() -> None:
+    def largest(model: LearnedTierModel, request: bool) -> float:
+        found = [abs(w) for f, w in model.weights.items() if isinstance(f, str) == request]
+        return max(found, default=0.0)
+
+    config = TrainConfig(min_df=1, iterations=200, l2=1e-4, l2_request=1e-4)
+    loose = train(tiny_examples(), config)
+    tight = train(tiny_examples(), dataclasses.replace(config, l2_request=1.0))
+    assert largest(tight, request=True) < largest(loose, request=True) / 2
+    assert largest(tight, request=False) > largest(loose, request=False) / 2
+    assert tight.meta["l2_request"] == 1.0
 
 
 def test_training_needs_both_labels() -> None:

@@ -256,8 +256,9 @@ def _user_turns(example: Example) -> int:
 
 def _config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
-        min_df=args.min_df, l2=args.l2, iterations=args.iterations,
-        max_features=args.max_features, conversation_share=args.conversation_share,
+        min_df=args.min_df, l2=args.l2, l2_request=args.l2_request,
+        iterations=args.iterations, max_features=args.max_features,
+        conversation_share=args.conversation_share,
     )  # fmt: skip
 
 
@@ -270,6 +271,12 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
         help=f"prompts a feature must occur in (default {d.min_df})",
     )
     parser.add_argument("--l2", type=float, default=d.l2, help=f"weight decay (default {d.l2})")
+    parser.add_argument(
+        "--l2-request",
+        type=float,
+        default=d.l2_request,
+        help=f"weight decay of the request features (default {d.l2_request})",
+    )
     parser.add_argument(
         "--iterations",
         type=int,
