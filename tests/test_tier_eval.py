@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import random
 from collections import Counter
 from pathlib import Path
@@ -25,6 +26,7 @@ from bench.tier_eval import (
     roc_curve,
     run,
 )
+from bench.tier_eval.roc import stratified_auc
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +132,23 @@ def test_auc_needs_both_classes() -> None:
         roc_auc([0.1, 0.2], [True, True])
     with pytest.raises(ValueError):
         roc_auc([0.1, 0.2], [False, False])
+
+
+def test_stratified_auc_compares_only_pairs_within_a_stratum() -> None:
+    # Within each stratum the hard prompt outscores both easy ones; across strata the short
+    # hard one (0.2) is below the long easy ones, which the plain AUC counts and this does not.
+    scores = [0.9, 0.8, 0.1, 0.2, 0.7, 0.05]
+    labels = [True, False, False, True, False, False]
+    strata = ["long", "long", "short", "short", "long", "short"]
+    assert roc_auc(scores, labels) < 1.0
+    assert stratified_auc(scores, labels, strata) == (1.0, 0.5)  # 4 of the 8 pairs compared
+    losing_short = [0.9, 0.8, 0.3, 0.2, 0.7, 0.25]
+    assert stratified_auc(losing_short, labels, strata)[0] == pytest.approx(0.5)
+
+
+def test_stratified_auc_is_nan_when_no_stratum_holds_both_classes() -> None:
+    auc, share = stratified_auc([0.1, 0.9], [False, True], ["short", "long"])
+    assert math.isnan(auc) and share == 0.0
 
 
 def test_average_ranks_share_ties() -> None:

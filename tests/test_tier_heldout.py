@@ -45,5 +45,5 @@ def test_the_report_scores_every_held_out_source_with_both_classifiers() -> None
     rows = [line.split(" | ") for line in lines if line.startswith("| ") and "---" not in line]
     named = {row[0].lstrip("| ") for row in rows[1:]}
     assert all(any(source in name for name in named) for source in (*REASONING, *DIALOGUES))
-    assert {row[1] for row in rows[1:]} == {"learned", "cue"}
+    assert {row[1] for row in rows[1:]} == {"learned", "cue", "length alone"}
     assert all(0.0 <= float(row[4]) <= 1.0 for row in rows[1:])

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Hashable, Sequence
 
 
 def average_ranks(values: Sequence[float]) -> list[float]:
@@ -52,3 +53,25 @@ def roc_curve(scores: Sequence[float], positives: Sequence[bool]) -> list[tuple[
         if i + 1 == len(pairs) or pairs[i + 1][0] != s:
             points.append((fp / n_neg, tp / n_pos))
     return points
+
+
+def stratified_auc(
+    scores: Sequence[float], positives: Sequence[bool], strata: Sequence[Hashable]
+) -> tuple[float, float]:
+    """ROC AUC over the positive-negative pairs that share a stratum only (the per-stratum AUCs
+    weighted by their pairs), and the share of all such pairs that share one. NaN when no
+    stratum holds both classes."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, stratum in enumerate(strata):
+        groups.setdefault(stratum, []).append(i)
+    weighted = pairs = 0.0
+    for members in groups.values():
+        n_pos = sum(positives[i] for i in members)
+        n_neg = len(members) - n_pos
+        if n_pos and n_neg:
+            inside = roc_auc([scores[i] for i in members], [positives[i] for i in members])
+            weighted += inside * n_pos * n_neg
+            pairs += n_pos * n_neg
+    n_pos = sum(positives)
+    total = n_pos * (len(positives) - n_pos)
+    return (weighted / pairs if pairs else math.nan), (pairs / total if total else 0.0)

@@ -15,6 +15,8 @@
   bench/tier_eval/build_heldout.py): reasoning and planning in words, and conversations, kinds
   of request the training sets lack, never trained on;
 - both classifiers on the project's own set (bench/data/tier_eval.jsonl), never trained on;
+- on every test set, the task's length alone as a yardstick, and each classifier's AUC over the
+  hard-easy pairs of one length class: what it ranks beyond how long the prompts are;
 - decision time (p50, p90) on 2 KB and 30 KB prompts, model load time and resident memory.
 
 A tooling plugin, not a product command: training needs numpy (the bench extra); serving the
@@ -24,18 +26,21 @@ model it writes needs only the base install.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from bench.tier_eval.build_heldout import DIALOGUES, REASONING
 from bench.tier_eval.conversations import EVAL_FOLLOW_UPS, conversations
 from bench.tier_eval.evaluation import DEFAULT_DATA, Example, calibrated_threshold, load_examples
-from bench.tier_eval.roc import roc_auc
+from bench.tier_eval.roc import roc_auc, stratified_auc
 from bench.tier_eval.timing import timing_report
 from bench.tier_eval.train import TrainConfig, train
+from router_policies.tier_classifier import TierScore, task_texts
 from router_policies.tier_classifiers import CueClassifier, TierClassifier, load_learned
 from router_policies.tier_settings import TierWeights
 
@@ -83,6 +88,47 @@ class Figures:
     prompts large."""
     large_precision: float
     large_share: float
+    auc_within_length: float
+    """AUC over the hard-easy pairs whose tasks are of one length class (``length_class``)."""
+    length_pairs: float
+    """The share of all hard-easy pairs that are of one length class."""
+
+    def within_length(self) -> str:
+        if math.isnan(self.auc_within_length):
+            return "n/a"
+        return f"{self.auc_within_length:.3f} ({self.length_pairs:.0%})"
+
+
+def task_length(body: Mapping[str, Any]) -> int:
+    """Characters of the task, its first user message (as the classifiers read it)."""
+    return len(task_texts(body)[0][0])
+
+
+def length_class(example: Example) -> int:
+    """The task's length to a factor of two: a hard and an easy prompt of one class differ by
+    what they say more than by how much."""
+    return task_length(example.body).bit_length()
+
+
+class LengthAlone:
+    """A yardstick, not a classifier a policy can name: longer tasks score higher. Where it
+    ranks a test set well, the set's hard and easy prompts differ in length, and a classifier's
+    AUC there says as much about the sets' styles as about the task."""
+
+    name = "length alone"
+
+    def score(self, body: Mapping[str, Any]) -> TierScore:
+        length = task_length(body)
+        return TierScore(length / (length + 1.0), {}, {}, self.name)
+
+
+def classifiers(model: TierClassifier) -> tuple[tuple[str, TierClassifier], ...]:
+    """What each report table compares: the learned model, the cue model, and length alone."""
+    return (
+        ("learned", model),
+        ("cue", CueClassifier(TierWeights())),
+        ("length alone", LengthAlone()),
+    )
 
 
 def figures(
@@ -94,10 +140,13 @@ def figures(
         threshold = calibrated_threshold(scores, TARGET_SHARE)
     large = [s > threshold for s in scores]
     true_large = sum(g and p for g, p in zip(large, positives, strict=True))
+    within, pairs = stratified_auc(scores, positives, [length_class(e) for e in examples])
     return Figures(
         n=len(examples),
         n_hard=sum(positives),
         auc=roc_auc(scores, positives),
+        auc_within_length=within,
+        length_pairs=pairs,
         threshold=threshold,
         recall=true_large / max(1, sum(positives)),
         large_precision=true_large / max(1, sum(large)),
@@ -135,10 +184,9 @@ def split_report(folder: Path, config: TrainConfig) -> list[str]:
         f"Recall of hard at the threshold sending {TARGET_SHARE:.0%} of prompts large, on the "
         f"held-out prompts resampled to {HARD_SHARE_FOR_RECALL:.0%} hard (all easy ones kept).",
         "",
-        "| split | test set | classifier | n | hard | ROC AUC | recall@30% |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| split | test set | classifier | n | hard | ROC AUC | recall@30% | AUC within length |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    cue = CueClassifier(TierWeights())
     for name, train_sources, test_sources in SPLITS:
         model = train(load_sources(train_sources, folder), config)
         test = load_sources(test_sources, folder)
@@ -151,12 +199,12 @@ def split_report(folder: Path, config: TrainConfig) -> list[str]:
             if hard:
                 sets.append((f"{source} (hard) + held-out easy", hard + easy))
         for set_name, examples in sets:
-            for clf_name, clf in (("learned", model), ("cue", cue)):
+            for clf_name, clf in classifiers(model):
                 f = figures(clf, examples)
                 mix = figures(clf, recall_mix(examples))
                 lines.append(
                     f"| {name} | {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc:.3f} "
-                    f"| {mix.recall:.3f} |"
+                    f"| {mix.recall:.3f} | {f.within_length()} |"
                 )
     return lines
 
@@ -176,8 +224,8 @@ def heldout_report(model: TierClassifier, folder: Path) -> list[str]:
         f"a user turn from the second on. Recall at the threshold sending {TARGET_SHARE:.0%} "
         f"large, on a resample to {HARD_SHARE_FOR_RECALL:.0%} hard.",
         "",
-        "| test set | classifier | n | hard | ROC AUC | recall@30% |",
-        "|---|---|---:|---:|---:|---:|",
+        "| test set | classifier | n | hard | ROC AUC | recall@30% | AUC within length |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     easy_dialogues = [e for e in load_sources(DIALOGUES, folder) if not e.hard]
     openings = [_opening(e) for e in easy_dialogues]
@@ -188,10 +236,11 @@ def heldout_report(model: TierClassifier, folder: Path) -> list[str]:
     talks = load_sources(DIALOGUES, folder)
     sets.append(("conversations: " + " + ".join(DIALOGUES), talks))
     for set_name, examples in sets:
-        for clf_name, clf in (("learned", model), ("cue", CueClassifier(TierWeights()))):
+        for clf_name, clf in classifiers(model):
             f, mix = figures(clf, examples), figures(clf, recall_mix(examples))
             lines.append(
-                f"| {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc:.3f} | {mix.recall:.3f} |"
+                f"| {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc:.3f} | {mix.recall:.3f} "
+                f"| {f.within_length()} |"
             )
     return lines
 
@@ -204,15 +253,16 @@ def own_report(model: TierClassifier, path: Path) -> list[str]:
         "Recall and precision of hard, and the share sent large, at the threshold that sends "
         f"{TARGET_SHARE:.0%} of the whole set large (the calibrated threshold's target).",
         "",
-        "| classifier | requests | n | hard | ROC AUC | sent large | recall | precision |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| classifier | requests | n | hard | ROC AUC | sent large | recall | precision "
+        "| AUC within length |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     subsets = (
         ("single-turn", [e for e in examples if _user_turns(e) <= 1]),
         ("multi-turn", [e for e in examples if _user_turns(e) > 1]),
     )
     thresholds: dict[str, float] = {}
-    for name, clf in (("learned", model), ("cue", CueClassifier(TierWeights()))):
+    for name, clf in classifiers(model):
         whole = figures(clf, examples)
         thresholds[name] = whole.threshold
         rows = [("all", whole)]
@@ -222,7 +272,7 @@ def own_report(model: TierClassifier, path: Path) -> list[str]:
         for subset, f in rows:
             lines.append(
                 f"| {name} | {subset} | {f.n} | {f.n_hard} | {f.auc:.3f} | {f.large_share:.2f} "
-                f"| {f.recall:.3f} | {f.large_precision:.3f} |"
+                f"| {f.recall:.3f} | {f.large_precision:.3f} | {f.within_length()} |"
             )
     return [*lines, "", *category_report(model, examples, thresholds["learned"])]
 
