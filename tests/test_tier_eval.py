@@ -26,6 +26,8 @@ from bench.tier_eval import (
     roc_curve,
     run,
 )
+from bench.tier_eval.evaluation import Example
+from bench.tier_eval.length import LengthAlone, length_class
 from bench.tier_eval.roc import stratified_auc
 
 
@@ -149,6 +151,22 @@ def test_stratified_auc_compares_only_pairs_within_a_stratum() -> None:
 def test_stratified_auc_is_nan_when_no_stratum_holds_both_classes() -> None:
     auc, share = stratified_auc([0.1, 0.9], [False, True], ["short", "long"])
     assert math.isnan(auc) and share == 0.0
+
+
+def test_the_length_yardstick_reads_the_tasks_first_user_message() -> None:
+    def chat(*turns: str) -> dict[str, object]:
+        return {"messages": [{"role": "user", "content": t} for t in turns]}
+
+    short, long_ = chat("x" * 40), chat("x" * 400)
+    assert LengthAlone().score(long_).score > LengthAlone().score(short).score
+    # A follow-up does not change the task's length, nor its class.
+    assert LengthAlone().score(chat("x" * 40, "y" * 900)).score == LengthAlone().score(short).score
+
+    def example(text: str) -> Example:
+        return Example("e", "easy", "c", chat(text))
+
+    assert length_class(example("x" * 40)) == length_class(example("x" * 60))
+    assert length_class(example("x" * 40)) != length_class(example("x" * 80))
 
 
 def test_average_ranks_share_ties() -> None:

@@ -29,18 +29,17 @@ import argparse
 import math
 import random
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from bench.tier_eval.build_heldout import DIALOGUES, REASONING
 from bench.tier_eval.conversations import EVAL_FOLLOW_UPS, conversations
 from bench.tier_eval.evaluation import DEFAULT_DATA, Example, calibrated_threshold, load_examples
+from bench.tier_eval.length import LengthAlone, length_class
 from bench.tier_eval.roc import roc_auc, stratified_auc
 from bench.tier_eval.timing import timing_report
 from bench.tier_eval.train import TrainConfig, train
-from router_policies.tier_classifier import TierScore, task_texts
 from router_policies.tier_classifiers import CueClassifier, TierClassifier, load_learned
 from router_policies.tier_settings import TierWeights
 
@@ -97,29 +96,6 @@ class Figures:
         if math.isnan(self.auc_within_length):
             return "n/a"
         return f"{self.auc_within_length:.3f} ({self.length_pairs:.0%})"
-
-
-def task_length(body: Mapping[str, Any]) -> int:
-    """Characters of the task, its first user message (as the classifiers read it)."""
-    return len(task_texts(body)[0][0])
-
-
-def length_class(example: Example) -> int:
-    """The task's length to a factor of two: a hard and an easy prompt of one class differ by
-    what they say more than by how much."""
-    return task_length(example.body).bit_length()
-
-
-class LengthAlone:
-    """A yardstick, not a classifier a policy can name: longer tasks score higher. Where it
-    ranks a test set well, the set's hard and easy prompts differ in length, and a classifier's
-    AUC there says as much about the sets' styles as about the task."""
-
-    name = "length alone"
-
-    def score(self, body: Mapping[str, Any]) -> TierScore:
-        length = task_length(body)
-        return TierScore(length / (length + 1.0), {}, {}, self.name)
 
 
 def classifiers(model: TierClassifier) -> tuple[tuple[str, TierClassifier], ...]:
