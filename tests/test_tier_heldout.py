@@ -40,7 +40,7 @@ def test_the_held_out_sets_share_no_prompt_with_the_training_sets() -> None:
         assert not _user_texts(HELDOUT_DATA / f"{name}.jsonl") & trained, name
 
 
-def test_the_report_scores_every_held_out_source_with_both_classifiers() -> None:
+def test_the_report_scores_every_held_out_source_with_both_classifiers_and_length_alone() -> None:
     lines = heldout_report(load_learned(None), HELDOUT_DATA)
     rows = [line.split(" | ") for line in lines if line.startswith("| ") and "---" not in line]
     named = {row[0].lstrip("| ") for row in rows[1:]}
