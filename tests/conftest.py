@@ -142,7 +142,12 @@ async def fake_replica(
     """A tiny misbehaving upstream with a passing health check, on the test's own event loop:
     ``chat_handler`` answers POSTs to ``path``."""
     app = web.Application()
-    app.router.add_post(path, chat_handler)
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        # A coroutine function, which aiohttp asks of a handler (a callable object is deprecated).
+        return await chat_handler(request)
+
+    app.router.add_post(path, chat)
     app.router.add_get("/health", _alive)
     runner = web.AppRunner(app)
     await runner.setup()
