@@ -33,7 +33,7 @@ from bench.flame import above_loop, draw
 from bench.host import process_cpu_s
 from bench.launcher import start_gateway
 from bench.overhead.config import MODEL, ZERO_DELAY, OverheadConfig
-from bench.overhead.runner import round_robin
+from bench.overhead.runner import one_pool
 from replica.processes import ManagedProcess, start_sim_replicas
 
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -125,7 +125,7 @@ async def _profile(args: argparse.Namespace, py_spy: str, folder: Path) -> list[
     try:
         [replica] = await start_sim_replicas(1, model=MODEL, **ZERO_DELAY)
         processes.append(replica)
-        gateway = await start_gateway(round_robin(replica.url))
+        gateway = await start_gateway(one_pool(replica.url))
         processes.append(gateway)
         body = OverheadConfig().body()
         for stream in (False, True):

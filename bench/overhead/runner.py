@@ -14,6 +14,7 @@ from bench.driver import RequestResult, RunResult, run_plain
 from bench.host import machine_description, process_cpu_s
 from bench.launcher import start_gateway
 from bench.overhead.config import (
+    CACHE_AWARE_POLICY,
     DIRECT,
     FEW_TOKENS,
     FLOOR,
@@ -22,6 +23,7 @@ from bench.overhead.config import (
     PACED,
     PEER_POLICY,
     PEERS,
+    PREFIX_AWARE,
     ZERO_DELAY,
     Cell,
     ChunkCells,
@@ -29,6 +31,7 @@ from bench.overhead.config import (
     OverheadResult,
     Side,
     Target,
+    cache_aware_name,
 )
 from bench.overhead.envoy_target import start_envoy_target
 from bench.overhead.features import FEATURES, start_features
@@ -38,11 +41,9 @@ from bench.redis_server import start_redis
 from replica.processes import ManagedProcess, ProcessStartError, start_sim_replicas
 
 
-def round_robin(replica_url: str) -> dict[str, Any]:
-    """The bare gateway's policy: one pool, one replica, round-robin."""
-    return {
-        "pools": {"bench": {"model": MODEL, "replicas": [replica_url], "policy": "round-robin"}}
-    }
+def one_pool(replica_url: str, policy: str = "round-robin") -> dict[str, Any]:
+    """The bare gateway's policy: one pool, one replica, round-robin (or ``policy``)."""
+    return {"pools": {"bench": {"model": MODEL, "replicas": [replica_url], "policy": policy}}}
 
 
 def round_order(names: Sequence[str], round_index: int) -> tuple[str, ...]:
@@ -125,21 +126,21 @@ async def _cell(
 
 
 async def start_peers(
-    config: OverheadConfig, replica_url: str
+    config: OverheadConfig, replica_url: str, policy: str = PEER_POLICY
 ) -> list[tuple[Target, ManagedProcess | None]]:
-    """Each peer as a target, with its process (None where it was not started)."""
+    """Each peer as a target running ``policy``, with its process (None where it was not
+    started)."""
+    names = PEERS if policy == PEER_POLICY else tuple(cache_aware_name(p) for p in PEERS)
     if not config.peers:
-        return [(Target(name, status="skipped (--no-peers)"), None) for name in PEERS]
+        return [(Target(name, status="skipped (--no-peers)"), None) for name in names]
     # A subprocess checks the venv's versions: off the event loop.
     problem = await asyncio.to_thread(peers.peers_available, config.peers_venv)
     if problem is not None:
-        return [(Target(name, status="not installed", detail=problem), None) for name in PEERS]
+        return [(Target(name, status="not installed", detail=problem), None) for name in names]
     started: list[tuple[Target, ManagedProcess | None]] = []
-    for name in PEERS:
+    for peer, name in zip(PEERS, names, strict=True):
         try:
-            process = await peers.start_peer(
-                name, PEER_POLICY, [replica_url], venv=config.peers_venv
-            )
+            process = await peers.start_peer(peer, policy, [replica_url], venv=config.peers_venv)
         except Exception as exc:
             print(f"warning: {name} did not start: {exc}", file=sys.stderr)
             first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
@@ -150,12 +151,15 @@ async def start_peers(
 
 
 async def _peers(
-    config: OverheadConfig, replica_url: str, processes: list[ManagedProcess]
+    config: OverheadConfig,
+    replica_url: str,
+    processes: list[ManagedProcess],
+    policy: str = PEER_POLICY,
 ) -> list[Target]:
-    """The peers as targets in front of ``replica_url``; the processes started join
-    ``processes``."""
+    """The peers as targets in front of ``replica_url``, running ``policy``; the processes
+    started join ``processes``."""
     targets = []
-    for target, process in await start_peers(config, replica_url):
+    for target, process in await start_peers(config, replica_url, policy):
         targets.append(target)
         if process is not None:
             processes.append(process)
@@ -166,6 +170,16 @@ async def _floor(replica_url: str, processes: list[ManagedProcess]) -> Target:
     floor = await start_floor(replica_url)
     processes.append(floor)
     return Target(FLOOR, floor.url, floor.pid)
+
+
+async def _cache_aware(
+    config: OverheadConfig, replica_url: str, processes: list[ManagedProcess]
+) -> list[Target]:
+    """The routing users run: this gateway with its default policy, the peers with theirs."""
+    gateway = await start_gateway(one_pool(replica_url, "prefix-aware"))
+    processes.append(gateway)
+    gateway_target = Target(PREFIX_AWARE, gateway.url, gateway.pid)
+    return [gateway_target, *await _peers(config, replica_url, processes, CACHE_AWARE_POLICY)]
 
 
 def _progress(cell: Cell) -> None:
@@ -184,7 +198,7 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
         replicas = await start_sim_replicas(1, model=MODEL, **ZERO_DELAY)
         processes += replicas
         replica = replicas[0]
-        policy = round_robin(replica.url)
+        policy = one_pool(replica.url)
         gateway = await start_gateway(policy)
         processes.append(gateway)
         targets = [Target(DIRECT, replica.url), Target(GATEWAY, gateway.url, gateway.pid)]
@@ -215,6 +229,8 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
         if config.floor:
             targets.append(await _floor(replica.url, processes))
         targets += await _peers(config, replica.url, processes)
+        if config.cache_aware:
+            targets += await _cache_aware(config, replica.url, processes)
         plan = [(config.concurrency, config.requests)]
         if config.unloaded_requests and config.concurrency != 1:
             plan.append((1, config.unloaded_requests))
@@ -247,7 +263,7 @@ async def _chunk_cells(config: OverheadConfig, processes: list[ManagedProcess]) 
     started anew in front of it: requests of FEW_TOKENS and of ``chunk_tokens``."""
     [paced] = await start_sim_replicas(1, model=MODEL, **PACED)
     processes.append(paced)
-    gateway = await start_gateway(round_robin(paced.url))
+    gateway = await start_gateway(one_pool(paced.url))
     processes.append(gateway)
     targets = [Target(DIRECT, paced.url), Target(GATEWAY, gateway.url, gateway.pid)]
     if config.floor:
