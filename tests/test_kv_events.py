@@ -221,6 +221,39 @@ async def test_a_subscriber_joining_late_is_replayed_what_it_missed() -> None:
         await publisher.close()
 
 
+async def test_a_subscriber_joining_an_old_engine_takes_what_its_replay_still_buffers() -> None:
+    """An engine's replay keeps its last buffer_steps messages, not its first: a gateway that
+    starts beside a long-running engine learns what those say rather than nothing."""
+    pub, replay = free_port(), free_port()
+    publisher = EventPublisher(
+        KvEventsConfig(
+            enable_kv_cache_events=True,
+            endpoint=f"tcp://127.0.0.1:{pub}",
+            replay_endpoint=f"tcp://127.0.0.1:{replay}",
+            buffer_steps=200,
+        )
+    )
+    old, recent = TOKENS[:32], list(range(5000, 5032))
+    publisher.publish([block_stored([1, 2], None, old, 16, None)])  # seq 0, soon unbuffered
+    for _ in range(200):
+        publisher.publish([])
+    publisher.publish([block_stored([7, 8], None, recent, 16, None)])  # buffered
+    stream = EventStream(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
+    task = asyncio.create_task(stream.run("replica"))
+    try:
+        deadline = time.monotonic() + 10
+        while stream.next_seq is None:
+            assert time.monotonic() < deadline, "the stream never joined"
+            publisher.publish([])  # live messages, until the subscription receives one
+            await asyncio.sleep(0.1)
+        assert stream.blocks.match(token_block_keys(recent, 16, ROOT)) == 2
+        assert stream.blocks.match(token_block_keys(old, 16, ROOT)) == 0
+        assert stream.gaps == 0
+    finally:
+        task.cancel()
+        await publisher.close()
+
+
 def test_a_request_in_flight_counts_as_held_where_it_went_until_its_blocks_are_stored() -> None:
     stream = EventStream("tcp://unused")
     layout = BlockLayout(128, 16)

@@ -198,21 +198,22 @@ class EventStream:
                         self.lost(time.monotonic(), replica)
                 elif expected is None and seq > 0 and self.replay:
                     # Joined mid-stream: what the replay still buffers tells what came before.
-                    self.next_seq = 0
-                    await self._replay(ctx, 0, seq)
+                    await self._replay(ctx, None, seq)
                 self.apply(seq, frames[2])
         finally:
             sub.close(linger=0)
 
-    async def _replay(self, ctx: zmq.asyncio.Context, first: int, until: int) -> bool:
-        """Fills the hole [first, until) from the replay endpoint; whether it did."""
+    async def _replay(self, ctx: zmq.asyncio.Context, first: int | None, until: int) -> bool:
+        """Fills the hole [first, until) from the replay endpoint; whether it did. ``first``
+        None: joining mid-stream, from the oldest message the replay still buffers (an engine
+        that has run a while no longer holds its first)."""
         if not self.replay:
             return False
         sock = ctx.socket(zmq.DEALER)
         sock.connect(self.replay)
         filled = first
         try:
-            await sock.send_multipart((b"", first.to_bytes(8, "big")))
+            await sock.send_multipart((b"", (first or 0).to_bytes(8, "big")))
             while True:
                 frames = await asyncio.wait_for(sock.recv_multipart(), _REPLAY_TIMEOUT_S)
                 if len(frames) != 4:
@@ -220,6 +221,8 @@ class EventStream:
                 seq = int.from_bytes(frames[2], "big", signed=True)
                 if seq == _END_SEQ:
                     break
+                if filled is None:
+                    filled = seq
                 if filled <= seq < until and seq == filled:
                     self.apply(seq, frames[3])
                     filled = seq + 1
@@ -227,7 +230,7 @@ class EventStream:
             pass
         finally:
             sock.close(linger=0)
-        return filled >= until
+        return filled is not None and filled >= until
 
 
 def _stored(blocks: EngineBlocks, event: dict[str, Any]) -> None:
