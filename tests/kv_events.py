@@ -7,6 +7,10 @@ from typing import Any
 
 import msgspec
 
+from gateway.fleet.kv_event_stream import EventStream
+from replica.processes import free_port
+from replica.sim.kv_events import EventPublisher, KvEventsConfig
+
 
 def payload(*events: dict[str, Any]) -> bytes:
     """One event batch as vLLM publishes it: ``[timestamp, events, data_parallel_rank]``."""
@@ -19,3 +23,16 @@ def events_config(port: int, replay: int | None = None) -> str:
     if replay is not None:
         config["replay_endpoint"] = f"tcp://127.0.0.1:{replay}"
     return msgspec.json.encode(config).decode()
+
+
+def replaying_pair(buffer_steps: int = 10_000) -> tuple[EventPublisher, EventStream]:
+    """A publisher with a replay endpoint keeping ``buffer_steps`` messages, on loopback, and a
+    stream of the gateway's reading both (not running yet)."""
+    pub, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    config = KvEventsConfig(
+        enable_kv_cache_events=True,
+        endpoint=pub,
+        replay_endpoint=replay,
+        buffer_steps=buffer_steps,
+    )
+    return EventPublisher(config), EventStream(pub, replay)

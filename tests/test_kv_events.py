@@ -23,7 +23,6 @@ from gateway.routing.tokenize import TokenKeys, believed_held
 from replica.processes import free_port
 from replica.sim.kv_events import (
     ALL_BLOCKS_CLEARED,
-    EventPublisher,
     KvEventsConfig,
     block_removed,
     block_stored,
@@ -42,7 +41,7 @@ from tests.conftest import (
     metric,
     pool_policy,
 )
-from tests.kv_events import events_config, payload
+from tests.kv_events import events_config, payload, replaying_pair
 
 ROOT = root_key(None, None)
 TOKENS = list(range(1000, 1064))  # four blocks of 16
@@ -196,15 +195,7 @@ class TestEventStream:
 
 
 async def test_a_subscriber_joining_late_is_replayed_what_it_missed() -> None:
-    pub, replay = free_port(), free_port()
-    publisher = EventPublisher(
-        KvEventsConfig(
-            enable_kv_cache_events=True,
-            endpoint=f"tcp://127.0.0.1:{pub}",
-            replay_endpoint=f"tcp://127.0.0.1:{replay}",
-        )
-    )
-    stream = EventStream(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
+    publisher, stream = replaying_pair()
     task = asyncio.create_task(stream.run("replica"))
     try:
         publisher.publish([block_stored([1, 2], None, TOKENS[:32], 16, None)])
@@ -224,21 +215,12 @@ async def test_a_subscriber_joining_late_is_replayed_what_it_missed() -> None:
 async def test_a_subscriber_joining_an_old_engine_takes_what_its_replay_still_buffers() -> None:
     """An engine's replay keeps its last buffer_steps messages, not its first: a gateway that
     starts beside a long-running engine learns what those say rather than nothing."""
-    pub, replay = free_port(), free_port()
-    publisher = EventPublisher(
-        KvEventsConfig(
-            enable_kv_cache_events=True,
-            endpoint=f"tcp://127.0.0.1:{pub}",
-            replay_endpoint=f"tcp://127.0.0.1:{replay}",
-            buffer_steps=200,
-        )
-    )
+    publisher, stream = replaying_pair(buffer_steps=200)
     old, recent = TOKENS[:32], list(range(5000, 5032))
     publisher.publish([block_stored([1, 2], None, old, 16, None)])  # seq 0, soon unbuffered
     for _ in range(200):
         publisher.publish([])
     publisher.publish([block_stored([7, 8], None, recent, 16, None)])  # buffered
-    stream = EventStream(f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}")
     task = asyncio.create_task(stream.run("replica"))
     try:
         deadline = time.monotonic() + 10
