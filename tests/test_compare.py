@@ -39,9 +39,10 @@ from bench.compare.results import (
     SGLANG_CA,
     FleetResult,
     Target,
+    WorkloadInfo,
     summarize,
 )
-from bench.compare.runner import measuring_order, rehearse
+from bench.compare.runner import measuring_order, rehearse, run_targets
 from bench.driver import RequestResult, RunResult, run_conversations
 from bench.fleet_stats import CacheCounters
 from bench.replica_counters import (
@@ -332,6 +333,32 @@ def test_each_seed_measures_the_targets_starting_from_another() -> None:
     assert [order[0] for order in orders] == targets
     assert all(sorted(order, key=targets.index) == targets for order in orders)
     assert measuring_order(targets, len(targets)) == targets
+
+
+async def test_every_workload_a_fleet_runs_starts_from_another_target(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seeds of one workload and workloads run once (trace windows) alike: no target is
+    always measured first on a fleet."""
+    targets = [PREFIX_AWARE, LEAST_LOADED, SGLANG_CA]
+    fleet = FleetResult("mooncake", "Mooncake", targets=targets)
+    measured: list[tuple[str, Target]] = []
+
+    async def measure(
+        target: Target, workload: PlannedWorkload, *args: object, **kw: object
+    ) -> None:
+        measured.append((workload.info.key, target))
+
+    monkeypatch.setattr("bench.compare.runner.measure", measure)
+    keys = ["window-a", "window-b", "window-c", "window-d"]
+    workloads = [
+        PlannedWorkload(WorkloadInfo(key, key, "", "", 1, "open loop"), [], None) for key in keys
+    ]
+    await run_targets(fleet, [], MODEL, workloads, timeout_s=1.0, live=[], bar=None)
+    firsts = [next(t for k, t in measured if k == key) for key in keys]
+    assert firsts == [PREFIX_AWARE, LEAST_LOADED, SGLANG_CA, PREFIX_AWARE]
+    assert len(measured) == len(keys) * len(targets)
+    assert [w.key for w in fleet.workloads] == keys
 
 
 async def test_arrivals_schedule_the_conversations() -> None:

@@ -40,8 +40,9 @@ METHOD = [
     "- Seeds: generated-shared-prefix, Zipf and the real fleet's shared prefix run once per "
     "seed (text and arrivals drawn anew); their rows and checks use the mean over seeds, with "
     "the range in brackets. The other workloads run on the first seed. The targets take "
-    "turns going first: seed k measures them in the listed order rotated by k, so no target "
-    "always runs first on a fleet. Routing parameters were chosen on the tuning seeds "
+    "turns going first: the k-th workload a fleet runs (a seed, a trace window) measures them "
+    "in the listed order rotated by k, so no target always runs first on a fleet. Routing "
+    "parameters were chosen on the tuning seeds "
     f"{','.join(map(str, TUNING_SEEDS))} and the Mooncake tuning windows; the default seeds "
     f"{','.join(map(str, DEFAULT_SEEDS))} and the report windows were never tuned on.",
     "- Client-side figures (bench/driver.py): TTFT = time to the first content token; ITL = "

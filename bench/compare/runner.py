@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -168,9 +167,9 @@ def _raise_on_failures(run: RunResult, what: str) -> None:
 
 
 def measuring_order(targets: Sequence[Target], turn: int) -> list[Target]:
-    """The targets in the order they are measured on a workload's ``turn``-th seed: the listed
-    order rotated by ``turn``, so the first measured (the one after the fleet's start or after
-    another workload) is not always the same target."""
+    """The targets in the order they are measured on the fleet's ``turn``-th workload run (a
+    seed, a trace window): the listed order rotated by ``turn``, so the first measured (the one
+    after the fleet's start or after another workload) is not always the same target."""
     start = turn % len(targets) if targets else 0
     return [*targets[start:], *targets[:start]]
 
@@ -185,12 +184,11 @@ async def run_targets(
     live: list[ManagedProcess],
     bar: tqdm[Any] | None,
 ) -> None:
-    turns: Counter[str] = Counter()
-    for workload in workloads:
+    # Rotated over the fleet's whole plan, not per workload: a workload run once (a trace
+    # window, multi-round QA) would otherwise always measure the first listed target first.
+    for turn, workload in enumerate(workloads):
         if fleet.workload(workload.info.key) is None:
             fleet.workloads.append(workload.info)
-        turn = turns[workload.info.key]
-        turns[workload.info.key] += 1
         for target in measuring_order(fleet.targets, turn):
             if bar is not None:
                 name = f"{workload.info.key} seed {workload.seed}"
