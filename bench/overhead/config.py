@@ -37,6 +37,9 @@ def cache_aware_name(peer: str) -> str:
     return f"{peer} {CACHE_AWARE_POLICY}"
 
 
+CACHE_AWARE_PEERS = tuple(cache_aware_name(p) for p in PEERS)
+
+
 TARGETS = (DIRECT, GATEWAY, *PEERS)
 NOTES_MARKER = "<!-- Hand-written notes below this line are kept when the benchmark rewrites -->"
 """Everything after this line in an existing report survives a rerun (the reading of the

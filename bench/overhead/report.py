@@ -7,6 +7,7 @@ import math
 
 from bench import peers
 from bench.overhead.config import (
+    CACHE_AWARE_PEERS,
     DIRECT,
     GATEWAY,
     NOTES_MARKER,
@@ -16,10 +17,7 @@ from bench.overhead.config import (
     OverheadResult,
     Side,
     Target,
-    cache_aware_name,
 )
-
-CACHE_AWARE_PEERS = tuple(cache_aware_name(p) for p in PEERS)
 
 
 def fmt(value: float, sign: str = "", digits: int = 2) -> str:

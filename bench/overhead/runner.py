@@ -14,6 +14,7 @@ from bench.driver import RequestResult, RunResult, run_plain
 from bench.host import machine_description, process_cpu_s
 from bench.launcher import start_gateway
 from bench.overhead.config import (
+    CACHE_AWARE_PEERS,
     CACHE_AWARE_POLICY,
     DIRECT,
     FEW_TOKENS,
@@ -31,7 +32,6 @@ from bench.overhead.config import (
     OverheadResult,
     Side,
     Target,
-    cache_aware_name,
 )
 from bench.overhead.envoy_target import start_envoy_target
 from bench.overhead.features import FEATURES, start_features
@@ -130,7 +130,7 @@ async def start_peers(
 ) -> list[tuple[Target, ManagedProcess | None]]:
     """Each peer as a target running ``policy``, with its process (None where it was not
     started)."""
-    names = PEERS if policy == PEER_POLICY else tuple(cache_aware_name(p) for p in PEERS)
+    names = PEERS if policy == PEER_POLICY else CACHE_AWARE_PEERS
     if not config.peers:
         return [(Target(name, status="skipped (--no-peers)"), None) for name in names]
     # A subprocess checks the venv's versions: off the event loop.
