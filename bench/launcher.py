@@ -21,6 +21,11 @@ _HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 """How long a router (the gateway's or a peer's) may take to answer ready: an interpreter
 starting beside two vLLM engines that hold both cores took over 30 s in a full compare run."""
+NO_SHUTDOWN_DELAY = {"GATEWAY_SHUTDOWN_DELAY_S": "0"}
+"""Every child's default: ``shutdown_delay_s`` keeps a stopping gateway accepting requests
+while a load balancer takes it out of rotation, and a child of a test or a benchmark has none
+in front of it. Left at 5 s, each stop waited out the stop's own grace and ended in SIGKILL.
+A caller's ``env`` that names the variable wins."""
 
 
 class GatewayProcess(ManagedProcess):
@@ -35,7 +40,7 @@ class GatewayProcess(ManagedProcess):
         env: Mapping[str, str] | None = None,
         picker_port: int | None = None,
     ) -> None:
-        super().__init__(argv, url, env=env, name="gateway")
+        super().__init__(argv, url, env={**NO_SHUTDOWN_DELAY, **(env or {})}, name="gateway")
         self.policy_path = policy_path
         self.picker_port = picker_port
         """The gRPC port of `llm-gateway epp` (None for `serve`)."""

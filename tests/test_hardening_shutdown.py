@@ -11,7 +11,8 @@ import time
 import aiohttp
 import orjson
 
-from tests.conftest import chat, running_gateway, running_sims
+from bench.launcher import start_gateway
+from tests.conftest import chat, pool_policy, running_gateway, running_sims
 
 
 async def test_sigterm_readiness_first_then_a_bounded_drain() -> None:
@@ -48,3 +49,11 @@ async def test_sigterm_readiness_first_then_a_bounded_drain() -> None:
             while gw.returncode is None:  # noqa: ASYNC110 (a child's exit is no Event)
                 await asyncio.sleep(0.05)
         assert gw.returncode == 0
+
+
+async def test_a_gateway_the_launcher_started_stops_cleanly_without_the_pre_stop_delay() -> None:
+    # No load balancer sits in front of the launcher's children: waiting out the delay would
+    # outlast stop()'s grace and end every gateway a benchmark ran by SIGKILL.
+    async with running_sims(1) as [replica]:
+        gateway = await start_gateway(pool_policy([replica.url]))
+        assert await gateway.stop() == 0

@@ -46,8 +46,7 @@ async def test_n_per_minute_across_two_instances_on_one_redis() -> None:
                 }
             },
         }
-        # No shutdown delay: nothing routes to these gateways that must be drained first.
-        env = {**FAST_PROBES, "GATEWAY_REDIS_URL": redis.url, "GATEWAY_SHUTDOWN_DELAY_S": "0"}
+        env = {**FAST_PROBES, "GATEWAY_REDIS_URL": redis.url}
         gateways = await start_all(start_gateway(policy, env=env) for _ in range(2))
         clients = [
             AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=KEY, max_retries=0, timeout=30)

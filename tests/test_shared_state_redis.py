@@ -32,7 +32,6 @@ from tests.redis_server import RedisServer, running_redis
 from tests.test_shared_state import dispatch_away_from_home, pool_of, routes_to
 from tests.test_shared_state import fleet as routing_fleet
 
-NO_SHUTDOWN_DELAY = {"GATEWAY_SHUTDOWN_DELAY_S": "0"}
 ADMIN_TOKEN = "test-admin"
 _WAIT_S = 10.0
 """Longest wait for a background effect (a replay, a reconnect): a bound, not a measurement."""
@@ -50,7 +49,7 @@ async def shared_fleet(instances: int = 2, **sim: Any) -> AsyncIterator[Fleet]:
     async with running_redis() as redis, running_sims(4, **sim) as replicas:
         policy = pool_policy([r.url for r in replicas])
         env = {
-            **FAST_PROBES, **NO_SHUTDOWN_DELAY,
+            **FAST_PROBES,
             "GATEWAY_REDIS_URL": redis.url, "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
         }  # fmt: skip
         gateways = await asyncio.gather(*(start_gateway(policy, env=env) for _ in range(instances)))

@@ -36,7 +36,6 @@ from router_policies.schema import (
 )
 from tests.conftest import FAST_PROBES, eventually, metric_sum, pool_policy, running_sims
 from tests.redis_server import RedisServer, running_redis
-from tests.test_shared_state_redis import NO_SHUTDOWN_DELAY
 
 POOLS = pool_policy(["http://127.0.0.1:9101"])
 SECRET = "hunter2-not-for-logs"
@@ -357,7 +356,7 @@ async def running() -> AsyncIterator[Running]:
     async with running_redis() as redis, running_sims(1) as replicas:
         url = await _require_password(redis)
         env = {
-            **FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_ADMIN_TOKEN": TOKEN,
+            **FAST_PROBES, "GATEWAY_ADMIN_TOKEN": TOKEN,
             # Reloads only when the test asks: one reload, one warning to count.
             "GATEWAY_POLICY_WATCH_INTERVAL_S": "600",
         }  # fmt: skip

@@ -23,7 +23,6 @@ from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, MODEL, eventually, pool_policy, running_sims
 from tests.redis_server import running_redis
 from tests.test_rate_limit_gateway import ACME_KEY, GLOBEX_KEY, tenant
-from tests.test_shared_state_redis import NO_SHUTDOWN_DELAY
 from tests.test_workers import _every_worker_up
 
 ROUNDS = 12
@@ -67,7 +66,7 @@ async def found_everywhere(stored: list[tuple[str, str, str]], client: AsyncOpen
 
 async def test_through_two_workers_every_stored_response_is_found_by_either() -> None:
     async with running_sims(2) as replicas:
-        env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
+        env = {**FAST_PROBES, "GATEWAY_WORKERS": "2"}
         gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
         try:
             assert await eventually(_every_worker_up(gateway))
@@ -83,7 +82,7 @@ async def test_through_two_workers_every_stored_response_is_found_by_either() ->
 
 async def test_through_two_instances_sharing_redis_each_finds_the_others_responses() -> None:
     async with running_redis() as redis, running_sims(2) as replicas:
-        env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_REDIS_URL": redis.url}
+        env = {**FAST_PROBES, "GATEWAY_REDIS_URL": redis.url}
         policy = pool_policy([r.url for r in replicas])
         first, second = await asyncio.gather(*(start_gateway(policy, env=env) for _ in range(2)))
         try:
@@ -106,7 +105,7 @@ async def tenants_gateway(**acme_limits: int) -> AsyncIterator[ManagedProcess]:
                 "tenants": {"acme": tenant(ACME_KEY, **acme_limits), "globex": tenant(GLOBEX_KEY)}
             },
         }
-        gateway = await start_gateway(policy, env={**FAST_PROBES, **NO_SHUTDOWN_DELAY})
+        gateway = await start_gateway(policy, env=FAST_PROBES)
         try:
             yield gateway
         finally:

@@ -20,7 +20,7 @@ from gateway import headers
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, chat, eventually, metric_sum, pool_policy, running_sims
 from tests.redis_server import running_redis
-from tests.test_shared_state_redis import ADMIN_TOKEN, NO_SHUTDOWN_DELAY, backend_up_is, system
+from tests.test_shared_state_redis import ADMIN_TOKEN, backend_up_is, system
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,7 @@ from tests.test_shared_state_redis import ADMIN_TOKEN, NO_SHUTDOWN_DELAY, backen
 )
 async def test_two_workers_share_one_port_and_stop_together(redis_named_by: str) -> None:
     async with running_redis() as redis, running_sims(2) as replicas:
-        env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
+        env = {**FAST_PROBES, "GATEWAY_WORKERS": "2"}
         policy = pool_policy([r.url for r in replicas])
         backend = "redis"
         if redis_named_by == "GATEWAY_REDIS_URL":
@@ -71,7 +71,7 @@ async def test_without_redis_a_prefix_learned_through_one_worker_is_a_hit_throug
     None
 ):
     async with running_sims(4) as replicas:
-        env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
+        env = {**FAST_PROBES, "GATEWAY_WORKERS": "2"}
         gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
         try:
             # Ready is one worker's answer: wait until both are connected to the other (a
@@ -111,7 +111,7 @@ def _every_worker_up(gateway: ManagedProcess) -> Callable[[], Awaitable[bool]]:
 
 async def test_without_redis_a_crashed_worker_is_replaced_in_its_place_and_rejoins() -> None:
     async with running_sims(2) as replicas:
-        env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
+        env = {**FAST_PROBES, "GATEWAY_WORKERS": "2"}
         gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
         try:
             assert await eventually(_every_worker_up(gateway))
@@ -128,7 +128,7 @@ async def test_without_redis_a_crashed_worker_is_replaced_in_its_place_and_rejoi
 async def test_a_stopped_worker_is_killed_and_replaced_and_every_request_is_served_again() -> None:
     async with running_sims(2) as replicas:
         env = {
-            **FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2",
+            **FAST_PROBES, "GATEWAY_WORKERS": "2",
             "GATEWAY_WORKER_STUCK_S": "1",
         }  # fmt: skip
         gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
@@ -171,7 +171,7 @@ async def test_a_stopped_worker_is_killed_and_replaced_and_every_request_is_serv
 async def test_without_redis_a_reload_adding_per_key_limits_is_refused() -> None:
     # Each worker would hold its own buckets: two of them would let twice the limit through.
     async with running_sims(1) as replicas:
-        env = {**FAST_PROBES, **NO_SHUTDOWN_DELAY, "GATEWAY_WORKERS": "2"}
+        env = {**FAST_PROBES, "GATEWAY_WORKERS": "2"}
         env["GATEWAY_ADMIN_TOKEN"] = ADMIN_TOKEN
         policy = pool_policy([r.url for r in replicas])
         gateway = await start_gateway(policy, env=env)
