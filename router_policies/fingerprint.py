@@ -17,6 +17,7 @@ import orjson
 import xxhash
 
 from router_policies.block_layout import BlockLayout
+from router_policies.conversation import responses_messages
 from router_policies.value import value
 
 _ROLE_SEP = b"\x1f"
@@ -117,36 +118,10 @@ def canonical_prompt(prompt: Any) -> CanonicalPrompt:
     return CanonicalPrompt(orjson.dumps(prompt))
 
 
-_RESPONSES_TEXT_PARTS = frozenset(("text", "input_text", "output_text"))
-
-
 def canonical_responses(instructions: Any, input_: Any, tools: Any = None) -> CanonicalPrompt:
-    """/v1/responses: `instructions` lead as a system message would, then the input items in
-    order, each as the chat message it stands for (input_text/output_text parts as text parts),
-    so a conversation fingerprints alike whichever of the two APIs carries it. Items that are
-    not messages (function calls and their outputs, reasoning) are turns of their own."""
-    messages: list[Mapping[str, Any]] = []
-    if isinstance(instructions, str) and instructions:
-        messages.append({"role": "system", "content": instructions})
-    if isinstance(input_, str):
-        messages.append({"role": "user", "content": input_})
-    elif isinstance(input_, list):
-        for item in input_:
-            if not isinstance(item, Mapping):
-                messages.append({"role": "item", "content": item})
-            elif isinstance(item.get("role"), str) and item.get("type", "message") == "message":
-                content = item.get("content")
-                if isinstance(content, list):
-                    content = [
-                        {"type": "text", "text": p.get("text", "")}
-                        if isinstance(p, Mapping) and p.get("type") in _RESPONSES_TEXT_PARTS
-                        else p
-                        for p in content
-                    ]
-                messages.append({"role": item["role"], "content": content})
-            else:
-                messages.append({"role": str(item.get("type", "item")), "content": item})
-    return canonical_chat(messages, tools)
+    """/v1/responses, read as the chat it stands for (router_policies/conversation.py), so a
+    conversation fingerprints alike whichever of the two APIs carries it."""
+    return canonical_chat(responses_messages(instructions, input_), tools)
 
 
 def block_hashes(text: bytes, seed: int, layout: BlockLayout, max_blocks: int) -> tuple[int, ...]:

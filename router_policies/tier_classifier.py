@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from router_policies.conversation import chat_messages
 from router_policies.tier_settings import TierWeights
 from router_policies.value import value
 
@@ -69,8 +70,9 @@ def _text(content: Any) -> str:
 
 def task_texts(body: Mapping[str, Any]) -> tuple[tuple[str, ...], int]:
     """(the first and the latest user message, or the one there is; the number of user
-    turns). A completion's prompt is one message."""
-    messages: Sequence[Mapping[str, Any]] = body.get("messages") or []
+    turns), of a chat or a /v1/responses conversation alike. A completion's prompt is one
+    message."""
+    messages = chat_messages(body)
     if messages:
         user_turns = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
         if not user_turns:

@@ -19,12 +19,14 @@ from typing import Any
 
 import xxhash
 
+from router_policies.conversation import chat_messages
+
 
 def conversation_key(body: Mapping[str, Any]) -> int | None:
-    """The conversation a chat request continues; None for a request with no user message
-    (or not a chat)."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+    """The conversation a chat or /v1/responses request continues (the same key on either
+    API); None for a request with no user message (or neither)."""
+    messages = chat_messages(body)
+    if messages is None:
         return None
     # Hashed as it comes: encoding a long first message to JSON cost more than scoring it.
     digest = xxhash.xxh3_64()
@@ -46,10 +48,10 @@ def conversation_key(body: Mapping[str, Any]) -> int | None:
 
 
 def follow_up(body: Mapping[str, Any]) -> bool:
-    """Whether a chat request continues a conversation (a second user turn or later): only
-    those can have gone large before."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+    """Whether a chat or /v1/responses request continues a conversation (a second user turn
+    or later): only those can have gone large before."""
+    messages = chat_messages(body)
+    if messages is None:
         return False
     users = 0
     for message in messages:

@@ -42,6 +42,9 @@ class PoolChoice:
     close_call: bool = False
     """A close call, sent to the other tier's pool because it would wait less there for that
     pool's speed (``close_call_choice``)."""
+    stored: bool = False
+    """The response a /v1/responses follow-up continues (``previous_response_id``) is stored
+    in this pool: only the replica that holds it can continue, whatever the follow-up scores."""
 
 
 def choose_pool(tier: Tier, settings: TierSettings, small: PoolLoad, large: PoolLoad) -> PoolChoice:

@@ -11,6 +11,7 @@ import aiohttp
 import orjson
 import pytest
 import pytest_asyncio
+from openai import AsyncOpenAI
 
 from bench.launcher import start_gateway
 from gateway import headers
@@ -91,6 +92,36 @@ async def test_easy_and_hard_requests_reach_their_pools_with_the_reason(
     assert float(easy_headers[headers.TIER_SCORE]) < 0.5 <= float(hard_headers[headers.TIER_SCORE])
     # The replica was asked for its own model name, not the virtual one.
     assert (easy_body["model"], hard_body["model"]) == ("small-model", "large-model")
+
+
+async def test_a_responses_api_request_is_classified_by_its_input(gateway: ManagedProcess) -> None:
+    client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    tiers = {}
+    for name, body in (("easy", EASY), ("hard", HARD)):
+        raw = await client.responses.with_raw_response.create(
+            model="auto", input=body["messages"][0]["content"], max_output_tokens=4
+        )
+        tiers[name] = (raw.headers[headers.POOL], raw.headers[headers.TIER])
+        assert raw.parse().model == f"{tiers[name][0]}-model"
+    assert tiers == {"easy": ("small", "small"), "hard": ("large", "large")}
+
+
+async def test_a_follow_up_by_previous_response_id_goes_where_its_response_is_stored(
+    gateway: ManagedProcess,
+) -> None:
+    client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    task = HARD["messages"][0]["content"]
+    first = await client.responses.with_raw_response.create(
+        model="auto", input=task, max_output_tokens=4
+    )
+    assert first.headers[headers.POOL] == "large"
+    # Read alone the follow-up is easy, but only the large pool's replica holds its history.
+    follow = await client.responses.with_raw_response.create(
+        model="auto", input="Thanks! Shorter?", previous_response_id=first.parse().id,
+        max_output_tokens=4,
+    )  # fmt: skip
+    assert follow.headers[headers.POOL] == "large"
+    assert follow.headers[headers.REPLICA] == first.headers[headers.REPLICA]
 
 
 async def test_models_lists_the_virtual_model_too(gateway: ManagedProcess) -> None:

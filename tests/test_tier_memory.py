@@ -10,7 +10,7 @@ from router_policies.tier_memory import conversation_key, follow_up
 from router_policies.tier_router import TierRouter
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import Tier
-from tests.tiers import dialogue
+from tests.tiers import as_responses, dialogue
 
 HARD = (
     "Prove step by step that the integral of $e^{-x^2}$ over the real line is $\\sqrt{\\pi}$, "
@@ -83,3 +83,17 @@ def test_a_conversation_is_known_by_its_lead_and_first_user_message() -> None:
 def test_only_a_second_user_turn_or_later_is_a_follow_up() -> None:
     assert follow_up(dialogue(OPENING, HARD)) and follow_up(dialogue(OPENING, HARD, EASY))
     assert not follow_up(dialogue(OPENING)) and not follow_up({"prompt": "a completion"})
+
+
+def test_a_responses_api_conversation_is_scored_and_remembered_as_the_same_chat() -> None:
+    chat = dialogue(OPENING, HARD, EASY)
+    assert conversation_key(as_responses(chat)) == conversation_key(chat)
+    assert follow_up(as_responses(chat)) and not follow_up({"input": HARD})
+    assert router().classify(as_responses(dialogue(EASY))).tier is Tier.SMALL
+    assert router().classify({"input": HARD}).tier is Tier.LARGE  # a bare string is a user turn
+    tiers = router()
+    went = tiers.classify(as_responses(dialogue(OPENING, HARD)))
+    assert went.tier is Tier.LARGE
+    tiers.observe(went, sent_large=True)
+    later = tiers.classify(as_responses(dialogue(OPENING, HARD, EASY)))
+    assert later.tier is Tier.LARGE and later.kept

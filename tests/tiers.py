@@ -32,6 +32,13 @@ def dialogue(*users: str) -> dict[str, Any]:
     return {"messages": messages}
 
 
+def as_responses(chat: dict[str, Any]) -> dict[str, Any]:
+    """The same conversation as a /v1/responses body: the system message as `instructions`,
+    the turns as input items."""
+    system, *turns = chat["messages"]
+    return {"instructions": system["content"], "input": turns}
+
+
 def fleet(
     margin: float = 0.0,
     large_cost: dict[str, float] | None = None,

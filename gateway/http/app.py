@@ -245,6 +245,7 @@ async def admin_route(request: web.Request) -> web.Response:
             "threshold": verdict.threshold,
             "forced": verdict.forced,
             "kept_by_conversation": verdict.kept,
+            "kept_by_stored_response": resolution.choice is not None and resolution.choice.stored,
             "features": dict(verdict.score.features),
             "contributions": dict(verdict.score.contributions),
             **comparison_view(resolution.compared, resolution.compared_for),

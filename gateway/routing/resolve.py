@@ -116,13 +116,19 @@ def resolve(
             raise model_not_found(parsed.model)
         verdict = tier_router.classify(parsed.body, forced_tier)
         settings = tier_router.settings
-        overflow = settings.overflow
-        small = fleet.pools[settings.small].load(backlog=overflow.enabled and overflow.predicted)
-        choice = choose_pool(verdict.tier, settings, small, fleet.pools[settings.large].load())
-        compared_for = _comparison(verdict, choice, settings, small)
-        if compared_for is not None:
-            rule = _RULES[compared_for]
-            choice, features, compared = _compare(rule, choice, settings, fleet, parsed)
+        stored = _stored_in(memory, parsed, settings)
+        if stored is not None:
+            choice = PoolChoice(stored, overflow=False, stored=True)
+        else:
+            overflow = settings.overflow
+            small = fleet.pools[settings.small].load(
+                backlog=overflow.enabled and overflow.predicted
+            )
+            choice = choose_pool(verdict.tier, settings, small, fleet.pools[settings.large].load())
+            compared_for = _comparison(verdict, choice, settings, small)
+            if compared_for is not None:
+                rule = _RULES[compared_for]
+                choice, features, compared = _compare(rule, choice, settings, fleet, parsed)
         pool = fleet.pools[choice.pool]
         body = {**parsed.body, "model": pool.model}
         parsed = dataclasses.replace(parsed, body=body, raw=orjson.dumps(body), model=pool.model)
@@ -133,6 +139,18 @@ def resolve(
     return Resolution(
         parsed, pool, features, verdict, choice, tier_router, hooks, compared, compared_for
     )
+
+
+def _stored_in(
+    memory: RoutingMemory | None, parsed: ParsedRequest, settings: TierSettings
+) -> str | None:
+    """The tier's pool that stores the response ``previous_response_id`` names, if known: a
+    vLLM server keeps its responses in its own memory, so no other pool could continue."""
+    previous = parsed.previous_response_id
+    home = memory.responses.get(previous) if memory is not None and previous else None
+    if home is not None and home.pool in (settings.small, settings.large):
+        return home.pool
+    return None
 
 
 def _comparison(

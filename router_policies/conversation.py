@@ -1,0 +1,53 @@
+"""A request's conversation as chat messages, whichever API carries it.
+
+Chat completions carry ``messages``; /v1/responses carries ``instructions`` and ``input``
+items. Everything that reads a conversation (its fingerprint, its tier score, its tier memory)
+reads this one view, so the same conversation is routed alike on either API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_RESPONSES_TEXT_PARTS = frozenset(("text", "input_text", "output_text"))
+
+
+def responses_messages(instructions: Any, input_: Any) -> list[Mapping[str, Any]]:
+    """/v1/responses: `instructions` lead as a system message would, then the input items in
+    order, each as the chat message it stands for (input_text/output_text parts as text parts).
+    Items that are not messages (function calls and their outputs, reasoning) are turns of
+    their own, under their type as the role."""
+    messages: list[Mapping[str, Any]] = []
+    if isinstance(instructions, str) and instructions:
+        messages.append({"role": "system", "content": instructions})
+    if isinstance(input_, str):
+        messages.append({"role": "user", "content": input_})
+    elif isinstance(input_, list):
+        for item in input_:
+            if not isinstance(item, Mapping):
+                messages.append({"role": "item", "content": item})
+            elif isinstance(item.get("role"), str) and item.get("type", "message") == "message":
+                content = item.get("content")
+                if isinstance(content, list):
+                    content = [
+                        {"type": "text", "text": p.get("text", "")}
+                        if isinstance(p, Mapping) and p.get("type") in _RESPONSES_TEXT_PARTS
+                        else p
+                        for p in content
+                    ]
+                messages.append({"role": item["role"], "content": content})
+            else:
+                messages.append({"role": str(item.get("type", "item")), "content": item})
+    return messages
+
+
+def chat_messages(body: Mapping[str, Any]) -> Sequence[Any] | None:
+    """The body's conversation as chat messages: chat's own, or a /v1/responses body's input
+    read as chat; None for a body that carries neither (a completion's prompt)."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return messages
+    if "input" in body:
+        return responses_messages(body.get("instructions"), body["input"])
+    return None
