@@ -36,6 +36,9 @@ HARD = {
 }
 
 
+ADMIN_TOKEN = "tiers-admin"
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def pools() -> AsyncIterator[dict[str, ManagedProcess]]:
     async with (
@@ -66,7 +69,8 @@ def tiered_policy(pools: dict[str, ManagedProcess], **tier: Any) -> dict[str, An
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def gateway(pools: dict[str, ManagedProcess]) -> AsyncIterator[ManagedProcess]:
-    gw = await start_gateway(tiered_policy(pools, allow_header_override=True), env=FAST_PROBES)
+    env = {**FAST_PROBES, "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
+    gw = await start_gateway(tiered_policy(pools, allow_header_override=True), env=env)
     yield gw
     await gw.stop()
 
@@ -122,6 +126,16 @@ async def test_a_follow_up_by_previous_response_id_goes_where_its_response_is_st
     )  # fmt: skip
     assert follow.headers[headers.POOL] == "large"
     assert follow.headers[headers.REPLICA] == first.headers[headers.REPLICA]
+    body = {"model": "auto", "input": "Shorter?", "previous_response_id": first.parse().id}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{gateway.url}/admin/route?endpoint=/v1/responses", data=orjson.dumps(body),
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        ) as response,
+    ):  # fmt: skip
+        explained = await response.json()
+    assert explained["pool"] == "large" and explained["tier"]["kept_by_stored_response"]
 
 
 async def test_models_lists_the_virtual_model_too(gateway: ManagedProcess) -> None:
