@@ -207,6 +207,32 @@ async def test_responses_follow_up_goes_to_the_replica_that_stored_the_first(
     assert len(replicas) == 2
 
 
+async def test_responses_usage_teaches_the_pool_but_not_a_follow_ups(
+    replicas: list[ManagedProcess],
+) -> None:
+    # A gateway of its own: what it learns here is from these requests alone.
+    env = {"GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
+    async with running_gateway([r.url for r in replicas], env=env) as gateway:
+        openai = client(gateway.url)
+        probe = {"model": MODEL, "input": "?"}
+        untaught = (await admin_route(gateway, probe))["chars_per_token"]
+        stored = []
+        for i in range(3):
+            stored.append(
+                await openai.responses.create(
+                    model=MODEL, input=f"Tell me about parcel {i}. " * 60, max_output_tokens=4
+                )
+            )
+        taught = (await admin_route(gateway, probe))["chars_per_token"]
+        assert taught != untaught  # the replicas' input_tokens were read
+        # A follow-up's prompt is its stored history too, which the gateway never saw.
+        for first in stored:
+            await openai.responses.create(
+                model=MODEL, input="Shorter?", previous_response_id=first.id, max_output_tokens=4
+            )
+        assert (await admin_route(gateway, probe))["chars_per_token"] == taught
+
+
 async def admin_route(gateway: ManagedProcess, body: dict[str, Any]) -> dict[str, Any]:
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with (

@@ -22,7 +22,6 @@ from gateway.http.errors import ApiError, no_healthy_replica, pool_saturated
 from gateway.picker.envoy_config import FALLBACKS
 from gateway.picker.exchange import PickerExchange
 from gateway.relay import answers
-from gateway.relay.usage import prompt_usage
 from gateway.routing.routed import Outcome, Routed
 from gateway.telemetry.metrics import GatewayMetrics
 
@@ -185,10 +184,6 @@ class _Answer:
         if self._watch is not None and not self._watch(self.replica.name, self._status, chunk):
             self._watch = None
         seen = self._tail + chunk
-        usage = prompt_usage(seen)
-        if usage is not None:
-            pool.observe_usage(dispatch, usage)
-            if routed.on_usage is not None:
-                routed.on_usage(seen)
+        if routed.learn_usage(dispatch, seen):
             seen = b""  # counted once
         self._tail = seen[-_TAIL:]

@@ -39,7 +39,6 @@ from gateway.relay.upstream_errors import (
     UpstreamError,
     failure_reason,
 )
-from gateway.relay.usage import prompt_usage
 from gateway.routing.routed import CLIENT_CLOSED, Failure, Forwarding, Outcome, Routed
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
@@ -280,11 +279,7 @@ class Forwarder:
                 outcome.status = STREAM_FAILED
                 raise
             await exchange.end()
-        usage = prompt_usage(tail)
-        if usage is not None:
-            routed.pool.observe_usage(dispatch, usage)
-            if routed.on_usage is not None:
-                routed.on_usage(tail)
+        routed.learn_usage(dispatch, tail)
         return True
 
     async def _relay_stream(
@@ -308,11 +303,7 @@ class Forwarder:
             nonlocal watch, before_last, last
             if watch is not None and not watch(dispatch.replica.name, upstream.status, chunk):
                 watch = None
-            usage = prompt_usage(chunk)
-            if usage is not None:
-                routed.pool.observe_usage(dispatch, usage)
-                if routed.on_usage is not None:
-                    routed.on_usage(chunk)
+            routed.learn_usage(dispatch, chunk)
             before_last, last = last, chunk
 
         def relay(chunk: bytes) -> None:

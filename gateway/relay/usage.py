@@ -13,7 +13,9 @@ import re
 
 from router_policies.value import value
 
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+"""Chat and completions report `prompt_tokens`; /v1/responses `input_tokens` (its cached
+tokens under `input_tokens_details`, as chat's are under `prompt_tokens_details`)."""
 _CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 
 
@@ -24,7 +26,7 @@ class PromptUsage:
 
 
 def prompt_usage(data: bytes) -> PromptUsage | None:
-    if b'"prompt_tokens"' not in data:
+    if b'"prompt_tokens"' not in data and b'"input_tokens"' not in data:
         return None
     prompt = _PROMPT_TOKENS.search(data)
     if prompt is None:

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 
 from gateway import headers
 from gateway.fleet.pools import PoolState
+from gateway.fleet.replicas import Dispatch
 from gateway.http.exchange import Exchange
 from gateway.http.request_body import ParsedRequest
+from gateway.relay.usage import prompt_usage
 from gateway.routing.affinity import RouteHooks
 from gateway.routing.resolve import Resolution
 from gateway.telemetry.metrics import NO_POOL
@@ -49,6 +51,20 @@ class Routed:
         """Replicas to keep to (a stored response, an adapter's) and what to learn from the
         answer."""
         return self.resolution.hooks
+
+    def learn_usage(self, dispatch: Dispatch, data: bytes) -> bool:
+        """What the replica's `usage`, where ``data`` carries one, teaches the pool and the
+        tenant's token charge; whether it carried one."""
+        usage = prompt_usage(data)
+        if usage is None:
+            return False
+        if self.parsed.previous_response_id is None:
+            # A follow-up's prompt holds the stored conversation too, which the gateway never
+            # saw: its size would teach a wrong characters-per-token and index belief.
+            self.pool.observe_usage(dispatch, usage)
+        if self.on_usage is not None:
+            self.on_usage(data)
+        return True
 
     def answer_headers(self, replica: str, decided: Route) -> dict[str, str]:
         """What every answer carries besides the replica's own: the request's id, where it
