@@ -204,6 +204,21 @@ async def test_a_stream_carries_the_headers_and_its_reported_usage_is_what_is_co
     assert f'gateway_tenant_tokens_total{{tenant="acme"}} {float(usage.total_tokens)}' in text
 
 
+async def test_a_responses_api_request_is_charged_its_reported_usage() -> None:
+    section = {"tenants": {"acme": tenant(ACME_KEY, tokens_per_minute=10_000)}}
+    async with gateway_with(section) as gateway:
+        client = openai_client(gateway, ACME_KEY)
+        answer = await client.responses.create(
+            model=MODEL, input="Where is my parcel?", max_output_tokens=50
+        )
+        await asyncio.sleep(0.05)
+        text = await (await gateway.get("/metrics")).text()
+    assert answer.usage is not None
+    assert (
+        f'gateway_tenant_tokens_total{{tenant="acme"}} {float(answer.usage.total_tokens)}' in text
+    )
+
+
 async def test_a_stream_without_usage_charged_many_buckets_blocks_the_next_for_a_minute_at_most() -> (
     None
 ):
