@@ -155,6 +155,8 @@ class _Answer:
         self._watch = routed.hooks.answered if routed.hooks is not None else None
         self._status = 0
         self._stream = False
+        self._waiting = True
+        """For the stream's first token: its time is the TTFT and the prefill's end."""
         self._tail = b""
 
     def began(self, status: int, content_type: str, served: str) -> Mapping[str, str]:
@@ -177,7 +179,9 @@ class _Answer:
     def chunk(self, chunk: bytes) -> None:
         routed, dispatch = self._routed, self._dispatch
         pool = routed.pool
-        if self._stream and dispatch.pending:
+        endpoint = routed.parsed.endpoint
+        if self._stream and self._waiting and answers.has_first_token(endpoint, chunk):
+            self._waiting = False
             self._metrics.ttft_of(pool.name).observe(time.perf_counter() - routed.started)
             if self.replica is dispatch.replica:  # a fallback's first byte says nothing of it
                 pool.first_byte(dispatch, time.monotonic() - dispatch.at)

@@ -37,6 +37,19 @@ def from_vllm(content_type: str) -> bool:
     return content_type in _OPENAI_TYPES
 
 
+_OPENING_EVENTS = (b"event: response.created\n", b"event: response.in_progress\n")
+"""What a /v1/responses stream sends before the engine has produced anything: vLLM yields
+both as the request starts, before its prefill."""
+
+
+def has_first_token(endpoint: Endpoint, chunk: bytes) -> bool:
+    """Whether a streamed chunk carries output: any chat or completions chunk; a Responses
+    one with an event besides the two openings (so the time to it is a time to first token)."""
+    if endpoint is not Endpoint.RESPONSES:
+        return True
+    return chunk.count(b"event: ") > sum(map(chunk.count, _OPENING_EVENTS))
+
+
 def stream_whole(endpoint: Endpoint, before_last: bytes, last: bytes) -> bool:
     """Whether a stream that closed cleanly was whole, by its last two chunks (the marker may
     come split)."""

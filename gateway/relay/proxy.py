@@ -297,10 +297,18 @@ class Forwarder:
         before_last = last = b""
         clean = True
         watch = routed.hooks.answered if routed.hooks is not None else None
+        endpoint = routed.parsed.endpoint
+        waiting = True  # for the first token: its time is the TTFT and the prefill's end
 
         def note(chunk: bytes) -> None:
             """What routing learns from a chunk, once it is on its way to the client."""
-            nonlocal watch, before_last, last
+            nonlocal watch, before_last, last, waiting
+            if waiting and answers.has_first_token(endpoint, chunk):
+                waiting = False
+                self._metrics.ttft_of(routed.pool.name).observe(
+                    time.perf_counter() - routed.started
+                )
+                routed.pool.first_byte(dispatch, time.monotonic() - dispatch.at)
             if watch is not None and not watch(dispatch.replica.name, upstream.status, chunk):
                 watch = None
             routed.learn_usage(dispatch, chunk)
@@ -312,8 +320,6 @@ class Forwarder:
 
         try:
             await exchange.start(upstream.status, out, first)
-            self._metrics.ttft_of(routed.pool.name).observe(time.perf_counter() - routed.started)
-            routed.pool.first_byte(dispatch, time.monotonic() - dispatch.at)
             note(first)
             try:
                 if exchange.direct:

@@ -188,11 +188,13 @@ class ResponsesHandlers:
         await response.prepare(request)
         events = _Events(answer)
         try:
+            # As vLLM's: created and in_progress as the request starts, before its prefill;
+            # the output item and its part with the first token.
+            await response.write(events.started())
             opening = events.opening()
             async for token, _ in sim_request.stream():
                 piece = detokenize(token)
                 answer.text += piece
-                # As the sim's chat does, the opening events go out with the first token.
                 await response.write(opening + events.delta(piece))
                 opening = b""
             if sim_request.finish_reason in (None, "abort"):
@@ -289,12 +291,16 @@ class _Events:
     def _where(self) -> dict[str, Any]:
         return {"item_id": self.answer.item_id, "output_index": 0, "content_index": 0}
 
+    def started(self) -> bytes:
+        body = self.answer.body()
+        return self._event("response.created", response=body) + self._event(
+            "response.in_progress", response=body
+        )
+
     def opening(self) -> bytes:
         answer = self.answer
         return b"".join(
             (
-                self._event("response.created", response=answer.body()),
-                self._event("response.in_progress", response=answer.body()),
                 self._event("response.output_item.added", output_index=0, item=answer.item()),
                 self._event(
                     "response.content_part.added",
