@@ -99,6 +99,36 @@ async def test_a_stream_whose_replica_dies_before_the_first_token_is_retried() -
         assert deaths >= 3  # round-robin sent every other first attempt there
 
 
+async def test_a_responses_stream_whose_replica_dies_in_its_prefill_is_retried() -> None:
+    deaths = 0
+
+    async def opens_then_dies(request: web.Request) -> web.StreamResponse:
+        nonlocal deaths
+        deaths += 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        # As vLLM does when the request starts, before its prefill; then the engine dies.
+        await response.write(b'event: response.created\ndata: {"type":"response.created"}\n\n')
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    async with (
+        running_sims(1, **FAST) as [good],
+        fake_replica(opens_then_dies, "/v1/responses") as bad_url,
+        running_gateway(
+            [bad_url, good.url], "round-robin", env={"GATEWAY_OUTLIER_CONSECUTIVE_FAILURES": "100"}
+        ) as gw,
+    ):
+        for i in range(4):
+            stream = await client(gw.url).responses.create(
+                model=MODEL, input=f"question {i}", max_output_tokens=4, stream=True
+            )
+            kinds = [event.type async for event in stream]
+            assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+        assert deaths >= 2  # round-robin sent every other first attempt there
+
+
 async def test_a_replica_answering_500_to_everything_is_ejected_and_logged() -> None:
     broken = Counted(engine_dead)
 

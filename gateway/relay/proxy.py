@@ -164,6 +164,15 @@ class Forwarder:
                     # Nothing has gone to the client yet: a replica that dies or stalls
                     # before its first chunk is one more failed attempt, not a broken stream.
                     first = await upstream.readany()
+                    endpoint = routed.parsed.endpoint
+                    while first and not answers.has_first_token(endpoint, first):
+                        # A Responses stream opens with events sent before the prefill: held
+                        # back until its first token, so a prefill that fails or stalls is
+                        # still a failed attempt.
+                        more = await upstream.readany()
+                        if not more:
+                            break
+                        first += more
                     if not first:
                         raise ReplicaDisconnected("stream ended before its first byte")
         except (UpstreamError, TimeoutError) as exc:
