@@ -223,6 +223,7 @@ async def test_responses_usage_teaches_the_pool_but_not_a_follow_ups(
                     model=MODEL, input=f"Tell me about parcel {i}. " * 60, max_output_tokens=4
                 )
             )
+        await asyncio.sleep(0.2)  # an answer's usage is read just after it is written
         taught = (await admin_route(gateway, probe))["chars_per_token"]
         assert taught != untaught  # the replicas' input_tokens were read
         # A follow-up's prompt is its stored history too, which the gateway never saw.
@@ -230,6 +231,7 @@ async def test_responses_usage_teaches_the_pool_but_not_a_follow_ups(
             await openai.responses.create(
                 model=MODEL, input="Shorter?", previous_response_id=first.id, max_output_tokens=4
             )
+        await asyncio.sleep(0.2)
         assert (await admin_route(gateway, probe))["chars_per_token"] == taught
 
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import orjson
+import pytest
 from aiohttp import web
 from openai import APIError, AsyncOpenAI
 
@@ -127,6 +128,28 @@ async def test_a_responses_stream_whose_replica_dies_in_its_prefill_is_retried()
             kinds = [event.type async for event in stream]
             assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
         assert deaths >= 2  # round-robin sent every other first attempt there
+
+
+async def test_a_responses_stream_cut_before_its_final_event_reaches_its_client_as_an_error() -> (
+    None
+):
+    async def cut_after_a_token(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for kind in ("response.created", "response.in_progress", "response.output_text.delta"):
+            await response.write(
+                b'event: %s\ndata: {"type":"%s"}\n\n' % (kind.encode(), kind.encode())
+            )
+        await response.write_eof()  # a clean end, but no response.completed
+        return response
+
+    async with (
+        fake_replica(cut_after_a_token, "/v1/responses") as bad_url,
+        running_gateway([bad_url], "round-robin") as gw,
+    ):
+        stream = await client(gw.url).responses.create(model=MODEL, input="q", stream=True)
+        with pytest.raises(APIError):
+            _ = [event async for event in stream]
 
 
 async def test_a_replica_answering_500_to_everything_is_ejected_and_logged() -> None:

@@ -50,6 +50,23 @@ def has_first_token(endpoint: Endpoint, chunk: bytes) -> bool:
     return chunk.count(b"event: ") > sum(map(chunk.count, _OPENING_EVENTS))
 
 
+_RESPONSES_ENDS = (
+    b"event: response.completed\n",
+    b"event: response.incomplete\n",
+    b"event: response.failed\n",
+    b"event: error\n",
+)
+"""The events a Responses stream ends with (no `data: [DONE]` follows them). The line break is
+a real one, which JSON never leaves in a string: model output cannot fake one."""
+END_MARK_BYTES = max(map(len, _RESPONSES_ENDS))
+"""How much of the chunk before to read with each chunk: an end event's line may come split."""
+
+
+def responses_ended(window: bytes) -> bool:
+    """Whether a Responses stream's ``window`` of bytes holds its final event."""
+    return any(end in window for end in _RESPONSES_ENDS)
+
+
 def stream_whole(endpoint: Endpoint, before_last: bytes, last: bytes) -> bool:
     """Whether a stream that closed cleanly was whole, by its last two chunks (the marker may
     come split)."""

@@ -31,6 +31,7 @@ from gateway.http.errors import (
     upstream_error,
 )
 from gateway.http.exchange import Exchange
+from gateway.http.request_body import Endpoint
 from gateway.relay import answers
 from gateway.relay.upstream import UpstreamResponse, Upstreams
 from gateway.relay.upstream_errors import (
@@ -308,10 +309,14 @@ class Forwarder:
         watch = routed.hooks.answered if routed.hooks is not None else None
         endpoint = routed.parsed.endpoint
         waiting = True  # for the first token: its time is the TTFT and the prefill's end
+        # A Responses stream's end is its final event; chat's is read from its last chunks.
+        ended = endpoint is not Endpoint.RESPONSES
 
         def note(chunk: bytes) -> None:
             """What routing learns from a chunk, once it is on its way to the client."""
-            nonlocal watch, before_last, last, waiting
+            nonlocal watch, before_last, last, waiting, ended
+            if not ended:
+                ended = answers.responses_ended(last[-answers.END_MARK_BYTES :] + chunk)
             if waiting and answers.has_first_token(endpoint, chunk):
                 waiting = False
                 self._metrics.ttft_of(routed.pool.name).observe(
@@ -350,8 +355,8 @@ class Forwarder:
                 self._failed(routed.pool, dispatch.replica, "stream broke")
                 await exchange.write(sse_error(exc))
                 clean = False
-            if clean and not answers.stream_whole(routed.parsed.endpoint, before_last, last):
-                log.warning("stream from %s ended without [DONE]", out[headers.REPLICA])
+            if clean and not (ended and answers.stream_whole(endpoint, before_last, last)):
+                log.warning("stream from %s ended before its end", out[headers.REPLICA])
                 self._failed(routed.pool, dispatch.replica, "stream cut short")
                 await exchange.write(sse_error(ConnectionResetError("stream ended early")))
                 clean = False
