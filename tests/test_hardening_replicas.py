@@ -76,58 +76,56 @@ async def stream_text(url: str, user: str) -> str:
     return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
 
-async def test_a_stream_whose_replica_dies_before_the_first_token_is_retried() -> None:
-    deaths = 0
+def dies_before_first_token(
+    opening: bytes = b"",
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A replica's handler that answers 200, sends ``opening`` and dies before any token."""
 
-    async def dies_before_first_token(request: web.Request) -> web.StreamResponse:
-        nonlocal deaths
-        deaths += 1
+    async def handler(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)  # 200 and headers sent, then the engine dies
+        await response.prepare(request)  # 200 and headers sent
+        if opening:
+            await response.write(opening)
         assert request.transport is not None
-        request.transport.close()
+        request.transport.close()  # the engine dies
         return response
 
+    return handler
+
+
+@contextlib.asynccontextmanager
+async def beside_one_good(bad: Counted, path: str) -> AsyncIterator[ManagedProcess]:
+    """A round-robin gateway over a fake replica answering ``path`` with ``bad``, first, and a
+    good sim; failures never eject the fake."""
     async with (
         running_sims(1, **FAST) as [good],
-        fake_replica(dies_before_first_token) as bad_url,
+        fake_replica(bad, path) as bad_url,
         running_gateway(
             [bad_url, good.url], "round-robin", env={"GATEWAY_OUTLIER_CONSECUTIVE_FAILURES": "100"}
-        ) as gw,
+        ) as gateway,
     ):
+        yield gateway
+
+
+async def test_a_stream_whose_replica_dies_before_the_first_token_is_retried() -> None:
+    bad = Counted(dies_before_first_token())
+    async with beside_one_good(bad, "/v1/chat/completions") as gw:
         texts = [await stream_text(gw.url, f"question {i}") for i in range(6)]
-        assert all(texts), texts
-        assert deaths >= 3  # round-robin sent every other first attempt there
+    assert all(texts), texts
+    assert bad.hits >= 3  # round-robin sent every other first attempt there
 
 
 async def test_a_responses_stream_whose_replica_dies_in_its_prefill_is_retried() -> None:
-    deaths = 0
-
-    async def opens_then_dies(request: web.Request) -> web.StreamResponse:
-        nonlocal deaths
-        deaths += 1
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        # As vLLM does when the request starts, before its prefill; then the engine dies.
-        await response.write(b'event: response.created\ndata: {"type":"response.created"}\n\n')
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    async with (
-        running_sims(1, **FAST) as [good],
-        fake_replica(opens_then_dies, "/v1/responses") as bad_url,
-        running_gateway(
-            [bad_url, good.url], "round-robin", env={"GATEWAY_OUTLIER_CONSECUTIVE_FAILURES": "100"}
-        ) as gw,
-    ):
+    # What vLLM sends as the request starts, before its prefill; then the engine dies.
+    bad = Counted(dies_before_first_token(b'event: response.created\ndata: {"type":"x"}\n\n'))
+    async with beside_one_good(bad, "/v1/responses") as gw:
         for i in range(4):
             stream = await client(gw.url).responses.create(
                 model=MODEL, input=f"question {i}", max_output_tokens=4, stream=True
             )
             kinds = [event.type async for event in stream]
             assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
-        assert deaths >= 2  # round-robin sent every other first attempt there
+    assert bad.hits >= 2  # round-robin sent every other first attempt there
 
 
 async def test_a_responses_stream_cut_before_its_final_event_reaches_its_client_as_an_error() -> (
