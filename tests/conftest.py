@@ -14,6 +14,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.launcher import start_gateway
@@ -172,6 +173,28 @@ async def breaks_mid_stream(request: web.Request) -> web.StreamResponse:
     assert request.transport is not None
     request.transport.close()
     return response
+
+
+def official_client(url: str) -> AsyncOpenAI:
+    """The official client against the server at ``url``; no retries of its own, so a test
+    sees every answer."""
+    return AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+async def admin_route(
+    url: str, token: str, body: Mapping[str, Any], endpoint: str = "/v1/chat/completions"
+) -> dict[str, Any]:
+    """The gateway's dry run of ``body`` sent to ``endpoint`` (POST /admin/route)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{url}/admin/route", params={"endpoint": endpoint}, json=body,
+            headers={"Authorization": f"Bearer {token}"},
+        ) as response,
+    ):  # fmt: skip
+        assert response.status == 200, await response.text()
+        result: dict[str, Any] = await response.json()
+        return result
 
 
 async def get_text(url: str) -> tuple[int, str]:

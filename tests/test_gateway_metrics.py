@@ -6,11 +6,18 @@ import asyncio
 
 import aiohttp
 import orjson
-from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.telemetry import metrics as names
-from tests.conftest import MODEL, chat, get_text, metric_sum, running_gateway, running_sims
+from tests.conftest import (
+    MODEL,
+    chat,
+    get_text,
+    metric_sum,
+    official_client,
+    running_gateway,
+    running_sims,
+)
 
 CONTRACT = {
     "gateway_requests_total",
@@ -97,8 +104,7 @@ async def test_a_responses_streams_ttft_waits_for_its_first_token_not_its_openin
     # token comes after the prefill, here ~0.5 s of it.
     async with running_sims(1, prefill_s_per_token=0.002) as replicas:
         async with running_gateway([r.url for r in replicas]) as gw:
-            client = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
-            stream = await client.responses.create(
+            stream = await official_client(gw.url).responses.create(
                 model=MODEL, input="Tell me a story. " * 60, max_output_tokens=2, stream=True
             )
             kinds = [event.type async for event in stream]

@@ -10,14 +10,14 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from openai import AsyncOpenAI, BadRequestError, NotFoundError
+from openai import BadRequestError, NotFoundError
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import headers
 from gateway.telemetry.metrics import NO_POOL
 from replica.processes import ManagedProcess
-from tests.conftest import MODEL, running_gateway, running_sims
+from tests.conftest import MODEL, admin_route, official_client, running_gateway, running_sims
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -51,12 +51,8 @@ async def gateway(replicas: list[ManagedProcess]) -> AsyncIterator[ManagedProces
         yield gw
 
 
-def client(url: str) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 async def test_models_lists_every_pools_model_and_its_adapters(gateway: ManagedProcess) -> None:
-    models = await client(gateway.url).models.list()
+    models = await official_client(gateway.url).models.list()
     ids = [m.id for m in models.data]
     assert ids[:2] == [MODEL, ADAPTER] and set(ids[2:]) <= {LEARNED}
     base, adapter = models.data[:2]
@@ -65,7 +61,7 @@ async def test_models_lists_every_pools_model_and_its_adapters(gateway: ManagedP
 
 
 async def test_models_retrieve_names_one_model_or_404(gateway: ManagedProcess) -> None:
-    openai = client(gateway.url)
+    openai = official_client(gateway.url)
     assert (await openai.models.retrieve(MODEL)).id == MODEL
     adapter = await openai.models.retrieve(ADAPTER)
     assert adapter.model_extra == {"root": ADAPTER, "parent": MODEL}
@@ -77,7 +73,7 @@ async def test_models_retrieve_names_one_model_or_404(gateway: ManagedProcess) -
 async def test_chat_completion_passes_through_with_routing_headers(
     gateway: ManagedProcess, replicas: list[ManagedProcess]
 ) -> None:
-    raw = await client(gateway.url).chat.completions.with_raw_response.create(
+    raw = await official_client(gateway.url).chat.completions.with_raw_response.create(
         model=MODEL,
         messages=MESSAGES,
         max_tokens=12,
@@ -87,7 +83,7 @@ async def test_chat_completion_passes_through_with_routing_headers(
     assert raw.headers[headers.ROUTE] in ("prefix-home", "prefix-hit")
     assert raw.headers[headers.REQUEST_ID]
     served_by = next(r for r in replicas if r.url.endswith(raw.headers[headers.REPLICA]))
-    direct = await client(served_by.url).chat.completions.create(
+    direct = await official_client(served_by.url).chat.completions.create(
         model=MODEL,
         messages=MESSAGES,
         max_tokens=12,
@@ -97,7 +93,7 @@ async def test_chat_completion_passes_through_with_routing_headers(
 
 
 async def test_streamed_chat_equals_what_the_replica_produced(gateway: ManagedProcess) -> None:
-    openai = client(gateway.url)
+    openai = official_client(gateway.url)
     whole = await openai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20)
     stream = await openai.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=20, stream=True,
@@ -113,7 +109,7 @@ async def test_streamed_chat_equals_what_the_replica_produced(gateway: ManagedPr
 
 
 async def test_completions_streamed_and_not(gateway: ManagedProcess) -> None:
-    openai = client(gateway.url)
+    openai = official_client(gateway.url)
     prompt = "Once upon a time in a harbour town, " * 10
     whole = await openai.completions.create(model=MODEL, prompt=prompt, max_tokens=10)
     stream = await openai.completions.create(model=MODEL, prompt=prompt, max_tokens=10, stream=True)
@@ -123,7 +119,7 @@ async def test_completions_streamed_and_not(gateway: ManagedProcess) -> None:
 
 
 async def test_a_repeated_prefix_is_served_from_the_replicas_cache(gateway: ManagedProcess) -> None:
-    openai = client(gateway.url)
+    openai = official_client(gateway.url)
     system = "Long shared context about maritime law. " * 60
     cached = []
     for question in ("first question", "second question", "third question"):
@@ -140,12 +136,12 @@ async def test_a_repeated_prefix_is_served_from_the_replicas_cache(gateway: Mana
 
 async def test_unknown_model_is_a_model_not_found_error(gateway: ManagedProcess) -> None:
     with pytest.raises(NotFoundError) as info:
-        await client(gateway.url).chat.completions.create(model="gpt-9", messages=MESSAGES)
+        await official_client(gateway.url).chat.completions.create(model="gpt-9", messages=MESSAGES)
     assert info.value.code == "model_not_found"
 
 
 async def test_completions_with_a_list_of_prompts(gateway: ManagedProcess) -> None:
-    openai = client(gateway.url)
+    openai = official_client(gateway.url)
     raw = await openai.completions.with_raw_response.create(
         model=MODEL, prompt=["The harbour at dawn", "The harbour at dusk"], max_tokens=5
     )
@@ -158,7 +154,7 @@ async def test_completions_with_a_list_of_prompts(gateway: ManagedProcess) -> No
 
 
 async def test_n_choices_pass_through(gateway: ManagedProcess) -> None:
-    reply = await client(gateway.url).chat.completions.create(
+    reply = await official_client(gateway.url).chat.completions.create(
         model=MODEL,
         messages=MESSAGES,
         n=2,
@@ -168,7 +164,7 @@ async def test_n_choices_pass_through(gateway: ManagedProcess) -> None:
 
 
 async def test_embeddings_go_by_load(gateway: ManagedProcess) -> None:
-    raw = await client(gateway.url).embeddings.with_raw_response.create(
+    raw = await official_client(gateway.url).embeddings.with_raw_response.create(
         model=MODEL, input=["a container ship", "a fishing boat"]
     )
     embeddings = raw.parse()
@@ -180,7 +176,7 @@ async def test_embeddings_go_by_load(gateway: ManagedProcess) -> None:
 async def test_responses_follow_up_goes_to_the_replica_that_stored_the_first(
     gateway: ManagedProcess,
 ) -> None:
-    openai = client(gateway.url)
+    openai = official_client(gateway.url)
     # Conversations until both replicas store some (at least 6): a follow-up sent to the other
     # replica would get its 404. New ones go by recent load, and this module's earlier requests
     # may have left one replica the busier for the first few.
@@ -200,9 +196,8 @@ async def test_responses_follow_up_goes_to_the_replica_that_stored_the_first(
         assert follow.headers[headers.REPLICA] == raw.headers[headers.REPLICA]
         assert follow.parse().previous_response_id == first.id
         # The operator's dry run names the replica the follow-up would be pinned to.
-        dry_run = await admin_route(
-            gateway, {"model": MODEL, "input": "Again?", "previous_response_id": first.id}
-        )
+        again = {"model": MODEL, "input": "Again?", "previous_response_id": first.id}
+        dry_run = await admin_route(gateway.url, ADMIN_TOKEN, again, "/v1/responses")
         assert dry_run["replica"] == raw.headers[headers.REPLICA]
     assert len(replicas) == 2
 
@@ -213,9 +208,11 @@ async def test_responses_usage_teaches_the_pool_but_not_a_follow_ups(
     # A gateway of its own: what it learns here is from these requests alone.
     env = {"GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
     async with running_gateway([r.url for r in replicas], env=env) as gateway:
-        openai = client(gateway.url)
+        openai = official_client(gateway.url)
         probe = {"model": MODEL, "input": "?"}
-        untaught = (await admin_route(gateway, probe))["chars_per_token"]
+        untaught = (await admin_route(gateway.url, ADMIN_TOKEN, probe, "/v1/responses"))[
+            "chars_per_token"
+        ]
         stored = []
         for i in range(3):
             stored.append(
@@ -224,7 +221,9 @@ async def test_responses_usage_teaches_the_pool_but_not_a_follow_ups(
                 )
             )
         await asyncio.sleep(0.2)  # an answer's usage is read just after it is written
-        taught = (await admin_route(gateway, probe))["chars_per_token"]
+        taught = (await admin_route(gateway.url, ADMIN_TOKEN, probe, "/v1/responses"))[
+            "chars_per_token"
+        ]
         assert taught != untaught  # the replicas' input_tokens were read
         # A follow-up's prompt is its stored history too, which the gateway never saw.
         for first in stored:
@@ -232,25 +231,13 @@ async def test_responses_usage_teaches_the_pool_but_not_a_follow_ups(
                 model=MODEL, input="Shorter?", previous_response_id=first.id, max_output_tokens=4
             )
         await asyncio.sleep(0.2)
-        assert (await admin_route(gateway, probe))["chars_per_token"] == taught
-
-
-async def admin_route(gateway: ManagedProcess, body: dict[str, Any]) -> dict[str, Any]:
-    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"{gateway.url}/admin/route", params={"endpoint": "/v1/responses"}, json=body,
-            headers=auth,
-        ) as response,
-    ):  # fmt: skip
-        assert response.status == 200
-        result: dict[str, Any] = await response.json()
-        return result
+        assert (await admin_route(gateway.url, ADMIN_TOKEN, probe, "/v1/responses"))[
+            "chars_per_token"
+        ] == taught
 
 
 async def test_streamed_response_is_relayed_and_its_id_learned(gateway: ManagedProcess) -> None:
-    openai = client(gateway.url)
+    openai = official_client(gateway.url)
     for i in range(4):
         stream = await openai.responses.create(
             model=MODEL, input=f"Story {i}: " * 40, max_output_tokens=6, stream=True
@@ -271,7 +258,7 @@ async def test_streamed_response_is_relayed_and_its_id_learned(gateway: ManagedP
 async def test_a_stored_response_is_retrieved_from_the_replica_that_holds_it(
     gateway: ManagedProcess,
 ) -> None:
-    openai = client(gateway.url)
+    openai = official_client(gateway.url)
     for i in range(4):
         raw = await openai.responses.with_raw_response.create(
             model=MODEL, input=f"Keep note {i}. " * 30, max_output_tokens=3
@@ -292,7 +279,7 @@ async def test_a_stored_response_is_retrieved_from_the_replica_that_holds_it(
 async def test_an_adapter_is_served_by_its_pool_and_stays_on_its_home(
     gateway: ManagedProcess,
 ) -> None:
-    openai = client(gateway.url)
+    openai = official_client(gateway.url)
     served = set()
     for i in range(6):
         raw = await openai.completions.with_raw_response.create(
@@ -307,7 +294,7 @@ async def test_an_adapter_is_served_by_its_pool_and_stays_on_its_home(
 async def test_an_adapter_the_replicas_list_is_learned_and_routed(
     gateway: ManagedProcess,
 ) -> None:
-    openai = client(gateway.url)
+    openai = official_client(gateway.url)
     deadline = time.monotonic() + 15
     while LEARNED not in [m.id for m in (await openai.models.list()).data]:
         assert time.monotonic() < deadline, "the adapter was never learned"
@@ -381,7 +368,7 @@ async def test_sdk_raises_bad_request_for_a_malformed_responses_input(
     gateway: ManagedProcess,
 ) -> None:
     with pytest.raises(BadRequestError) as info:
-        await client(gateway.url).responses.create(model=MODEL, input=7)  # type: ignore[call-overload]
+        await official_client(gateway.url).responses.create(model=MODEL, input=7)  # type: ignore[call-overload]
     assert info.value.param == "input"
 
 

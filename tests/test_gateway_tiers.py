@@ -11,12 +11,11 @@ import aiohttp
 import orjson
 import pytest
 import pytest_asyncio
-from openai import AsyncOpenAI
 
 from bench.launcher import start_gateway
 from gateway import headers
 from replica.processes import ManagedProcess
-from tests.conftest import FAST_PROBES, running_sims
+from tests.conftest import FAST_PROBES, admin_route, official_client, running_sims
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -99,7 +98,7 @@ async def test_easy_and_hard_requests_reach_their_pools_with_the_reason(
 
 
 async def test_a_responses_api_request_is_classified_by_its_input(gateway: ManagedProcess) -> None:
-    client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    client = official_client(gateway.url)
     tiers = {}
     for name, body in (("easy", EASY), ("hard", HARD)):
         raw = await client.responses.with_raw_response.create(
@@ -113,7 +112,7 @@ async def test_a_responses_api_request_is_classified_by_its_input(gateway: Manag
 async def test_a_follow_up_by_previous_response_id_goes_where_its_response_is_stored(
     gateway: ManagedProcess,
 ) -> None:
-    client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    client = official_client(gateway.url)
     task = HARD["messages"][0]["content"]
     first = await client.responses.with_raw_response.create(
         model="auto", input=task, max_output_tokens=4
@@ -127,14 +126,7 @@ async def test_a_follow_up_by_previous_response_id_goes_where_its_response_is_st
     assert follow.headers[headers.POOL] == "large"
     assert follow.headers[headers.REPLICA] == first.headers[headers.REPLICA]
     body = {"model": "auto", "input": "Shorter?", "previous_response_id": first.parse().id}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"{gateway.url}/admin/route?endpoint=/v1/responses", data=orjson.dumps(body),
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        ) as response,
-    ):  # fmt: skip
-        explained = await response.json()
+    explained = await admin_route(gateway.url, ADMIN_TOKEN, body, "/v1/responses")
     assert explained["pool"] == "large" and explained["tier"]["kept_by_stored_response"]
 
 

@@ -179,8 +179,11 @@ class _Answer:
     def chunk(self, chunk: bytes) -> None:
         routed, dispatch = self._routed, self._dispatch
         pool = routed.pool
-        endpoint = routed.parsed.endpoint
-        if self._stream and self._waiting and answers.has_first_token(endpoint, chunk):
+        if (
+            self._stream
+            and self._waiting
+            and answers.has_first_token(routed.parsed.endpoint, chunk)
+        ):
             self._waiting = False
             self._metrics.ttft_of(pool.name).observe(time.perf_counter() - routed.started)
             if self.replica is dispatch.replica:  # a fallback's first byte says nothing of it
