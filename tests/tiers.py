@@ -22,6 +22,10 @@ SLOW = {"prefill_tokens_per_s": 2000.0, "step_s": 0.04}
 """A large model's starting rates: slower at everything than the default small one's."""
 
 
+def chat(text: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "auto", "messages": [{"role": "user", "content": text}], **extra}
+
+
 def dialogue(*users: str) -> dict[str, Any]:
     """A conversation's request: its user turns, each answered but the last."""
     messages: list[dict[str, str]] = [{"role": "system", "content": "You are helpful."}]

@@ -1,0 +1,138 @@
+"""Specification of how a policy chooses its tier classifier (router_policies/tier_classifiers.py,
+router_policies/tier_settings.py): the learned model is the default and the cue model stays
+selectable, a tier without a model file uses the shipped model and one with a file uses it, a
+missing or unloadable file and bad classifier settings are policy errors, and calibration
+survives a reload with the same model but not a switch; and of /admin/route in a running
+gateway, which shows the learned model's score, threshold and strongest contributions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import pytest_asyncio
+from pydantic import ValidationError
+
+from bench.launcher import start_gateway
+from bench.tier_eval.train import TrainConfig, train
+from replica.processes import ManagedProcess
+from router_policies.schema import InvalidPolicy
+from router_policies.tier_classifier_learned import EXPLAIN_TOP, LearnedTierModel
+from router_policies.tier_classifiers import CueClassifier
+from router_policies.tier_router import TierRouter
+from router_policies.tier_settings import TierClassifierName, TierSettings
+from tests.conftest import FAST_PROBES, running_sims
+from tests.tier_learning import OBVIOUSLY_EASY, OBVIOUSLY_HARD, SHIPPED, TINY, tiny_examples
+from tests.tiers import chat
+
+# --- choosing the classifier in the policy ----------------------------------------------------
+
+
+def settings(**extra: Any) -> TierSettings:
+    return TierSettings.model_validate({"small": "s", "large": "l", **extra})
+
+
+def test_the_learned_model_is_the_default_and_the_cue_model_stays_selectable() -> None:
+    # The learned model ranks held-out public prompts and the project's own set better
+    # (docs/tier-eval.md); the cue model ranks real user prompts worse than chance.
+    assert settings().classifier is TierClassifierName.LEARNED
+    assert TierRouter("auto", settings()).classifier is SHIPPED
+    assert isinstance(TierRouter("auto", settings(classifier="cue")).classifier, CueClassifier)
+
+
+def test_learned_without_a_model_uses_the_shipped_one() -> None:
+    router = TierRouter("auto", settings(classifier="learned"))
+    assert router.classifier is SHIPPED
+    verdict = router.classify(chat("Prove that there are infinitely many primes."))
+    assert verdict.score.classifier == "learned"
+
+
+def test_learned_with_a_model_file_uses_it(tmp_path: Path) -> None:
+    path = tmp_path / "mine.json.gz"
+    train(tiny_examples(), TrainConfig(min_df=1)).save(path)
+    router = TierRouter("auto", settings(classifier="learned", model=str(path)))
+    assert isinstance(router.classifier, LearnedTierModel)
+    assert router.classifier.meta["examples"] == len(TINY)
+
+
+def test_a_missing_model_file_is_a_policy_error(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="no file"):
+        settings(classifier="learned", model=str(tmp_path / "nope.json.gz"))
+
+
+def test_a_model_file_that_does_not_load_names_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(InvalidPolicy, match=r"tiers\.auto\.model: .*not a tier model file"):
+        TierRouter("auto", settings(classifier="learned", model=str(bad)))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"classifier": "neural"}, {"model": "m.json.gz"}, {"classifier": "cue", "model": "m.json.gz"}],
+)
+def test_bad_classifier_settings_are_rejected(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        settings(**bad)
+
+
+def test_calibration_survives_a_reload_with_the_same_model_but_not_a_switch() -> None:
+    calibrated = {"calibration": {"target_large_share": 0.3, "min_samples": 10}}
+    first = TierRouter("auto", settings(classifier="learned", **calibrated))
+    for text in OBVIOUSLY_HARD + OBVIOUSLY_EASY:
+        first.observe(first.classify(chat(text)), sent_large=False)  # the calibration only
+    same = TierRouter("auto", settings(classifier="learned", **calibrated), previous=first)
+    assert same.threshold == first.threshold
+    switched = TierRouter("auto", settings(classifier="cue", **calibrated), previous=first)
+    assert switched._calibrator is not first._calibrator
+
+
+# --- /admin/route explains the learned model's decision ---------------------------------------
+
+TOKEN = "tier-test-token"
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def learned_gateway() -> AsyncIterator[ManagedProcess]:
+    async with (
+        running_sims(1, "small-model") as [small],
+        running_sims(1, "large-model") as [large],
+    ):
+        policy = {
+            "pools": {
+                "small": {"model": "small-model", "replicas": [small.url]},
+                "large": {"model": "large-model", "replicas": [large.url]},
+            },
+            "tiers": {"auto": {"small": "small", "large": "large", "classifier": "learned"}},
+        }
+        gw = await start_gateway(policy, env={**FAST_PROBES, "GATEWAY_ADMIN_TOKEN": TOKEN})
+        yield gw
+        await gw.stop()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_admin_route_shows_the_learned_score_threshold_and_contributions(
+    learned_gateway: ManagedProcess,
+) -> None:
+    body = chat("Prove that $\\sqrt{2}$ is irrational.")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{learned_gateway.url}/admin/route",
+            data=orjson.dumps(body),
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ) as response,
+    ):
+        assert response.status == 200, await response.text()
+        tier = (await response.json())["tier"]
+    assert tier["classifier"] == "learned"
+    assert tier["score"] > tier["threshold"] == 0.5
+    assert tier["tier"] == "large"
+    assert 0 < len(tier["contributions"]) <= EXPLAIN_TOP
+    assert max(tier["contributions"].values()) > 0
+    assert tier["contributions"].keys() == tier["features"].keys()
+    assert tier["close_call"] is None  # close calls are off: no second prediction made
