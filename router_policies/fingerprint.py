@@ -90,7 +90,13 @@ def _content_bytes(content: Any) -> bytes:
 
 def _message_bytes(message: Mapping[str, Any]) -> bytes:
     role = str(message.get("role", "")).encode()
-    return role + _ROLE_SEP + _content_bytes(message.get("content")) + _MSG_END
+    text = role + _ROLE_SEP + _content_bytes(message.get("content"))
+    tool_calls = message.get("tool_calls")
+    if tool_calls:
+        # The chat template writes an assistant's calls into the prompt: two tool loops that
+        # called differently hold different blocks from that turn on.
+        text += _ROLE_SEP + orjson.dumps(tool_calls, option=orjson.OPT_SORT_KEYS)
+    return text + _MSG_END
 
 
 @value

@@ -63,6 +63,28 @@ def test_text_parts_fingerprint_like_plain_content() -> None:
     assert canonical_chat([parts]) == canonical_chat([plain])
 
 
+def test_tool_loops_that_called_differently_part_at_the_call() -> None:
+    task = [SYSTEM, {"role": "user", "content": "Find the invoice and total it. " * 10}]
+
+    def called(city: str) -> list[dict[str, object]]:
+        call = {"id": "c1", "type": "function",
+                "function": {"name": "search", "arguments": f'{{"city": "{city}"}}'}}  # fmt: skip
+        return [
+            *task,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "found nothing " * 20},
+        ]
+
+    paris, rome = chat_features(called("Paris")), chat_features(called("Rome"))
+    shared = len(canonical_chat(task).text) // 128
+    assert paris.block_hashes[:shared] == rome.block_hashes[:shared]
+    assert paris.block_hashes[-1] != rome.block_hashes[-1]
+    # The loop's next step still extends its own fingerprint.
+    again = chat_features([*called("Paris"), {"role": "assistant", "content": "Done."}])
+    whole = len(canonical_chat(called("Paris")).text) // 128
+    assert again.block_hashes[:whole] == paris.block_hashes[:whole]
+
+
 def test_completion_prompts_of_every_shape_are_accepted() -> None:
     assert canonical_prompt("abc").text == b"abc"
     assert canonical_prompt(["a", "b"]) != canonical_prompt(["ab"])
