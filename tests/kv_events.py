@@ -1,4 +1,5 @@
-"""Helpers of the KV-cache event tests: vLLM's wire format, and a sim's events config."""
+"""Helpers of the KV-cache event tests (tests/test_kv_events*.py): a prompt's tokens and the
+chain an engine stores of them, vLLM's wire format, and a sim's events config."""
 
 from __future__ import annotations
 
@@ -10,6 +11,17 @@ import msgspec
 from gateway.fleet.kv_event_stream import EventStream
 from replica.processes import free_port
 from replica.sim.kv_events import EventPublisher, KvEventsConfig
+from router_policies.engine_blocks import EngineBlocks, root_key
+
+ROOT = root_key(None, None)
+TOKENS = list(range(1000, 1064))  # four blocks of 16
+
+
+def stored_chain(blocks: EngineBlocks, tokens: list[int], first_hash: int = 1) -> list[int]:
+    """Stores ``tokens`` as one chain of 16-token blocks; returns the engine hashes used."""
+    hashes = list(range(first_hash, first_hash + len(tokens) // 16))
+    blocks.stored(hashes, None, tokens, 16, ROOT)
+    return hashes
 
 
 def payload(*events: dict[str, Any]) -> bytes:

@@ -1,0 +1,209 @@
+"""The gateway's reading of one engine's KV-event stream: vLLM's wire format (which vLLM's own
+decoder reads as the sim writes it) building the index, CPU-tier blocks and cache salts, when
+the stream is exact and when it falls back to the estimate (a lost message, a restart, a replica
+that owes events for blocks it computed), the replay that a late subscriber is given, the
+requests in flight counted as held where they went until their blocks are stored, and events
+within two blocks of the estimate read as the estimate."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from dataclasses import replace
+
+import pytest
+
+from gateway.fleet.kv_event_stream import EventStream
+from replica.sim.kv_events import ALL_BLOCKS_CLEARED, block_removed, block_stored
+from replica.vllm_cpu.fleet import venv_python
+from router_policies.block_layout import BlockLayout
+from router_policies.engine_blocks import root_key, token_block_keys
+from router_policies.fingerprint import fingerprint
+from tests.kv_events import ROOT, TOKENS, payload, replaying_pair, stored_chain
+
+
+class TestEventStream:
+    def test_events_in_vllms_wire_format_build_the_index(self) -> None:
+        stream = EventStream("tcp://unused")
+        stream.apply(0, payload(block_stored([1, 2, 3, 4], None, TOKENS, 16, None)))
+        stream.apply(1, payload(block_removed([4])))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 3
+        stream.apply(2, payload(ALL_BLOCKS_CLEARED))
+        assert len(stream.blocks) == 0
+
+    def test_cpu_tier_events_keep_what_the_gpu_evicted_matchable(self) -> None:
+        # vLLM's CPU offloading publishes its tier's blocks with medium "CPU" and no tokens.
+        stream = EventStream("tcp://unused")
+        stream.apply(0, payload(block_stored([1, 2, 3, 4], None, TOKENS, 16, None)))
+        stream.apply(1, payload(block_stored([1, 2, 3, 4], None, [], 16, None, "CPU")))
+        stream.apply(2, payload(block_removed([1, 2, 3, 4])))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 4
+        stream.apply(3, payload(block_removed([3], "CPU")))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 2
+
+    def test_cpu_tier_blocks_larger_than_the_gpus_are_read_from_their_block_size(self) -> None:
+        stream = EventStream("tcp://unused")
+        stream.apply(0, payload(block_stored([1, 2, 3, 4], None, TOKENS, 16, None)))
+        stream.apply(1, payload(block_stored([2, 4], None, [], 32, None, "CPU")))
+        stream.apply(2, payload(block_removed([1, 2, 3, 4])))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 4
+        stream.apply(3, payload(block_removed([4], "CPU")))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 2
+        assert stream.capacity_tokens(16) == 32  # one 32-token block left, and it evicted
+
+    def test_a_cache_salt_in_the_extra_keys_seeds_the_chain(self) -> None:
+        stream = EventStream("tcp://unused")
+        event = block_stored([1, 2], None, TOKENS[:32], 16, None)
+        event["extra_keys"] = [["tenant-a"], None]
+        stream.apply(0, payload(event))
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, root_key(None, "tenant-a"))) == 2
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+
+    def test_exact_from_the_first_message_on(self) -> None:
+        stream = EventStream("tcp://unused")
+        assert not stream.exact(time.monotonic())
+        stream.apply(0, payload())
+        assert stream.exact(time.monotonic())
+
+    def test_a_lost_message_falls_back_to_the_estimate_for_resync_s(self) -> None:
+        stream = EventStream("tcp://unused", resync_s=30.0)
+        stream.apply(0, payload(block_stored([1], None, TOKENS[:16], 16, None)))
+        now = time.monotonic()
+        stream.lost(now, "replica")
+        assert not stream.exact(now + 29.0)
+        assert stream.exact(now + 31.0)
+        assert len(stream.blocks) == 0 and stream.gaps == 1
+
+    def test_a_replica_silent_about_blocks_it_computed_stalls_after_stall_s(self) -> None:
+        stream = EventStream("tcp://unused", stall_s=5.0)
+        stream.apply(0, payload())
+        now = time.monotonic()
+        stream.expect(now)
+        assert stream.exact(now + 4.0)
+        assert not stream.exact(now + 6.0)
+        stream.apply(1, payload())
+        assert stream.exact(now + 6.0)
+
+    def test_a_sequence_that_starts_over_is_a_restarted_engine(self) -> None:
+        stream = EventStream("tcp://unused")
+        stream.apply(5, payload(block_stored([1], None, TOKENS[:16], 16, None)))
+        stream.apply(0, payload())
+        assert len(stream.blocks) == 0
+
+
+async def test_a_subscriber_joining_late_is_replayed_what_it_missed() -> None:
+    publisher, stream = replaying_pair()
+    task = asyncio.create_task(stream.run("replica"))
+    try:
+        publisher.publish([block_stored([1, 2], None, TOKENS[:32], 16, None)])
+        publisher.publish([block_stored([3], 2, TOKENS[32:48], 16, None)])
+        # The subscription may miss these (ZeroMQ's slow joiner); the replay must not.
+        deadline = time.monotonic() + 10
+        while stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) < 4:
+            assert time.monotonic() < deadline, "replayed blocks never arrived"
+            publisher.publish([block_stored([4], 3, TOKENS[48:64], 16, None)])
+            await asyncio.sleep(0.1)
+        assert stream.gaps == 0
+    finally:
+        task.cancel()
+        await publisher.close()
+
+
+async def test_a_subscriber_joining_an_old_engine_takes_what_its_replay_still_buffers() -> None:
+    """An engine's replay keeps its last buffer_steps messages, not its first: a gateway that
+    starts beside a long-running engine learns what those say rather than nothing."""
+    publisher, stream = replaying_pair(buffer_steps=200)
+    old, recent = TOKENS[:32], list(range(5000, 5032))
+    publisher.publish([block_stored([1, 2], None, old, 16, None)])  # seq 0, soon unbuffered
+    for _ in range(200):
+        publisher.publish([])
+    publisher.publish([block_stored([7, 8], None, recent, 16, None)])  # buffered
+    task = asyncio.create_task(stream.run("replica"))
+    try:
+        deadline = time.monotonic() + 10
+        while stream.next_seq is None:
+            assert time.monotonic() < deadline, "the stream never joined"
+            publisher.publish([])  # live messages, until the subscription receives one
+            await asyncio.sleep(0.1)
+        assert stream.blocks.match(token_block_keys(recent, 16, ROOT)) == 2
+        assert stream.blocks.match(token_block_keys(old, 16, ROOT)) == 0
+        assert stream.gaps == 0
+    finally:
+        task.cancel()
+        await publisher.close()
+
+
+def test_a_request_in_flight_counts_as_held_where_it_went_until_its_blocks_are_stored() -> None:
+    stream = EventStream("tcp://unused")
+    layout = BlockLayout(128, 16)
+    prompt = fingerprint("m", b"x" * 4096, layout, 4096)
+    request = replace(prompt, token_keys=(1, 2), prompt_tokens=1024)
+    assert stream.held_bytes(request, layout, 0) == 0
+    assert stream.dispatched(request, time.monotonic()) is None  # no event yet: not exact
+    assert stream.held_bytes(request, layout, 0) == 4096
+    stream.ended(request, 0.0, time.monotonic(), time.monotonic())
+    assert stream.held_bytes(request, layout, 0) == 0 and not stream.inflight
+
+
+def test_events_within_two_blocks_of_the_estimate_either_way_read_as_the_estimate() -> None:
+    """A hot prefix's holders hold a few template tokens past its lead that its spread homes
+    lack; read exactly, the copy charge billed every spread home for them and multi-round QA
+    piled 48 users onto 2-3 of 8 replicas."""
+    stream = EventStream("tcp://unused")
+    stored_chain(stream.blocks, TOKENS[:48])  # three of the prompt's five blocks
+    layout = BlockLayout(128, 16)
+    prompt = fingerprint("m", b"x" * 320, layout, 4096)  # 4 bytes a token
+    request = replace(prompt, token_keys=token_block_keys(TOKENS, 16, ROOT), prompt_tokens=80)
+    held = 48 * 4
+    assert stream.held_bytes(request, layout, held - 2 * 64) == held - 2 * 64
+    assert stream.held_bytes(request, layout, held + 2 * 64) == held + 2 * 64
+    assert stream.held_bytes(request, layout, held - 3 * 64) == held
+    assert stream.held_bytes(request, layout, held + 3 * 64) == held
+
+
+def test_a_replica_that_computed_two_blocks_and_reported_nothing_since_owes_events() -> None:
+    stream = EventStream("tcp://unused", stall_s=5.0)
+    stream.apply(0, payload(block_stored([1], None, TOKENS[:16], 16, None)))  # blocks of 16
+    request = fingerprint("m", b"z" * 512, BlockLayout(128, 16), 4096)
+    sent = time.monotonic() + 1  # after the last event
+    stream.dispatched(request, sent)
+    stream.ended(request, 31.0, sent, sent)  # less than two blocks: maybe nothing to store
+    assert stream.exact(sent + 60)
+    stream.dispatched(request, sent)
+    stream.ended(request, 32.0, sent, sent)
+    assert not stream.exact(sent + 6)
+
+
+def test_a_replica_idle_after_reporting_its_last_requests_blocks_stays_exact() -> None:
+    stream = EventStream("tcp://unused", stall_s=5.0)
+    request = fingerprint("m", b"z" * 512, BlockLayout(128, 16), 4096)
+    sent = time.monotonic() - 1
+    stream.dispatched(request, sent)
+    stream.apply(0, payload(block_stored([1, 2], None, TOKENS[:32], 16, None)))  # its blocks
+    stream.ended(request, 32.0, sent, time.monotonic())
+    assert stream.exact(time.monotonic() + 60)
+
+
+VLLM_DECODES = r"""
+import sys, msgspec
+from vllm.distributed.kv_events import KVEventBatch, BlockStored, BlockRemoved, AllBlocksCleared
+batch = msgspec.msgpack.Decoder(KVEventBatch).decode(sys.stdin.buffer.read())
+print(",".join(type(e).__name__ for e in batch.events), batch.events[0].token_ids[:2])
+"""
+
+
+def test_vllms_own_decoder_reads_the_sims_events() -> None:
+    python = venv_python()
+    if not python.is_file():
+        pytest.skip(f"no vllm-cpu virtualenv at {python.parent.parent} (replica/vllm_cpu/install.sh)")  # fmt: skip
+    sent = payload(
+        block_stored([1, 2], None, TOKENS[:32], 16, "sql-lora"), block_removed([1]), ALL_BLOCKS_CLEARED
+    )  # fmt: skip
+    result = subprocess.run(
+        [str(python), "-c", VLLM_DECODES], input=sent, capture_output=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.decode().strip().splitlines()[-1] == (
+        "BlockStored,BlockRemoved,AllBlocksCleared [1000, 1001]"
+    )
