@@ -27,8 +27,9 @@ from replica.sim.config import SimConfig
 from replica.sim.server import build_app as build_sim_app
 from router_policies.schema import parse_policy
 
-pytest_plugins = ("tests.deploy", "tests.sim")
-"""Fixture modules: the chart fixtures (one instance a session) and the in-process sim."""
+pytest_plugins = ("tests.deploy", "tests.sim", "tests.real_vllm")
+"""Fixture modules: the chart fixtures and the real-vLLM fleet (one instance a session each)
+and the in-process sim."""
 
 MODEL = "sim-model"
 
