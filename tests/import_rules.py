@@ -180,8 +180,8 @@ def module_graph(root: Path, packages: tuple[str, ...] = PRODUCT) -> dict[str, s
     level, TYPE_CHECKING blocks, functions); `from pkg import name` counts as an import of
     pkg.name when that is a module."""
     paths: dict[str, Path] = {}
-    for package in packages:
-        for path in (root / package).rglob("*.py"):
+    for top in packages:
+        for path in (root / top).rglob("*.py"):
             parts = list(path.relative_to(root).with_suffix("").parts)
             paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
 

@@ -34,7 +34,7 @@ def chat(system: bool) -> tuple[CanonicalPrompt, CanonicalPrompt]:
 
 def tool_loop() -> tuple[CanonicalPrompt, CanonicalPrompt]:
     tools = [{"type": "function", "function": {"name": "search", "parameters": {}}}]
-    first = [{"role": "user", "content": QUESTION}]
+    first: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
     call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]}  # fmt: skip
     turn = [*first, call, {"role": "tool", "tool_call_id": "c1", "content": ANSWER}]
     return canonical_chat(first, tools), canonical_chat(turn, tools)

@@ -35,7 +35,7 @@ K8S_VERSION = "1.30"
 
 
 def kubernetes_validate(tools: Tools, manifest: str) -> subprocess.CompletedProcess[str]:
-    argv = [tools.need("kubernetes_validate"), "--strict", "-k", K8S_VERSION, "-"]
+    argv: list[str | Path] = [tools.need("kubernetes_validate"), "--strict", "-k", K8S_VERSION, "-"]
     return run(argv, stdin=manifest)
 
 

@@ -8,6 +8,7 @@ serves the gateway's policy and selects every vLLM pod.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -75,7 +76,7 @@ print(json.dumps(problems))
 def check_crds(tools: Tools, docs: Docs) -> list[str]:
     crds = [d for d in docs if d["kind"] in CRD_KINDS]
     assert crds
-    argv = [tools.need("venv_python"), "-c", CHECK_CRDS, INFERENCE_POOL_CRD]
+    argv: list[str | Path] = [tools.need("venv_python"), "-c", CHECK_CRDS, INFERENCE_POOL_CRD]
     done = run(argv, stdin=json.dumps(crds))
     assert done.returncode == 0, done.stderr
     problems: list[str] = json.loads(done.stdout)

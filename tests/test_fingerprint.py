@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import pytest
 
 from router_policies.block_layout import BlockLayout
-from router_policies.fingerprint import block_hashes, canonical_chat, canonical_prompt, fingerprint
+from router_policies.fingerprint import (
+    RequestFeatures,
+    block_hashes,
+    canonical_chat,
+    canonical_prompt,
+    fingerprint,
+)
 from router_policies.prefix_index import PrefixIndex
 
 FIXED = BlockLayout(128)
@@ -14,7 +23,9 @@ DOUBLING = BlockLayout(128, 16)
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}
 
 
-def chat_features(messages: list[dict[str, object]], model: str = "m", salt: str = ""):  # type: ignore[no-untyped-def]
+def chat_features(
+    messages: Sequence[Mapping[str, Any]], model: str = "m", salt: str = ""
+) -> RequestFeatures:
     return fingerprint(model, canonical_chat(messages), FIXED, 256, salt)
 
 
@@ -66,7 +77,7 @@ def test_text_parts_fingerprint_like_plain_content() -> None:
 def test_tool_loops_that_called_differently_part_at_the_call() -> None:
     task = [SYSTEM, {"role": "user", "content": "Find the invoice and total it. " * 10}]
 
-    def called(city: str) -> list[dict[str, object]]:
+    def called(city: str) -> list[dict[str, Any]]:
         call = {"id": "c1", "type": "function",
                 "function": {"name": "search", "arguments": f'{{"city": "{city}"}}'}}  # fmt: skip
         return [

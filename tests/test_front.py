@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 import pytest
@@ -135,7 +136,7 @@ async def test_open_connections_are_counted_once_whoever_serves_them(
 async def test_a_long_stream_read_slowly_arrives_whole_and_its_replica_connection_is_reused() -> (
     None
 ):
-    zero = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
+    zero: dict[str, Any] = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
     async with (
         in_process_sims(1, **zero) as [replica],
         in_process_gateway({"pools": {"p": {"model": MODEL, "replicas": [replica]}}}) as gw,

@@ -114,7 +114,7 @@ async def test_a_stream_that_breaks_ends_with_an_error_not_a_hang() -> None:
         stream = await client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
         )
-        received = []
+        received: list[str] = []
         with pytest.raises(APIError, match="mid-stream"):
             async for chunk in stream:
                 received.extend(c.delta.content or "" for c in chunk.choices)

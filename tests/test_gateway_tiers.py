@@ -19,11 +19,11 @@ from tests.conftest import FAST_PROBES, admin_route, official_client, running_si
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-EASY = {
+EASY: dict[str, Any] = {
     "messages": [{"role": "user", "content": "What is the capital of France?"}],
     "max_tokens": 4,
 }
-HARD = {
+HARD: dict[str, Any] = {
     "messages": [
         {
             "role": "user",

@@ -24,8 +24,15 @@ import pytest
 from aiohttp import web
 
 from replica.processes import ManagedProcess, sim_replica_argv
-from tests.conftest import MODEL, chat, fake_replica, get_text, running_gateway, running_sims
-from tests.test_gateway_failover import metric
+from tests.conftest import (
+    MODEL,
+    chat,
+    fake_replica,
+    get_text,
+    metric,
+    running_gateway,
+    running_sims,
+)
 
 pytestmark = pytest.mark.chaos
 

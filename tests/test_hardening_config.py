@@ -8,16 +8,16 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from bench.launcher import GatewayProcess, start_gateway
 from gateway.settings import Settings, usable_cpus
-from tests.conftest import FAST_PROBES, get_text, pool_policy, running_sims
-from tests.test_gateway_failover import eventually, metric
+from tests.conftest import FAST_PROBES, eventually, get_text, metric, pool_policy, running_sims
 
 BAD_URLS = ["http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://not a host"]
 
@@ -30,9 +30,10 @@ def llm_gateway(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
 
 
 def test_an_empty_admin_token_means_admin_is_off() -> None:
-    assert Settings(admin_token="").admin_token is None
-    assert Settings(admin_token="  ").admin_token is None
-    assert Settings(admin_token="t").admin_token is not None
+    # Passed as the plain string the environment gives, which pydantic turns into a SecretStr.
+    assert Settings(admin_token=cast(SecretStr, "")).admin_token is None
+    assert Settings(admin_token=cast(SecretStr, "  ")).admin_token is None
+    assert Settings(admin_token=cast(SecretStr, "t")).admin_token is not None
 
 
 async def test_with_an_empty_token_every_admin_endpoint_answers_403() -> None:
@@ -212,10 +213,11 @@ def test_auto_workers_are_the_cpus_the_process_may_use_under_its_cgroup_limit(
 
 
 def test_workers_take_a_number_or_auto_and_the_chart_defaults_to_auto() -> None:
-    assert Settings(workers="auto").workers == usable_cpus()
-    assert Settings(workers="3").workers == 3
+    # Passed as the strings GATEWAY_WORKERS holds, which the validator reads into an int.
+    assert Settings(workers=cast(int, "auto")).workers == usable_cpus()
+    assert Settings(workers=cast(int, "3")).workers == 3
     with pytest.raises(ValidationError, match="or 'auto'"):
-        Settings(workers="many")
+        Settings(workers=cast(int, "many"))
     chart = Path(__file__).parent.parent / "helm" / "llm-gateway"
     assert yaml.safe_load((chart / "values.yaml").read_text())["gateway"]["workers"] == "auto"
     template = (chart / "templates" / "gateway-deployment.yaml").read_text()

@@ -8,6 +8,7 @@ import contextlib
 import gzip
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import orjson
@@ -22,13 +23,14 @@ from tests.conftest import (
     MODEL,
     breaks_mid_stream,
     chat,
+    eventually,
     fake_replica,
     get_text,
+    metric,
     running_gateway,
     running_sims,
 )
 from tests.hardening import wait_for_log
-from tests.test_gateway_failover import eventually, metric
 
 
 class Counted:
@@ -48,7 +50,7 @@ async def engine_dead(request: web.Request) -> web.Response:
     return web.json_response({"error": {"message": "engine dead"}}, status=500)
 
 
-FAST = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
+FAST: dict[str, Any] = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
 
 
 @contextlib.asynccontextmanager

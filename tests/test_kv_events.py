@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.fleet.kv_event_stream import EventStream
 from gateway.fleet.pools import PoolState
@@ -68,10 +69,12 @@ async def test_a_tokenize_slower_than_its_timeout_leaves_the_request_on_the_esti
         assert time.monotonic() - started < 2
 
 
-def conversation(turns: int) -> list[list[dict[str, str]]]:
+def conversation(turns: int) -> list[list[ChatCompletionMessageParam]]:
     """Each turn's messages: one long opening question, then short follow-ups."""
-    messages = [{"role": "user", "content": "Explain the cache in detail. " * 60}]
-    out = []
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Explain the cache in detail. " * 60}
+    ]
+    out: list[list[ChatCompletionMessageParam]] = []
     for turn in range(turns):
         out.append(list(messages))
         messages += [
@@ -97,7 +100,7 @@ async def test_a_gateway_routes_on_the_sims_events_and_predicts_their_cache_exac
                 answer = await client.chat.completions.with_raw_response.create(
                     model=MODEL,
                     messages=messages,
-                    max_tokens=8,  # type: ignore[arg-type]
+                    max_tokens=8,
                 )
                 replicas.append(answer.headers["x-gateway-replica"])
                 await asyncio.sleep(0.2)  # the step's events reach the gateway
@@ -122,7 +125,7 @@ async def test_every_gateway_instance_subscribes_so_each_reads_the_events_withou
             await client.chat.completions.create(
                 model=MODEL,
                 messages=conversation(1)[0],
-                max_tokens=4,  # type: ignore[arg-type]
+                max_tokens=4,
             )
             await asyncio.sleep(0.3)
             # The request went through the first instance only; the second saw its blocks too.
@@ -142,7 +145,7 @@ async def test_a_replica_whose_events_never_come_is_routed_on_the_estimate() -> 
                 answer = await client.chat.completions.with_raw_response.create(
                     model=MODEL,
                     messages=messages,
-                    max_tokens=8,  # type: ignore[arg-type]
+                    max_tokens=8,
                 )
                 replicas.add(answer.headers["x-gateway-replica"])
             text = await (await gateway.get("/metrics")).text()

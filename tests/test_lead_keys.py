@@ -212,7 +212,7 @@ async def test_on_a_sims_template_the_leads_keys_predict_the_engines_cache_exact
                 await client.chat.completions.create(
                     model=MODEL,
                     messages=chat(question)["messages"],
-                    max_tokens=4,  # type: ignore[arg-type]
+                    max_tokens=4,
                 )
                 await asyncio.sleep(0.2)  # the step's events reach the gateway
             text = await (await gateway.get("/metrics")).text()

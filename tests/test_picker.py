@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import subprocess
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import openai
@@ -18,6 +18,7 @@ import pytest
 import yaml
 from aiohttp import web
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from bench.envoy import EnvoyProcess, envoy_binary, start_envoy
 from bench.launcher import GatewayProcess, start_picker
@@ -113,7 +114,9 @@ async def test_behind_envoy_the_fleet_keeps_what_serve_keeps_of_a_shared_prefix_
                 sdk = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
                 for spec in requests:
                     await sdk.chat.completions.create(
-                        model=MODEL, messages=list(spec.messages), max_tokens=spec.max_tokens
+                        model=MODEL,
+                        messages=cast("list[ChatCompletionMessageParam]", list(spec.messages)),
+                        max_tokens=spec.max_tokens,
                     )
                 after = await wait_quiet(urls)
                 rate = fleet_cache(delta(before, after)).hit_rate

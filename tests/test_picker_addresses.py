@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from gateway.picker import picker as picker_module
 from gateway.picker.picker import ADDRESS_TTL_S, Addresses
 
 
@@ -27,7 +26,7 @@ REPLICA = "http://vllm-0.vllm.llm.svc:8000"
 @pytest.fixture
 def resolver(monkeypatch: pytest.MonkeyPatch) -> tuple[Clock, list[str | None]]:
     """A clock the test moves, and the IPs the name resolves to, in turn (None: it fails)."""
-    clock, answers = Clock(), []
+    clock, answers = Clock(), list[str | None]()
 
     async def getaddrinfo(self: Any, host: str, port: int, **kw: Any) -> list[Any]:
         ip = answers.pop(0)
@@ -35,7 +34,7 @@ def resolver(monkeypatch: pytest.MonkeyPatch) -> tuple[Clock, list[str | None]]:
             raise socket.gaierror("Name or service not known")
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))]
 
-    monkeypatch.setattr(picker_module.time, "monotonic", clock)
+    monkeypatch.setattr("gateway.picker.picker.time.monotonic", clock)
     monkeypatch.setattr("asyncio.BaseEventLoop.getaddrinfo", getaddrinfo)
     monkeypatch.setattr("uvloop.Loop.getaddrinfo", getaddrinfo, raising=False)
     return clock, answers

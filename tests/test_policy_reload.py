@@ -19,8 +19,7 @@ import yaml
 from bench.launcher import GatewayProcess, start_gateway
 from gateway import headers
 from replica.processes import ManagedProcess
-from tests.conftest import FAST_PROBES, MODEL, chat, get_text, running_sims
-from tests.test_gateway_failover import eventually, metric
+from tests.conftest import FAST_PROBES, MODEL, chat, eventually, get_text, metric, running_sims
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import openai
 import pytest
@@ -14,7 +15,7 @@ from openai import AsyncOpenAI
 from gateway.fleet.pool_queue import PoolQueue
 from tests.conftest import chat, running_gateway, running_sims
 
-SLOW = {"decode_step_s": 0.05}
+SLOW: dict[str, Any] = {"decode_step_s": 0.05}
 """A replica taking about a second for a 20-token answer: long enough to fill its one slot."""
 
 

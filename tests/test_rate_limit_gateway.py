@@ -15,6 +15,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway import headers
@@ -38,7 +39,7 @@ from tests.redis_server import running_redis, script_calls
 
 ACME_KEY = "sk-acme-0123456789"
 GLOBEX_KEY = "sk-globex-9876543210"
-MESSAGES = [{"role": "user", "content": "Where is my parcel?"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Where is my parcel?"}]
 RATELIMIT_HEADERS = (
     headers.RATELIMIT_LIMIT_REQUESTS, headers.RATELIMIT_REMAINING_REQUESTS,
     headers.RATELIMIT_RESET_REQUESTS, headers.RATELIMIT_LIMIT_TOKENS,
@@ -95,7 +96,7 @@ async def gateway_with(
 async def chat(client: AsyncOpenAI, max_tokens: int = 8) -> Any:
     return await client.chat.completions.with_raw_response.create(
         model=MODEL,
-        messages=MESSAGES,  # type: ignore[arg-type]
+        messages=MESSAGES,
         max_tokens=max_tokens,
     )
 
@@ -190,7 +191,7 @@ async def test_a_stream_carries_the_headers_and_its_reported_usage_is_what_is_co
         client = openai_client(gateway, ACME_KEY)
         raw = await client.chat.completions.with_raw_response.create(
             model=MODEL,
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
             max_tokens=50,
             stream=True,
             stream_options={"include_usage": True},
@@ -228,7 +229,7 @@ async def test_a_stream_without_usage_charged_many_buckets_blocks_the_next_for_a
         # Estimated at 4 x 500 tokens and more, never corrected (no include_usage).
         stream = await client.chat.completions.create(
             model=MODEL,
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
             max_tokens=500,
             n=4,
             stream=True,

@@ -14,6 +14,7 @@ import random
 
 import aiohttp
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from gateway import headers
 from gateway.fleet.scrape import parse_engine_stats
@@ -187,13 +188,13 @@ async def test_kv_events_predict_each_requests_cached_tokens_within_a_block(
     async with fleet.client() as client:
         for conversation in range(6):
             opening = " ".join(rng.choice(words) for _ in range(250 + 40 * conversation))
-            messages: list[dict[str, str]] = [{"role": "user", "content": opening}]
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": opening}]
             for turn in range(3):
                 completion = await client.chat.completions.create(
                     model=SERVED,
                     messages=messages,
                     max_tokens=8,
-                    temperature=0,  # type: ignore[arg-type]
+                    temperature=0,
                 )
                 answer = completion.choices[0].message.content or ""
                 messages += [
@@ -230,7 +231,7 @@ async def test_a_shared_system_prompts_learned_keys_predict_the_cache_within_a_b
                     {"role": "user", "content": f"Question {question}: which rule matters?"},
                 ],
                 max_tokens=4,
-                temperature=0,  # type: ignore[arg-type]
+                temperature=0,
             )
             await asyncio.sleep(0.3)  # the engine's events for this step reach the gateway
     (events_sum, events_n), _ = await errors_since(fleet, before)

@@ -7,7 +7,8 @@ import pytest
 import redis.asyncio as redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from tests.redis_server import redis_server_binary, running_redis
+from bench.redis_server import redis_server_binary
+from tests.redis_server import running_redis
 
 
 def _alive(pid: int) -> bool:

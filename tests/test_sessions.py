@@ -67,7 +67,9 @@ class TestTheDecision:
         assert (sessions.home("x"), sessions.home("z"), len(sessions)) == (None, "a", 2)
 
     def test_max_sessions_zero_remembers_none(self) -> None:
-        pool = PoolPolicy(model="m", replicas=POOL.replicas, session={"max_sessions": 0})
+        pool = PoolPolicy(
+            model="m", replicas=POOL.replicas, session=SessionSettings(max_sessions=0)
+        )
         policy = holding(pool=pool)
         policy.record(in_session(), choose(policy, snapshot(), in_session()), now=0.0)
         assert len(policy.sessions) == 0

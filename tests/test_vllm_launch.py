@@ -32,6 +32,13 @@ def option(argv: list[str], flag: str) -> str | None:
     return argv[argv.index(flag) + 1] if flag in argv else None
 
 
+def given(argv: list[str], flag: str) -> str:
+    """The value after ``flag``, which must be there."""
+    value = option(argv, flag)
+    assert value is not None, f"{flag} is missing"
+    return value
+
+
 def cpu_profile() -> VllmProfile:
     return cpu_dev_profile("/models/tiny", "tiny", port=9001, core=1, python="/venv/bin/python")
 
@@ -51,7 +58,7 @@ def test_gpu_small_profile_renders_the_production_flags() -> None:
     assert "--enforce-eager" not in argv  # CUDA graphs stay on
     assert "--tensor-parallel-size" not in argv
     assert "--quantization" not in argv
-    events = json.loads(option(argv, "--kv-events-config"))
+    events = json.loads(given(argv, "--kv-events-config"))
     assert events["enable_kv_cache_events"] and events["endpoint"] == "tcp://*:5557"
 
 
@@ -172,7 +179,7 @@ def test_fleet_replicas_use_the_recipe_with_their_own_core() -> None:
     )  # fmt: skip
     # Events on an ipc:// socket: vLLM binds it (a tcp://127.0.0.1 endpoint it would connect
     # to), and only this machine reaches it.
-    assert json.loads(option(argv, "--kv-events-config"))["endpoint"].startswith("ipc://")
+    assert json.loads(given(argv, "--kv-events-config"))["endpoint"].startswith("ipc://")
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     argv, _ = fleet.replica_argv_env(9005, 1, Path("/models/tiny"), "tiny", venv)
     assert option(argv, "--dtype") == cpu_dtype(fleet.host_cpu_flags())

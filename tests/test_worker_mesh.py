@@ -34,7 +34,7 @@ from tests.test_shared_state import (
     routes_to,
 )
 from tests.test_shared_state_redis import returns
-from tests.test_tier_close_calls import fleet as tiered_fleet
+from tests.tiers import fleet as tiered_fleet
 
 
 @pytest.fixture
