@@ -19,6 +19,7 @@ import yaml
 from aiohttp import web
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.envoy import EnvoyProcess, envoy_binary, start_envoy
 from bench.launcher import GatewayProcess, start_picker
@@ -45,11 +46,15 @@ SYSTEM = "You are the support assistant of a bicycle shop. " * 80
 
 @contextlib.asynccontextmanager
 async def behind_envoy(
-    replicas: int = 2, *, fail_open: bool = True, more: Sequence[str] = ()
+    replicas: int = 2,
+    *,
+    fail_open: bool = True,
+    more: Sequence[str] = (),
+    sim: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[GatewayProcess, EnvoyProcess, dict[str, Any]]]:
     """Simulated replicas, the picker and Envoy, all real processes; ``more``: the URLs of
-    other replicas the pool lists."""
-    async with running_sims(replicas) as sims:
+    other replicas the pool lists; ``sim``: the simulated replicas' settings."""
+    async with running_sims(replicas, **(sim or {})) as sims:
         policy = pool_policy([*(sim.url for sim in sims), *more])
         picker = await start_picker(policy, env=FAST_PROBES)
         try:
@@ -216,3 +221,45 @@ async def test_a_replica_failing_before_its_first_byte_is_retried_on_a_fallback(
             assert raw.headers["x-gateway-replica"] != broken.removeprefix("http://")
             assert SERVED not in raw.headers
     assert tried >= 1  # it was picked, and failed, before Envoy tried the fallback
+
+
+async def test_a_fallback_that_serves_carries_the_requests_load_not_the_replica_that_failed() -> (
+    None
+):
+    """While Envoy's fallback streams the answer, the picker counts the request in flight there,
+    not on the picked replica that failed before its first byte (which would look busy for a
+    request it is not serving, and the fallback idle)."""
+    tried = 0
+
+    async def unavailable(request: web.Request) -> web.Response:
+        nonlocal tried
+        tried += 1
+        error = {"error": {"message": "engine dead", "type": "InternalServerError", "code": 503}}
+        return web.json_response(error, status=503)
+
+    slow = {"decode_step_s": 0.1}  # 30 tokens: a stream open for ~3 s
+    async with (
+        fake_replica(unavailable) as broken,
+        behind_envoy(1, more=[broken], sim=slow) as (picker, envoy, _),
+    ):
+        checked = False
+        for i in range(8):
+            before = tried
+            stream = await client(envoy).chat.completions.create(
+                **chat(f"Conversation {i}. " + SYSTEM, "hello", max_tokens=30), stream=True
+            )
+            async for _ in stream:
+                if tried > before and not checked:  # this one was picked onto the broken replica
+                    _, exposition = await get_text(f"{picker.url}/metrics")
+                    inflight = {
+                        s.labels["replica"]: s.value
+                        for family in text_string_to_metric_families(exposition)
+                        for s in family.samples
+                        if s.name == "gateway_replica_inflight"
+                    }
+                    assert inflight.pop(broken.removeprefix("http://"), 0) == 0
+                    assert list(inflight.values()) == [1]  # the simulated replica serving it
+                    checked = True
+            if checked:
+                break
+    assert checked, "the broken replica was never picked"

@@ -24,6 +24,7 @@ from gateway.picker.exchange import PickerExchange
 from gateway.relay import answers
 from gateway.routing.routed import Outcome, Routed
 from gateway.telemetry.metrics import GatewayMetrics
+from router_policies.decision import Decision, Route
 
 _TAIL = 512
 """Bytes of the previous chunk kept for finding `usage` split across two."""
@@ -62,32 +63,22 @@ class Picker:
             outcome.status = error.status
             await exchange.refuse(error)
             return
+        answer = _Answer(self._metrics, self._outliers, routed, dispatch)
         try:
             answer_headers = routed.answer_headers(dispatch.replica.name, dispatch.decision.route)
             outcome.route = answer_headers[headers.ROUTE]
             fallbacks = _fallbacks(
                 pool.replicas.values(), dispatch.replica, exclude, time.monotonic()
             )
-            by_address = {
+            answer.by_address = {
                 await self._addresses.of(r.url): r for r in (dispatch.replica, *fallbacks)
             }
-            await exchange.pick(list(by_address), answer_headers)
-            outcome.status = await self._follow(exchange, routed, dispatch, by_address)
+            await exchange.pick(list(answer.by_address), answer_headers)
+            outcome.status = await exchange.follow(answer.began, answer.chunk)
+            if 0 < outcome.status < 500:
+                self._outliers.success(answer.dispatch.replica)
         finally:
-            pool.end(dispatch)
-
-    async def _follow(
-        self,
-        exchange: PickerExchange,
-        routed: Routed,
-        dispatch: Dispatch,
-        by_address: Mapping[str, ReplicaState],
-    ) -> int:
-        answer = _Answer(self._metrics, self._outliers, routed, dispatch, by_address)
-        status = await exchange.follow(answer.began, answer.chunk)
-        if 0 < status < 500:
-            self._outliers.success(answer.replica)
-        return status
+            pool.end(answer.dispatch)  # the fallback's, where one served
 
 
 class Addresses:
@@ -143,15 +134,15 @@ class _Answer:
         outliers: OutlierDetector,
         routed: Routed,
         dispatch: Dispatch,
-        by_address: Mapping[str, ReplicaState],
     ) -> None:
         self._metrics = metrics
         self._outliers = outliers
         self._routed = routed
-        self._dispatch = dispatch
-        self._by_address = by_address
-        self.replica = dispatch.replica
-        """The replica whose answer this is: a fallback when the picked one failed."""
+        self.by_address: Mapping[str, ReplicaState] = {}
+        """The replicas the pick named, by the address Envoy reports as the one that served."""
+        self.dispatch = dispatch
+        """The attempt whose answer this is: on a fallback when the picked replica failed."""
+        self._moved = False
         self._watch = routed.hooks.answered if routed.hooks is not None else None
         self._status = 0
         self._stream = False
@@ -166,18 +157,28 @@ class _Answer:
         self._stream = content_type.startswith(answers.SSE) and status < 400
         pool, now = self._routed.pool, time.monotonic()
         changed: dict[str, str] = {}
-        fallback = self._by_address.get(served)
-        if fallback is not None and fallback is not self.replica:
+        fallback = self.by_address.get(served)
+        if fallback is not None and fallback is not self.dispatch.replica:
             # Envoy retried it: the picked replica failed before its first byte.
-            self._outliers.failure(pool, self.replica, "failed before its first byte", now)
-            self.replica = fallback
+            self._outliers.failure(pool, self.dispatch.replica, "failed before its first byte", now)
+            self._move(fallback)
             changed[headers.REPLICA] = fallback.name
         if status >= 500:
-            self._outliers.failure(pool, self.replica, f"HTTP {status}", now)
+            self._outliers.failure(pool, self.dispatch.replica, f"HTTP {status}", now)
         return changed
 
+    def _move(self, fallback: ReplicaState) -> None:
+        """The request is the fallback's from here on: in flight there, not on the replica that
+        failed, and its usage judged against what the fallback was predicted to hold."""
+        pool, features = self._routed.pool, self.dispatch.request
+        pool.end(self.dispatch)
+        others = [name for name in pool.replicas if name != fallback.name]
+        decision = pool.decide(features, others) or Decision(fallback.name, Route.LEAST_LOADED)
+        self.dispatch = pool.begin(decision, features, retry=True)
+        self._moved = True
+
     def chunk(self, chunk: bytes) -> None:
-        routed, dispatch = self._routed, self._dispatch
+        routed, dispatch = self._routed, self.dispatch
         pool = routed.pool
         if (
             self._stream
@@ -186,9 +187,9 @@ class _Answer:
         ):
             self._waiting = False
             self._metrics.ttft_of(pool.name).observe(time.perf_counter() - routed.started)
-            if self.replica is dispatch.replica:  # a fallback's first byte says nothing of it
+            if not self._moved:  # a fallback's wait began before it was known: no rate in it
                 pool.first_byte(dispatch, time.monotonic() - dispatch.at)
-        if self._watch is not None and not self._watch(self.replica.name, self._status, chunk):
+        if self._watch is not None and not self._watch(dispatch.replica.name, self._status, chunk):
             self._watch = None
         seen = self._tail + chunk
         if routed.learn_usage(dispatch, seen):
