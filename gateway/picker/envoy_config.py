@@ -21,6 +21,11 @@ LB_NAMESPACE = "envoy.lb"
 SERVED = "x-gateway-destination-endpoint-served"
 """The endpoint that served the request (Envoy's %UPSTREAM_HOST%), on the answer's headers as
 the picker sees them: a fallback when the picked replica failed. The client never gets it."""
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET = "x-gateway-destination-endpoint-subset"
+"""Where the proxy may name the endpoints (ip:port) the picker must choose among: a list under
+this key of the request's filter metadata, in this namespace (the endpoint-picker protocol's
+subset; the printed bootstrap forwards the namespace to the picker when a filter sets it)."""
 FALLBACKS = 2
 """Replicas the picker names after its choice, and so Envoy's retries: a replica failing before
 its first byte (refused, reset, a 5xx) is retried on the next, as `serve` retries it."""
@@ -121,7 +126,10 @@ def bootstrap(
             "response_body_mode": "STREAMED",
             "response_trailer_mode": "SKIP",
         },
-        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
+        "metadata_options": {
+            "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]},
+            "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+        },
     }
     manager = {
         "@type": _TYPES

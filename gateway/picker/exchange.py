@@ -14,11 +14,17 @@ import grpc
 from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 
 from gateway import headers
 from gateway.http.errors import ApiError
-from gateway.picker.envoy_config import DESTINATION, LB_NAMESPACE, SERVED
+from gateway.picker.envoy_config import (
+    DESTINATION,
+    LB_NAMESPACE,
+    SERVED,
+    SUBSET,
+    SUBSET_NAMESPACE,
+)
 from gateway.routing.routed import CLIENT_CLOSED
 from gateway.telemetry.logs import REQUEST_ID
 
@@ -91,15 +97,28 @@ class Envoy:
         return None
 
 
+def endpoint_subset(message: Any) -> frozenset[str] | None:
+    """The endpoints (ip:port) the proxy allows for this request, from the request headers'
+    message; None when it names no subset."""
+    hint = message.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+    if hint is None or SUBSET not in hint.fields:
+        return None
+    value = json_format.MessageToDict(hint)[SUBSET]
+    items = value if isinstance(value, list) else str(value).split(",")
+    return frozenset(str(item).strip() for item in items)
+
+
 class PickerExchange:
     """The client's side of a request Envoy relays: either a refusal the gateway answers
     itself (an immediate response), or a pick, after which Envoy relays the replica's answer
     and the picker follows it."""
 
-    __slots__ = ("_answer_headers", "_envoy", "picked")
+    __slots__ = ("_answer_headers", "_envoy", "picked", "subset")
 
-    def __init__(self, envoy: Envoy) -> None:
+    def __init__(self, envoy: Envoy, subset: frozenset[str] | None = None) -> None:
         self._envoy = envoy
+        self.subset = subset
+        """The endpoints (ip:port) the pick must be among, where the proxy named a subset."""
         self.picked = False
         self._answer_headers: Mapping[str, str] = {}
 

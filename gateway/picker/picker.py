@@ -52,7 +52,9 @@ class Picker:
 
     async def _forward(self, exchange: PickerExchange, routed: Routed, outcome: Outcome) -> None:
         pool = routed.pool
-        exclude = routed.hooks.exclude(pool.replicas, [], 0) if routed.hooks is not None else ()
+        exclude = routed.hooks.exclude(pool.replicas, [], 0) if routed.hooks is not None else []
+        if exchange.subset is not None:
+            exclude = [*exclude, *await self._outside(pool.replicas.values(), exchange.subset)]
         error: ApiError | None = None
         try:
             dispatch = await pool.acquire(routed.features, exclude=exclude)
@@ -79,6 +81,21 @@ class Picker:
                 self._outliers.success(answer.dispatch.replica)
         finally:
             pool.end(answer.dispatch)  # the fallback's, where one served
+
+    async def _outside(
+        self, replicas: Iterable[ReplicaState], subset: Collection[str]
+    ) -> list[str]:
+        """The replicas the proxy's subset leaves out (all of them for an empty subset: the
+        pool then has no replica for the request, a 503, as the protocol asks)."""
+        out = []
+        for replica in replicas:
+            try:
+                address = await self._addresses.of(replica.url)
+            except OSError:
+                address = ""  # never resolved: not an address the proxy could have named
+            if address not in subset:
+                out.append(replica.name)
+        return out
 
 
 class Addresses:

@@ -25,7 +25,7 @@ from gateway.app_keys import LIFECYCLE, LIMITER, POLICY
 from gateway.http.completions import complete, count_error, request_id
 from gateway.http.errors import ApiError, internal_error
 from gateway.http.request_body import Endpoint
-from gateway.picker.exchange import Envoy, PickerExchange, go_on
+from gateway.picker.exchange import Envoy, PickerExchange, endpoint_subset, go_on
 from gateway.picker.picker import Picker
 from gateway.telemetry.logs import REQUEST_ID
 
@@ -72,6 +72,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             await envoy.pass_through(message)
             return
         sent = header_map(message.request_headers.headers)
+        subset = endpoint_subset(message)
         endpoint = _ENDPOINTS.get(sent.get(":path", "").split("?", 1)[0])
         await envoy.write(go_on(message))
         bodiless = message.request_headers.end_of_stream
@@ -83,7 +84,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             return
         started = time.perf_counter()
         REQUEST_ID.set(request_id(sent))
-        exchange = PickerExchange(envoy)
+        exchange = PickerExchange(envoy, subset)
         app = self._app
         fleet = app[POLICY].fleet  # one generation of the policy for the whole request
         try:
