@@ -38,6 +38,11 @@ class Settings(BaseSettings):
     max_json_depth: Annotated[int, Field(ge=2, le=200)] = 64
     """Deepest nesting of arrays and objects a body may have; checked before anything walks
     it (orjson cannot serialise past 254 levels, and recursion costs the event loop)."""
+    stream_usage: bool = True
+    """Ask a replica for the usage of a chat or completions stream whose client did not
+    (`stream_options.include_usage`, which the OpenAI SDKs leave off) and drop that event from
+    what the client gets: routing learns from every stream, and a tenant's token charge is
+    corrected by it (gateway/relay/stream_usage.py). Off: such a stream teaches nothing."""
     retries: Annotated[int, Field(ge=0, le=10)] = 1
     """Extra attempts on another replica when one refuses or fails before the first byte."""
     connect_timeout_s: Annotated[float, Field(gt=0)] = 3.0

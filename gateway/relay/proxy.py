@@ -32,7 +32,7 @@ from gateway.http.errors import (
 )
 from gateway.http.exchange import Exchange
 from gateway.http.request_body import Endpoint
-from gateway.relay import answers
+from gateway.relay import answers, stream_usage
 from gateway.relay.upstream import UpstreamResponse, Upstreams
 from gateway.relay.upstream_errors import (
     ReplicaDisconnected,
@@ -74,7 +74,8 @@ class Forwarder:
 
     async def forward(self, exchange: Exchange, routed: Routed) -> int:
         """Answers the request through ``exchange``; the status its answer went out with."""
-        req = Forwarding(exchange, routed, Outcome())
+        asked = stream_usage.asking_usage(routed.parsed) if self._settings.stream_usage else None
+        req = Forwarding(exchange, routed, Outcome(), asked or routed.parsed.raw, asked is not None)
         outcome = req.outcome
         try:
             return await self._forward(req)
@@ -159,7 +160,7 @@ class Forwarder:
             deadline = asyncio.timeout(wait) if stream else _UNBOUNDED
             async with deadline:
                 upstream = await self._upstreams.post(
-                    replica.url, routed.parsed.endpoint.value, routed.parsed.raw, out
+                    replica.url, routed.parsed.endpoint.value, req.body, out
                 )
                 if upstream.content_type == answers.SSE and upstream.status < 400:
                     # Nothing has gone to the client yet: a replica that dies or stalls
@@ -328,12 +329,21 @@ class Forwarder:
             routed.learn_usage(dispatch, chunk)
             before_last, last = last, chunk
 
+        # The usage the gateway asked for is learned from, not shown to the client.
+        shown = stream_usage.UsageDropped() if req.asked_usage else None
+
+        def client_part(chunk: bytes) -> bytes:
+            return shown(chunk) if shown is not None else chunk
+
+        def held() -> bytes:
+            return shown.rest() if shown is not None else b""
+
         def relay(chunk: bytes) -> None:
-            exchange.write_nowait(chunk)
+            exchange.write_nowait(client_part(chunk))
             note(chunk)
 
         try:
-            await exchange.start(upstream.status, out, first)
+            await exchange.start(upstream.status, out, client_part(first))
             note(first)
             try:
                 if exchange.direct:
@@ -346,22 +356,24 @@ class Forwarder:
                         exchange.throttle(None)
                 else:
                     while chunk := await upstream.readany():
-                        await exchange.write(chunk)
+                        await exchange.write(client_part(chunk))
                         note(chunk)
             except (UpstreamError, TimeoutError) as exc:
                 log.warning(
                     "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
                 )
                 self._failed(routed.pool, dispatch.replica, "stream broke")
-                await exchange.write(sse_error(exc))
+                await exchange.write(held() + sse_error(exc))
                 clean = False
             if clean and not (ended and answers.stream_whole(endpoint, before_last, last)):
                 log.warning("stream from %s ended before its end", out[headers.REPLICA])
                 self._failed(routed.pool, dispatch.replica, "stream cut short")
-                await exchange.write(sse_error(ConnectionResetError("stream ended early")))
+                await exchange.write(held() + sse_error(ConnectionResetError("stream ended early")))
                 clean = False
             elif clean:
                 self._outliers.success(dispatch.replica)
+            if tail := held():  # a last event the replica never ended (a stream cut there)
+                await exchange.write(tail)
             await exchange.end()
         except asyncio.CancelledError:
             if self.closing:

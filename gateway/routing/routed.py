@@ -103,3 +103,7 @@ class Forwarding:
     exchange: Exchange
     routed: Routed
     outcome: Outcome
+    body: bytes
+    """What the replicas are sent: the client's body, or it asking for a stream's usage."""
+    asked_usage: bool = False
+    """The gateway asked for the stream's usage: the client does not get that event."""

@@ -1,0 +1,117 @@
+"""Streams whose client did not ask for usage: the gateway asks the replica for it, learns from
+it, and the client gets the stream it asked for, without that event. A client that asked gets
+it as ever, and with `GATEWAY_STREAM_USAGE=false` nothing is asked."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.http.request_body import Endpoint, parse_request
+from gateway.relay.stream_usage import UsageDropped, asking_usage
+from tests.conftest import MODEL, admin_route, official_client, running_gateway, running_sims
+
+ADMIN_TOKEN = "test-admin-token"
+CHUNK = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+USAGE = b'data: {"id":"c1","choices":[],"usage":{"prompt_tokens":9,"total_tokens":11}}\n\n'
+DONE = b"data: [DONE]\n\n"
+ASKED = {"include_usage": True}
+
+
+def sent(endpoint: Endpoint, **body: Any) -> bytes | None:
+    raw = orjson.dumps({"model": MODEL, **body})
+    return asking_usage(parse_request(endpoint, raw, 64))
+
+
+def test_a_chat_or_completions_stream_asks_for_usage_keeping_its_other_options() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    chat = sent(Endpoint.CHAT, messages=messages, stream=True)
+    assert chat is not None
+    assert orjson.loads(chat) == {
+        "model": MODEL, "messages": messages, "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    options = {"continuous_usage_stats": True}
+    completion = sent(Endpoint.COMPLETIONS, prompt="hi", stream=True, stream_options=options)
+    assert completion is not None
+    assert orjson.loads(completion)["stream_options"] == {**options, "include_usage": True}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"),
+    [
+        (Endpoint.CHAT, {"messages": [{"role": "user", "content": "hi"}]}),  # not a stream
+        (Endpoint.COMPLETIONS, {"prompt": "hi", "stream": True, "stream_options": ASKED}),
+        (Endpoint.RESPONSES, {"input": "hi", "stream": True}),  # ends with its usage anyway
+    ],
+)
+def test_what_is_sent_as_the_client_sent_it(endpoint: Endpoint, body: dict[str, Any]) -> None:
+    assert sent(endpoint, **body) is None
+
+
+def test_the_usage_event_is_dropped_and_every_other_goes_through_whole() -> None:
+    client = UsageDropped()
+    assert client(CHUNK) == CHUNK
+    assert client(CHUNK + USAGE + DONE) == CHUNK + DONE
+    assert client.rest() == b""
+
+
+def test_an_event_split_between_chunks_waits_for_its_end() -> None:
+    client = UsageDropped()
+    stream = CHUNK + USAGE + DONE
+    parts = [client(stream[i : i + 7]) for i in range(0, len(stream), 7)]
+    assert b"".join(parts) == CHUNK + DONE
+    client(b"data: {")
+    assert client.rest() == b"data: {"  # a stream cut there: what came goes on
+
+
+async def test_a_stream_without_usage_teaches_the_pool_and_its_client_never_sees_the_event() -> (
+    None
+):
+    env = {"GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
+    async with running_sims(1) as sims, running_gateway([sims[0].url], env=env) as gateway:
+        openai = official_client(gateway.url)
+        probe = {"model": MODEL, "messages": [{"role": "user", "content": "?"}]}
+        untaught = (await admin_route(gateway.url, ADMIN_TOKEN, probe))["chars_per_token"]
+        for i in range(3):
+            stream = await openai.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": f"Tell me about parcel {i}. " * 60}],
+                max_tokens=4,
+                stream=True,
+            )
+            chunks = [chunk async for chunk in stream]
+            assert chunks and all(chunk.choices and chunk.usage is None for chunk in chunks)
+        await asyncio.sleep(0.2)  # an answer's usage is read just after it is written
+        taught = (await admin_route(gateway.url, ADMIN_TOKEN, probe))["chars_per_token"]
+        assert taught != untaught
+        # A client that asks for usage gets it, as ever.
+        stream = await openai.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        last = [chunk async for chunk in stream][-1]
+        assert last.choices == [] and last.usage is not None and last.usage.prompt_tokens > 0
+
+
+async def test_switched_off_a_stream_without_usage_teaches_nothing() -> None:
+    env = {"GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN, "GATEWAY_STREAM_USAGE": "false"}
+    async with running_sims(1) as sims, running_gateway([sims[0].url], env=env) as gateway:
+        openai = official_client(gateway.url)
+        probe = {"model": MODEL, "messages": [{"role": "user", "content": "?"}]}
+        untaught = (await admin_route(gateway.url, ADMIN_TOKEN, probe))["chars_per_token"]
+        stream = await openai.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Tell me about parcels. " * 60}],
+            max_tokens=4,
+            stream=True,
+        )
+        assert all([chunk.choices async for chunk in stream])
+        await asyncio.sleep(0.2)
+        assert (await admin_route(gateway.url, ADMIN_TOKEN, probe))["chars_per_token"] == untaught
