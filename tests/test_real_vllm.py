@@ -65,9 +65,12 @@ async def test_openai_completions_streamed_text_equals_unstreamed(fleet: RealFle
     async with fleet.client() as client:
         whole = await client.completions.create(**request)
         stream = await client.completions.create(**request, stream=True)
-        parts = [choice.text async for chunk in stream for choice in chunk.choices]
+        chunks = [chunk async for chunk in stream]
+    parts = [choice.text for chunk in chunks for choice in chunk.choices]
     assert whole.choices[0].text and "".join(parts) == whole.choices[0].text
     assert whole.usage is not None and whole.usage.completion_tokens == 32
+    # The gateway asked vLLM for this stream's usage, which the client did not: never shown.
+    assert all(chunk.choices and chunk.usage is None for chunk in chunks)
 
 
 async def test_client_disconnect_mid_stream_frees_the_engine(fleet: RealFleet) -> None:
