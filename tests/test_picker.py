@@ -30,6 +30,7 @@ from router_policies.schema import parse_policy
 from tests.conftest import (
     FAST_PROBES,
     MODEL,
+    admin_route,
     chat,
     fake_replica,
     get_text,
@@ -52,13 +53,15 @@ async def behind_envoy(
     more: Sequence[str] = (),
     sim: dict[str, Any] | None = None,
     subset: Callable[[list[str]], list[str]] | None = None,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[tuple[GatewayProcess, EnvoyProcess, dict[str, Any]]]:
     """Simulated replicas, the picker and Envoy, all real processes; ``more``: the URLs of
     other replicas the pool lists; ``sim``: the simulated replicas' settings; ``subset``: from
-    the replicas' ip:port, the subset of endpoints a filter ahead of the picker names."""
+    the replicas' ip:port, the subset of endpoints a filter ahead of the picker names; ``env``:
+    the picker's settings."""
     async with running_sims(replicas, **(sim or {})) as sims:
         policy = pool_policy([*(sim.url for sim in sims), *more])
-        picker = await start_picker(policy, env=FAST_PROBES)
+        picker = await start_picker(policy, env={**FAST_PROBES, **(env or {})})
         try:
             assert picker.picker_port is not None
             endpoints = [
@@ -302,3 +305,23 @@ async def test_a_subset_naming_no_replica_of_the_pool_is_answered_503() -> None:
         with pytest.raises(openai.InternalServerError) as refused:
             await client(envoy).chat.completions.create(**chat(SYSTEM, "hello", max_tokens=2))
         assert refused.value.status_code == 503
+
+
+async def test_behind_envoy_a_stream_without_usage_teaches_the_picker_and_its_client_never_sees_it() -> (
+    None
+):
+    """As `serve` does: the picker asks the replica for the stream's usage the client did not
+    ask for (a body Envoy sends in place of the client's), learns from it, and drops that event
+    from the answer Envoy relays."""
+    token = "picker-admin-token"
+    async with behind_envoy(1, env={"GATEWAY_ADMIN_TOKEN": token}) as (picker, envoy, _):
+        probe = {"model": MODEL, "messages": [{"role": "user", "content": "?"}]}
+        untaught = (await admin_route(picker.url, token, probe))["chars_per_token"]
+        for i in range(3):
+            stream = await client(envoy).chat.completions.create(
+                **chat(SYSTEM, f"Tell me about parcel {i}. " * 40, max_tokens=4), stream=True
+            )
+            chunks = [chunk async for chunk in stream]
+            assert chunks and all(chunk.choices and chunk.usage is None for chunk in chunks)
+        await asyncio.sleep(0.2)  # the answer's end reaches the picker just after the client's
+        assert (await admin_route(picker.url, token, probe))["chars_per_token"] != untaught

@@ -25,6 +25,7 @@ from gateway.picker.envoy_config import (
     SUBSET,
     SUBSET_NAMESPACE,
 )
+from gateway.relay.stream_usage import UsageDropped
 from gateway.routing.routed import CLIENT_CLOSED
 from gateway.telemetry.logs import REQUEST_ID
 
@@ -97,6 +98,20 @@ class Envoy:
         return None
 
 
+def _shown_part(chunk: Any, shown: UsageDropped) -> Any:
+    """Envoy's answer to a chunk of a stream whose usage the gateway asked for: the chunk as it
+    came where the client may see all of it, else what it may (the usage event dropped)."""
+    part = shown(chunk.body)
+    if chunk.end_of_stream:
+        part += shown.rest()
+    if part == chunk.body:
+        return _CONTINUE["response_body"]
+    mutation = pb.BodyMutation(body=part)
+    return pb.ProcessingResponse(
+        response_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
+    )
+
+
 def endpoint_subset(message: Any) -> frozenset[str] | None:
     """The endpoints (ip:port) the proxy allows for this request, from the request headers'
     message; None when it names no subset."""
@@ -135,18 +150,24 @@ class PickerExchange:
             )
         )
 
-    async def pick(self, endpoints: Sequence[str], answer_headers: Mapping[str, str]) -> None:
-        """Sends the request to ``endpoints[0]`` (ip:port), the others its fallbacks in turn;
-        its answer will carry ``answer_headers``."""
+    async def pick(
+        self, endpoints: Sequence[str], answer_headers: Mapping[str, str], body: bytes | None
+    ) -> None:
+        """Sends the request to ``endpoints[0]`` (ip:port), the others its fallbacks in turn,
+        with ``body`` in place of the client's where given; its answer will carry
+        ``answer_headers``."""
         value = ",".join(endpoints)
         metadata = struct_pb2.Struct()
         metadata.update({LB_NAMESPACE: {DESTINATION: value}})
+        common = pb.CommonResponse(header_mutation=_mutation({DESTINATION: value}))
+        if body is not None:
+            common = pb.CommonResponse(
+                header_mutation=_mutation({DESTINATION: value, "content-length": str(len(body))}),
+                body_mutation=pb.BodyMutation(body=body),
+            )
         await self._envoy.write(
             pb.ProcessingResponse(
-                request_body=pb.BodyResponse(
-                    response=pb.CommonResponse(header_mutation=_mutation({DESTINATION: value}))
-                ),
-                dynamic_metadata=metadata,
+                request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata
             )
         )
         self.picked = True
@@ -156,11 +177,13 @@ class PickerExchange:
         self,
         on_status: Callable[[int, str, str], Mapping[str, str]],
         on_chunk: Callable[[bytes], None],
+        shown: UsageDropped | None = None,
     ) -> int:
         """Answers Envoy's messages about the replica's answer until its end: its status, or
         CLIENT_CLOSED when the stream ended first (the client left, or Envoy gave up).
         ``on_status`` gets the status, the content type and the endpoint that served, and
-        returns headers that replace answer headers of the pick."""
+        returns headers that replace answer headers of the pick; ``shown``, where the gateway
+        asked for the stream's usage, is what of each chunk the client gets."""
         envoy = self._envoy
         status = CLIENT_CLOSED
         while (message := await envoy.read()) is not None:
@@ -182,7 +205,10 @@ class PickerExchange:
                     return answer
                 status = answer
                 continue
-            await envoy.write(go_on(message))
+            if kind == "response_body" and shown is not None and status < 400:
+                await envoy.write(_shown_part(message.response_body, shown))
+            else:
+                await envoy.write(go_on(message))
             if kind == "response_body":
                 on_chunk(message.response_body.body)
                 if message.response_body.end_of_stream:

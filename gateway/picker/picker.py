@@ -22,6 +22,7 @@ from gateway.http.errors import ApiError, no_healthy_replica, pool_saturated
 from gateway.picker.envoy_config import FALLBACKS
 from gateway.picker.exchange import PickerExchange
 from gateway.relay import answers
+from gateway.relay.stream_usage import UsageDropped, asking_usage
 from gateway.routing.routed import Outcome, Routed
 from gateway.telemetry.metrics import GatewayMetrics
 from router_policies.decision import Decision, Route
@@ -35,10 +36,14 @@ follow within seconds; an address kept for good would name a pod that is gone.""
 
 
 class Picker:
-    def __init__(self, metrics: GatewayMetrics, outliers: OutlierDetector) -> None:
+    def __init__(
+        self, metrics: GatewayMetrics, outliers: OutlierDetector, *, stream_usage: bool = True
+    ) -> None:
         self._metrics = metrics
         self._outliers = outliers
         self._addresses = Addresses()
+        self._stream_usage = stream_usage
+        """Ask for a stream's usage the client did not ask for (gateway/relay/stream_usage.py)."""
 
     async def forward(self, exchange: PickerExchange, routed: Routed) -> int:
         """Picks the replica and follows its answer; the status the answer ended with."""
@@ -75,8 +80,10 @@ class Picker:
             answer.by_address = {
                 await self._addresses.of(r.url): r for r in (dispatch.replica, *fallbacks)
             }
-            await exchange.pick(list(answer.by_address), answer_headers)
-            outcome.status = await exchange.follow(answer.began, answer.chunk)
+            asked = asking_usage(routed.parsed) if self._stream_usage else None
+            await exchange.pick(list(answer.by_address), answer_headers, asked)
+            shown = UsageDropped() if asked is not None else None
+            outcome.status = await exchange.follow(answer.began, answer.chunk, shown)
             if 0 < outcome.status < 500:
                 self._outliers.success(answer.dispatch.replica)
         finally:

@@ -28,7 +28,7 @@ def add_picker(app: web.Application, host: str, port: int) -> None:
 async def _picker(app: web.Application, *, host: str, port: int) -> AsyncIterator[None]:
     # No SO_REUSEPORT: a second picker on a taken port must fail, not share it unseen.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    picker = Picker(app[METRICS], app[OUTLIERS])
+    picker = Picker(app[METRICS], app[OUTLIERS], stream_usage=app[SETTINGS].stream_usage)
     pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(app, picker), server)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
