@@ -159,12 +159,12 @@ class PickerExchange:
         value = ",".join(endpoints)
         metadata = struct_pb2.Struct()
         metadata.update({LB_NAMESPACE: {DESTINATION: value}})
-        common = pb.CommonResponse(header_mutation=_mutation({DESTINATION: value}))
+        mutated = {DESTINATION: value}
         if body is not None:
-            common = pb.CommonResponse(
-                header_mutation=_mutation({DESTINATION: value, "content-length": str(len(body))}),
-                body_mutation=pb.BodyMutation(body=body),
-            )
+            mutated["content-length"] = str(len(body))
+        common = pb.CommonResponse(header_mutation=_mutation(mutated))
+        if body is not None:
+            common.body_mutation.body = body
         await self._envoy.write(
             pb.ProcessingResponse(
                 request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata
