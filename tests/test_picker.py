@@ -91,6 +91,19 @@ def subset_filter(endpoints: list[str]) -> dict[str, Any]:
     }
 
 
+class Unavailable:
+    """A replica's completions handler that answers 503 every time (its health checks pass),
+    counting the requests it got."""
+
+    def __init__(self) -> None:
+        self.tried = 0
+
+    async def __call__(self, request: web.Request) -> web.Response:
+        self.tried += 1
+        error = {"error": {"message": "engine dead", "type": "InternalServerError", "code": 503}}
+        return web.json_response(error, status=503)
+
+
 def client(envoy: EnvoyProcess) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=f"{envoy.listen_url}/v1", api_key="unused", max_retries=0)
 
@@ -227,13 +240,7 @@ async def test_a_replica_failing_before_its_first_byte_is_retried_on_a_fallback(
     """A replica that passes its health checks and answers every completion 503: the picker
     names fallbacks after it, Envoy retries there, and the answer names the replica that
     served it."""
-    tried = 0
-
-    async def unavailable(request: web.Request) -> web.Response:
-        nonlocal tried
-        tried += 1
-        error = {"error": {"message": "engine dead", "type": "InternalServerError", "code": 503}}
-        return web.json_response(error, status=503)
+    unavailable = Unavailable()
 
     async with fake_replica(unavailable) as broken, behind_envoy(1, more=[broken]) as (_, envoy, _):
         for i in range(6):
@@ -243,7 +250,7 @@ async def test_a_replica_failing_before_its_first_byte_is_retried_on_a_fallback(
             assert raw.parse().choices[0].message.content
             assert raw.headers["x-gateway-replica"] != broken.removeprefix("http://")
             assert SERVED not in raw.headers
-    assert tried >= 1  # it was picked, and failed, before Envoy tried the fallback
+    assert unavailable.tried >= 1  # it was picked, and failed, before Envoy tried the fallback
 
 
 async def test_a_fallback_that_serves_carries_the_requests_load_not_the_replica_that_failed() -> (
@@ -252,13 +259,7 @@ async def test_a_fallback_that_serves_carries_the_requests_load_not_the_replica_
     """While Envoy's fallback streams the answer, the picker counts the request in flight there,
     not on the picked replica that failed before its first byte (which would look busy for a
     request it is not serving, and the fallback idle)."""
-    tried = 0
-
-    async def unavailable(request: web.Request) -> web.Response:
-        nonlocal tried
-        tried += 1
-        error = {"error": {"message": "engine dead", "type": "InternalServerError", "code": 503}}
-        return web.json_response(error, status=503)
+    unavailable = Unavailable()
 
     slow = {"decode_step_s": 0.1}  # 30 tokens: a stream open for ~3 s
     async with (
@@ -267,12 +268,14 @@ async def test_a_fallback_that_serves_carries_the_requests_load_not_the_replica_
     ):
         checked = False
         for i in range(8):
-            before = tried
+            before = unavailable.tried
             stream = await client(envoy).chat.completions.create(
                 **chat(f"Conversation {i}. " + SYSTEM, "hello", max_tokens=30), stream=True
             )
             async for _ in stream:
-                if tried > before and not checked:  # this one was picked onto the broken replica
+                if (
+                    unavailable.tried > before and not checked
+                ):  # this one was picked onto the broken replica
                     _, exposition = await get_text(f"{picker.url}/metrics")
                     inflight = {
                         s.labels["replica"]: s.value
