@@ -310,9 +310,7 @@ async def test_a_subset_naming_no_replica_of_the_pool_is_answered_503() -> None:
         assert refused.value.status_code == 503
 
 
-async def test_behind_envoy_a_stream_without_usage_teaches_the_picker_and_its_client_never_sees_it() -> (
-    None
-):
+async def test_behind_envoy_a_stream_without_usage_teaches_the_picker_not_its_client() -> None:
     """As `serve` does: the picker asks the replica for the stream's usage the client did not
     ask for (a body Envoy sends in place of the client's), learns from it, and drops that event
     from the answer Envoy relays."""
