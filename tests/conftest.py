@@ -201,6 +201,14 @@ async def admin_route(
         return result
 
 
+async def learned_chars_per_token(url: str, token: str) -> float:
+    """The characters per token the gateway's pool has learned from the replicas' usage (its
+    /admin/route dry run shows it)."""
+    probe = {"model": MODEL, "messages": [{"role": "user", "content": "?"}]}
+    learned: float = (await admin_route(url, token, probe))["chars_per_token"]
+    return learned
+
+
 async def get_text(url: str) -> tuple[int, str]:
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         return response.status, await response.text()

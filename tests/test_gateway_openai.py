@@ -17,7 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway import headers
 from gateway.telemetry.metrics import NO_POOL
 from replica.processes import ManagedProcess
-from tests.conftest import MODEL, admin_route, official_client, running_gateway, running_sims
+from tests.conftest import (
+    MODEL,
+    admin_route,
+    learned_chars_per_token,
+    official_client,
+    running_gateway,
+    running_sims,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -209,10 +216,7 @@ async def test_responses_usage_teaches_the_pool_but_not_a_follow_ups(
     env = {"GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
     async with running_gateway([r.url for r in replicas], env=env) as gateway:
         openai = official_client(gateway.url)
-        probe = {"model": MODEL, "input": "?"}
-        untaught = (await admin_route(gateway.url, ADMIN_TOKEN, probe, "/v1/responses"))[
-            "chars_per_token"
-        ]
+        untaught = await learned_chars_per_token(gateway.url, ADMIN_TOKEN)
         stored = []
         for i in range(3):
             stored.append(
@@ -221,9 +225,7 @@ async def test_responses_usage_teaches_the_pool_but_not_a_follow_ups(
                 )
             )
         await asyncio.sleep(0.2)  # an answer's usage is read just after it is written
-        taught = (await admin_route(gateway.url, ADMIN_TOKEN, probe, "/v1/responses"))[
-            "chars_per_token"
-        ]
+        taught = await learned_chars_per_token(gateway.url, ADMIN_TOKEN)
         assert taught != untaught  # the replicas' input_tokens were read
         # A follow-up's prompt is its stored history too, which the gateway never saw.
         for first in stored:
@@ -231,9 +233,7 @@ async def test_responses_usage_teaches_the_pool_but_not_a_follow_ups(
                 model=MODEL, input="Shorter?", previous_response_id=first.id, max_output_tokens=4
             )
         await asyncio.sleep(0.2)
-        assert (await admin_route(gateway.url, ADMIN_TOKEN, probe, "/v1/responses"))[
-            "chars_per_token"
-        ] == taught
+        assert await learned_chars_per_token(gateway.url, ADMIN_TOKEN) == taught
 
 
 async def test_streamed_response_is_relayed_and_its_id_learned(gateway: ManagedProcess) -> None:

@@ -30,10 +30,10 @@ from router_policies.schema import parse_policy
 from tests.conftest import (
     FAST_PROBES,
     MODEL,
-    admin_route,
     chat,
     fake_replica,
     get_text,
+    learned_chars_per_token,
     metric,
     pool_policy,
     running_gateway,
@@ -316,8 +316,7 @@ async def test_behind_envoy_a_stream_without_usage_teaches_the_picker_not_its_cl
     from the answer Envoy relays."""
     token = "picker-admin-token"
     async with behind_envoy(1, env={"GATEWAY_ADMIN_TOKEN": token}) as (picker, envoy, _):
-        probe = {"model": MODEL, "messages": [{"role": "user", "content": "?"}]}
-        untaught = (await admin_route(picker.url, token, probe))["chars_per_token"]
+        untaught = await learned_chars_per_token(picker.url, token)
         for i in range(3):
             stream = await client(envoy).chat.completions.create(
                 **chat(SYSTEM, f"Tell me about parcel {i}. " * 40, max_tokens=4), stream=True
@@ -325,4 +324,4 @@ async def test_behind_envoy_a_stream_without_usage_teaches_the_picker_not_its_cl
             chunks = [chunk async for chunk in stream]
             assert chunks and all(chunk.choices and chunk.usage is None for chunk in chunks)
         await asyncio.sleep(0.2)  # the answer's end reaches the picker just after the client's
-        assert (await admin_route(picker.url, token, probe))["chars_per_token"] != untaught
+        assert await learned_chars_per_token(picker.url, token) != untaught

@@ -12,7 +12,13 @@ import pytest
 
 from gateway.http.request_body import Endpoint, parse_request
 from gateway.relay.stream_usage import UsageDropped, asking_usage
-from tests.conftest import MODEL, admin_route, official_client, running_gateway, running_sims
+from tests.conftest import (
+    MODEL,
+    learned_chars_per_token,
+    official_client,
+    running_gateway,
+    running_sims,
+)
 
 ADMIN_TOKEN = "test-admin-token"
 CHUNK = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
@@ -74,8 +80,7 @@ async def test_a_stream_without_usage_teaches_the_pool_and_its_client_never_sees
     env = {"GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
     async with running_sims(1) as sims, running_gateway([sims[0].url], env=env) as gateway:
         openai = official_client(gateway.url)
-        probe = {"model": MODEL, "messages": [{"role": "user", "content": "?"}]}
-        untaught = (await admin_route(gateway.url, ADMIN_TOKEN, probe))["chars_per_token"]
+        untaught = await learned_chars_per_token(gateway.url, ADMIN_TOKEN)
         for i in range(3):
             stream = await openai.chat.completions.create(
                 model=MODEL,
@@ -86,7 +91,7 @@ async def test_a_stream_without_usage_teaches_the_pool_and_its_client_never_sees
             chunks = [chunk async for chunk in stream]
             assert chunks and all(chunk.choices and chunk.usage is None for chunk in chunks)
         await asyncio.sleep(0.2)  # an answer's usage is read just after it is written
-        taught = (await admin_route(gateway.url, ADMIN_TOKEN, probe))["chars_per_token"]
+        taught = await learned_chars_per_token(gateway.url, ADMIN_TOKEN)
         assert taught != untaught
         # A client that asks for usage gets it, as ever.
         stream = await openai.chat.completions.create(
@@ -104,8 +109,7 @@ async def test_switched_off_a_stream_without_usage_teaches_nothing() -> None:
     env = {"GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN, "GATEWAY_STREAM_USAGE": "false"}
     async with running_sims(1) as sims, running_gateway([sims[0].url], env=env) as gateway:
         openai = official_client(gateway.url)
-        probe = {"model": MODEL, "messages": [{"role": "user", "content": "?"}]}
-        untaught = (await admin_route(gateway.url, ADMIN_TOKEN, probe))["chars_per_token"]
+        untaught = await learned_chars_per_token(gateway.url, ADMIN_TOKEN)
         stream = await openai.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "Tell me about parcels. " * 60}],
@@ -114,4 +118,4 @@ async def test_switched_off_a_stream_without_usage_teaches_nothing() -> None:
         )
         assert all([chunk.choices async for chunk in stream])
         await asyncio.sleep(0.2)
-        assert (await admin_route(gateway.url, ADMIN_TOKEN, probe))["chars_per_token"] == untaught
+        assert await learned_chars_per_token(gateway.url, ADMIN_TOKEN) == untaught
