@@ -62,6 +62,11 @@ maths and code are written in."""
 _TABLE = bytes(32 if c in _PUNCT else 48 if 48 <= c <= 57 else c for c in range(256))
 """Lower-cased UTF-8 bytes -> words: punctuation becomes a space, every digit ``0`` (so 48 and
 17 are the same word, 2026 another)."""
+_SENTENCE_TABLE = bytes(46 if c in b".?!" else 32 if c in b" \t\r\n" else 120 for c in range(256))
+"""UTF-8 bytes -> where sentences end: a full stop, question or exclamation mark becomes ``.``,
+white space a space, anything else ``x``; a sentence ends at each ``. `` (not at a decimal
+point, nor at a text's last mark). One translate and one count: a regular expression or a
+count per mark costs 2-3x as much."""
 
 Feature = bytes | int | str
 """A word (its UTF-8 bytes), a punctuation mark (its byte), a request feature (``#...``)."""
@@ -78,12 +83,16 @@ def scan_window(text: str) -> str:
     return text[:SCAN_HEAD] + "\n" + text[-SCAN_TAIL:]
 
 
-def text_features(text: str) -> set[Feature]:
-    """Distinct words and punctuation marks of the scanned window.
+def _window(text: str) -> bytes:
+    """The scanned window, lower-cased, as UTF-8: what the text features are read from."""
+    return scan_window(text).lower().encode("utf-8", "replace")
+
+
+def text_features(raw: bytes) -> set[Feature]:
+    """Distinct words and punctuation marks of a window (``_window``).
 
     Works on bytes: ``bytes.translate`` and ``bytes.split`` are the fastest tokenizer CPython
     has (a regex costs several times more on a 2 KB prompt)."""
-    raw = scan_window(text).lower().encode("utf-8", "replace")
     words = raw.translate(_TABLE).split()
     out: set[Feature] = set(words)
     out.update([c for c in _MARKS if c in raw])
@@ -94,13 +103,26 @@ def _length(text: str) -> int:
     return min(_bucket(len(text)) // 2, 8)
 
 
-def request_features(body: Mapping[str, Any], texts: Sequence[str], turns: int) -> list[str]:
-    """The non-text features, as names: every request has exactly one length and turns bucket.
+def _sentences(raw: bytes) -> int:
+    """log2 bucket of the sentence ends in a window, up to 7 (64 or more)."""
+    # Stripped: a text that ends in white space says no more than one that does not.
+    return min(_bucket(raw.translate(_SENTENCE_TABLE).rstrip().count(b". ")), 7)
+
+
+def request_features(
+    body: Mapping[str, Any], texts: Sequence[str], turns: int, sentences: int
+) -> list[str]:
+    """The non-text features, as names: every request has exactly one length, sentences and
+    turns bucket.
 
     The length is the task's, its first user message's: a follow-up's ("Why?") says nothing
     of how big the task is, and read as the length it made every conversation look like a
-    short question. The latest message's length, in a conversation, is a feature of its own."""
-    out = [f"#len:{_length(texts[0])}", f"#turns:{min(turns, 4)}"]
+    short question. The latest message's length, in a conversation, is a feature of its own.
+    So is the number of sentences the task is told in: a chained problem (deduction, planning,
+    a word problem) states its facts one by one before it asks, where a query, however long,
+    is one sentence; a bag of words cannot see that (docs/tier-eval.md has what it changed).
+    ``sentences`` is the task's bucket (``_sentences``)."""
+    out = [f"#len:{_length(texts[0])}", f"#sentences:{sentences}", f"#turns:{min(turns, 4)}"]
     if len(texts) > 1:
         out.append(f"#latest_len:{_length(texts[-1])}")
     if body.get("tools"):
@@ -120,10 +142,11 @@ def request_features(body: Mapping[str, Any], texts: Sequence[str], turns: int) 
 def features(body: Mapping[str, Any]) -> tuple[set[Feature], list[str]]:
     """(text features, request features) of a request body; training uses this same function."""
     texts, turns = task_texts(body)
-    words = text_features(texts[0])
+    task = _window(texts[0])
+    words = text_features(task)
     for text in texts[1:]:
-        words |= text_features(text)
-    return words, request_features(body, texts, turns)
+        words |= text_features(_window(text))
+    return words, request_features(body, texts, turns, _sentences(task))
 
 
 def feature_name(feature: Feature) -> str:

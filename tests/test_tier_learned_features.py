@@ -1,8 +1,8 @@
 """Specification of the learned tier model's features (router_policies/tier_classifier_learned.py):
 lower-cased words with digits collapsed, punctuation marks of their own but no sentence
 punctuation, a conversation read by its first and latest user messages with the task's length
-kept apart from the follow-up's, named request features (tools, structured output, max_tokens,
-turns), only the head and tail of a long message read, and feature names that round-trip."""
+kept apart from the follow-up's, the sentences the task is told in, named request features
+(tools, structured output, max_tokens, turns), only the head and tail of a long message read, and feature names that round-trip."""
 
 from __future__ import annotations
 
@@ -65,6 +65,34 @@ def test_a_short_follow_up_does_not_make_a_long_task_look_short() -> None:
     assert length in followed
     assert "#latest_len:1" in followed
     assert not any(m.startswith("#latest_len") for m in alone)
+
+
+def _sentences(body: dict[str, Any]) -> list[str]:
+    return [m for m in features(body)[1] if m.startswith("#sentences:")]
+
+
+@pytest.mark.parametrize(
+    ("task", "expected"),
+    [
+        ("What is the capital of France?", "#sentences:0"),
+        ("What is the capital of France?  \n", "#sentences:0"),
+        ("Pi is 3.14, roughly", "#sentences:0"),
+        ("Anne is taller than Bob. Bob is taller than Carl. Who is the shortest?", "#sentences:2"),
+        ("Facts:\nA is red.\nB is blue!\nIs C green?\nAnswer.", "#sentences:2"),
+    ],
+)
+def test_the_sentences_a_task_is_told_in_are_counted(task: str, expected: str) -> None:
+    """A chained problem states its facts one by one before it asks; a query is one sentence
+    (a decimal point, or the text's last mark, white space after it or not, ends none)."""
+    assert _sentences(chat(task)) == [expected]
+
+
+def test_the_sentences_counted_are_the_tasks_not_a_follow_ups() -> None:
+    task = "Anne is taller than Bob. Bob is taller than Carl. Who is the shortest?"
+    assert _sentences(dialogue(task, "Why? Are you sure? Say it again. Slowly.")) == _sentences(
+        chat(task)
+    )
+    assert _sentences(dialogue("Hello", "A is B. B is C. C is D. What is A?")) == ["#sentences:0"]
 
 
 @pytest.mark.parametrize(
