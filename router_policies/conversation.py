@@ -42,6 +42,25 @@ def responses_messages(instructions: Any, input_: Any) -> list[Mapping[str, Any]
     return messages
 
 
+_last_view: tuple[Mapping[str, Any], list[Mapping[str, Any]]] | None = None
+"""The last /v1/responses body read and its view. A request's body is read by its fingerprint,
+its tier score and its tier memory, up to four times; a view of 20 items costs tens of
+microseconds to build. Keyed by the body's identity (a body is not changed once parsed), it
+holds that one body until the next is read."""
+
+
+def responses_view(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A /v1/responses body's `instructions` and `input` as chat messages
+    (``responses_messages``), built once per body. Read it, do not change it: it is shared."""
+    global _last_view
+    last = _last_view
+    if last is not None and last[0] is body:
+        return last[1]
+    view = responses_messages(body.get("instructions"), body.get("input"))
+    _last_view = (body, view)
+    return view
+
+
 def chat_messages(body: Mapping[str, Any]) -> Sequence[Any] | None:
     """The body's conversation as chat messages: chat's own, or a /v1/responses body's input
     read as chat; None for a body that carries neither (a completion's prompt)."""
@@ -49,5 +68,5 @@ def chat_messages(body: Mapping[str, Any]) -> Sequence[Any] | None:
     if isinstance(messages, list):
         return messages
     if "input" in body:
-        return responses_messages(body.get("instructions"), body["input"])
+        return responses_view(body)
     return None

@@ -17,7 +17,7 @@ import orjson
 import xxhash
 
 from router_policies.block_layout import BlockLayout
-from router_policies.conversation import responses_messages
+from router_policies.conversation import responses_view
 from router_policies.value import value
 
 _ROLE_SEP = b"\x1f"
@@ -124,10 +124,10 @@ def canonical_prompt(prompt: Any) -> CanonicalPrompt:
     return CanonicalPrompt(orjson.dumps(prompt))
 
 
-def canonical_responses(instructions: Any, input_: Any, tools: Any = None) -> CanonicalPrompt:
+def canonical_responses(body: Mapping[str, Any]) -> CanonicalPrompt:
     """/v1/responses, read as the chat it stands for (router_policies/conversation.py), so a
     conversation fingerprints alike whichever of the two APIs carries it."""
-    return canonical_chat(responses_messages(instructions, input_), tools)
+    return canonical_chat(responses_view(body), body.get("tools"))
 
 
 def block_hashes(text: bytes, seed: int, layout: BlockLayout, max_blocks: int) -> tuple[int, ...]:

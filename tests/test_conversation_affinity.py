@@ -48,7 +48,7 @@ def responses() -> tuple[CanonicalPrompt, CanonicalPrompt]:
     first: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
     answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": ANSWER}]}  # fmt: skip
     turn = [*first, answer, {"role": "user", "content": FOLLOW_UP}]
-    return canonical_responses("", first), canonical_responses("", turn)
+    return canonical_responses({"input": first}), canonical_responses({"input": turn})
 
 
 SHAPES: dict[str, Callable[[], tuple[CanonicalPrompt, CanonicalPrompt]]] = {

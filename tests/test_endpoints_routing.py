@@ -104,19 +104,21 @@ def test_a_responses_conversation_fingerprints_like_the_same_chat() -> None:
         ]
     )
     responses = canonical_responses(
-        SYSTEM,
-        [
-            {"role": "user", "content": [{"type": "input_text", "text": "Where is it?"}]},
-            {
-                "type": "message",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": "At sea."}],
-            },
-        ],
+        {
+            "instructions": SYSTEM,
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "Where is it?"}]},
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "At sea."}],
+                },
+            ],
+        }
     )
     assert responses == chat
     assert responses.lead_bytes > 0
-    assert canonical_responses(None, "Where?") == canonical_chat(
+    assert canonical_responses({"input": "Where?"}) == canonical_chat(
         [{"role": "user", "content": "Where?"}]
     )
 

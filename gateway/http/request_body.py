@@ -66,7 +66,7 @@ class ParsedRequest:
         if self.endpoint is Endpoint.CHAT:
             return canonical_chat(body["messages"], body.get("tools"))
         if self.endpoint is Endpoint.RESPONSES:
-            return canonical_responses(body.get("instructions"), body["input"], body.get("tools"))
+            return canonical_responses(body)
         if self.endpoint is Endpoint.COMPLETIONS:
             prompt = body["prompt"]
             # A batch of prompts is fingerprinted on its first one: the replica prefills them
