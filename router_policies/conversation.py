@@ -42,22 +42,24 @@ def responses_messages(instructions: Any, input_: Any) -> list[Mapping[str, Any]
     return messages
 
 
-_last_view: tuple[Mapping[str, Any], list[Mapping[str, Any]]] | None = None
-"""The last /v1/responses body read and its view. A request's body is read by its fingerprint,
-its tier score and its tier memory, up to four times; a view of 20 items costs tens of
-microseconds to build. Keyed by the body's identity (a body is not changed once parsed), it
-holds that one body until the next is read."""
+_last_view: tuple[Any, Any, list[Mapping[str, Any]]] | None = None
+"""The last /v1/responses view built, with the `instructions` and `input` it was built from. A
+request's body is read by its fingerprint, its tier score and its tier memory, up to four
+times, and a view of 20 items costs tens of microseconds to build. Keyed by the identity of
+those two values (a parsed body is not changed, and the copy a tier makes to name its pool's
+model shares them): one view per request, none kept beyond the last."""
 
 
 def responses_view(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """A /v1/responses body's `instructions` and `input` as chat messages
-    (``responses_messages``), built once per body. Read it, do not change it: it is shared."""
+    (``responses_messages``), built once per request. Read it, do not change it: it is shared."""
     global _last_view
+    instructions, input_ = body.get("instructions"), body.get("input")
     last = _last_view
-    if last is not None and last[0] is body:
-        return last[1]
-    view = responses_messages(body.get("instructions"), body.get("input"))
-    _last_view = (body, view)
+    if last is not None and last[0] is instructions and last[1] is input_:
+        return last[2]
+    view = responses_messages(instructions, input_)
+    _last_view = (instructions, input_, view)
     return view
 
 

@@ -5,6 +5,7 @@ tens of microseconds to build), and a view is never another body's."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import orjson
@@ -46,10 +47,12 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_everything_that_reads_a_request_reads_one_view(built: list[int]) -> None:
     parsed = parse_request(Endpoint.RESPONSES, orjson.dumps(BODY))
-    parsed.canonical_text()
-    LearnedTierModel.load().score(parsed.body)
     assert conversation_key(parsed.body) is not None
     assert follow_up(parsed.body)
+    LearnedTierModel.load().score(parsed.body)
+    # A tier names its pool's model in a copy of the body, which the fingerprint reads.
+    named = dataclasses.replace(parsed, body={**parsed.body, "model": "llama-3.1-70b"})
+    named.canonical_text()
     assert len(built) == 1
 
 
@@ -58,4 +61,4 @@ def test_a_view_is_never_another_bodys(built: list[int]) -> None:
     other["input"][-1]["content"] = "And where does it go?"
     views = [conversation.chat_messages(b) for b in (BODY, equal, other, BODY)]
     assert views[0] == views[1] == views[3] != views[2]
-    assert len(built) == 4  # one view is kept, the last body's: each of these is built anew
+    assert len(built) == 4  # one view is kept, the last one's: each of these is built anew
