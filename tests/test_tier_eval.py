@@ -28,7 +28,7 @@ from bench.tier_eval import (
 )
 from bench.tier_eval.evaluation import Example
 from bench.tier_eval.length import LengthAlone, length_class
-from bench.tier_eval.roc import stratified_auc
+from bench.tier_eval.roc import auc_standard_error, stratified_auc
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +127,22 @@ def test_auc_equals_area_under_the_roc_curve() -> None:
     points = roc_curve(scores, labels)
     area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in itertools.pairwise(points))
     assert roc_auc(scores, labels) == pytest.approx(area)
+
+
+def test_the_aucs_standard_error_is_how_far_it_moves_between_samples() -> None:
+    """Hanley and McNeil's formula against the AUCs of 400 samples of 30 hard and 60 easy
+    scores drawn from one pair of distributions: their spread is the standard error."""
+    rng = random.Random(11)
+    aucs = []
+    for _ in range(400):
+        hard = [rng.gauss(1.3, 1.0) for _ in range(30)]
+        easy = [rng.gauss(0.0, 1.0) for _ in range(60)]
+        aucs.append(roc_auc(hard + easy, [True] * 30 + [False] * 60))
+    mean = sum(aucs) / len(aucs)
+    spread = math.sqrt(sum((a - mean) ** 2 for a in aucs) / (len(aucs) - 1))
+    assert auc_standard_error(mean, 30, 60) == pytest.approx(spread, rel=0.2)
+    assert auc_standard_error(mean, 300, 600) < auc_standard_error(mean, 30, 60) / 3
+    assert auc_standard_error(1.0, 30, 60) == 0.0
 
 
 def test_auc_needs_both_classes() -> None:

@@ -47,3 +47,4 @@ def test_the_report_scores_every_held_out_source_with_both_classifiers_and_lengt
     assert all(any(source in name for name in named) for source in (*REASONING, *DIALOGUES))
     assert {row[1] for row in rows[1:]} == {"learned", "cue", "length alone"}
     assert all(0.0 <= float(row[4]) <= 1.0 for row in rows[1:])
+    assert all(0.0 <= float(row[5]) < 0.1 for row in rows[1:])  # the AUC's standard error

@@ -37,6 +37,18 @@ def roc_auc(scores: Sequence[float], positives: Sequence[bool]) -> float:
     return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
+def auc_standard_error(auc: float, n_pos: int, n_neg: int) -> float:
+    """The standard error of an AUC measured on ``n_pos`` positives and ``n_neg`` negatives, by
+    Hanley and McNeil's formula (Radiology, 1982): what a row's AUC would move by, one standard
+    deviation, on another sample of its size. A row of 23 hard prompts has ~0.03; of 1,000,
+    ~0.005."""
+    q1 = auc / (2 - auc)
+    q2 = 2 * auc * auc / (1 + auc)
+    a2 = auc * auc
+    variance = auc * (1 - auc) + (n_pos - 1) * (q1 - a2) + (n_neg - 1) * (q2 - a2)
+    return math.sqrt(max(variance, 0.0) / (n_pos * n_neg))
+
+
 def roc_curve(scores: Sequence[float], positives: Sequence[bool]) -> list[tuple[float, float]]:
     """(false positive rate, true positive rate) at every distinct threshold, highest first;
     tied scores move the curve in one diagonal step."""

@@ -37,7 +37,7 @@ from bench.tier_eval.build_heldout import DIALOGUES, REASONING
 from bench.tier_eval.conversations import EVAL_FOLLOW_UPS, conversations
 from bench.tier_eval.evaluation import DEFAULT_DATA, Example, calibrated_threshold, load_examples
 from bench.tier_eval.length import LengthAlone, length_class
-from bench.tier_eval.roc import roc_auc, stratified_auc
+from bench.tier_eval.roc import auc_standard_error, roc_auc, stratified_auc
 from bench.tier_eval.timing import timing_report
 from bench.tier_eval.train import TrainConfig, train
 from router_policies.tier_classifiers import CueClassifier, TierClassifier, load_learned
@@ -81,6 +81,8 @@ class Figures:
     n: int
     n_hard: int
     auc: float
+    auc_se: float
+    """The AUC's standard error (``auc_standard_error``)."""
     threshold: float
     recall: float
     """Recall of hard at ``threshold``: by default the one that sends TARGET_SHARE of the
@@ -117,10 +119,12 @@ def figures(
     large = [s > threshold for s in scores]
     true_large = sum(g and p for g, p in zip(large, positives, strict=True))
     within, pairs = stratified_auc(scores, positives, [length_class(e) for e in examples])
+    auc, n_hard = roc_auc(scores, positives), sum(positives)
     return Figures(
         n=len(examples),
-        n_hard=sum(positives),
-        auc=roc_auc(scores, positives),
+        n_hard=n_hard,
+        auc=auc,
+        auc_se=auc_standard_error(auc, n_hard, len(positives) - n_hard),
         auc_within_length=within,
         length_pairs=pairs,
         threshold=threshold,
@@ -160,8 +164,9 @@ def split_report(folder: Path, config: TrainConfig) -> list[str]:
         f"Recall of hard at the threshold sending {TARGET_SHARE:.0%} of prompts large, on the "
         f"held-out prompts resampled to {HARD_SHARE_FOR_RECALL:.0%} hard (all easy ones kept).",
         "",
-        "| split | test set | classifier | n | hard | ROC AUC | recall@30% | AUC within length |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| split | test set | classifier | n | hard | ROC AUC | SE | recall@30% "
+        "| AUC within length |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, train_sources, test_sources in SPLITS:
         model = train(load_sources(train_sources, folder), config)
@@ -180,7 +185,7 @@ def split_report(folder: Path, config: TrainConfig) -> list[str]:
                 mix = figures(clf, recall_mix(examples))
                 lines.append(
                     f"| {name} | {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc:.3f} "
-                    f"| {mix.recall:.3f} | {f.within_length()} |"
+                    f"| {f.auc_se:.3f} | {mix.recall:.3f} | {f.within_length()} |"
                 )
     return lines
 
@@ -200,8 +205,8 @@ def heldout_report(model: TierClassifier, folder: Path) -> list[str]:
         f"a user turn from the second on. Recall at the threshold sending {TARGET_SHARE:.0%} "
         f"large, on a resample to {HARD_SHARE_FOR_RECALL:.0%} hard.",
         "",
-        "| test set | classifier | n | hard | ROC AUC | recall@30% | AUC within length |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| test set | classifier | n | hard | ROC AUC | SE | recall@30% | AUC within length |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     easy_dialogues = [e for e in load_sources(DIALOGUES, folder) if not e.hard]
     openings = [_opening(e) for e in easy_dialogues]
@@ -215,8 +220,8 @@ def heldout_report(model: TierClassifier, folder: Path) -> list[str]:
         for clf_name, clf in classifiers(model):
             f, mix = figures(clf, examples), figures(clf, recall_mix(examples))
             lines.append(
-                f"| {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc:.3f} | {mix.recall:.3f} "
-                f"| {f.within_length()} |"
+                f"| {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc:.3f} | {f.auc_se:.3f} "
+                f"| {mix.recall:.3f} | {f.within_length()} |"
             )
     return lines
 
@@ -229,9 +234,9 @@ def own_report(model: TierClassifier, path: Path) -> list[str]:
         "Recall and precision of hard, and the share sent large, at the threshold that sends "
         f"{TARGET_SHARE:.0%} of the whole set large (the calibrated threshold's target).",
         "",
-        "| classifier | requests | n | hard | ROC AUC | sent large | recall | precision "
+        "| classifier | requests | n | hard | ROC AUC | SE | sent large | recall | precision "
         "| AUC within length |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     subsets = (
         ("single-turn", [e for e in examples if _user_turns(e) <= 1]),
@@ -247,7 +252,8 @@ def own_report(model: TierClassifier, path: Path) -> list[str]:
                 rows.append((subset, figures(clf, chosen, whole.threshold)))
         for subset, f in rows:
             lines.append(
-                f"| {name} | {subset} | {f.n} | {f.n_hard} | {f.auc:.3f} | {f.large_share:.2f} "
+                f"| {name} | {subset} | {f.n} | {f.n_hard} | {f.auc:.3f} | {f.auc_se:.3f} "
+                f"| {f.large_share:.2f} "
                 f"| {f.recall:.3f} | {f.large_precision:.3f} | {f.within_length()} |"
             )
     return [*lines, "", *category_report(model, examples, thresholds["learned"])]
