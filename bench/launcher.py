@@ -58,10 +58,11 @@ class GatewayProcess(ManagedProcess):
             self.policy_path.unlink(missing_ok=True)
 
 
-def gateway_argv(policy_path: Path, port: int) -> list[str]:
-    """The command line of one gateway: the same entry point as the ``llm-gateway`` script."""
+def gateway_argv(policy_path: Path, port: int, python: str = sys.executable) -> list[str]:
+    """The command line of one gateway: the same entry point as the ``llm-gateway`` script,
+    run by ``python`` (this interpreter by default)."""
     return [
-        sys.executable,
+        python,
         "-m",
         "gateway.cli",
         "serve",
@@ -113,20 +114,24 @@ async def start_gateway(
     env: dict[str, str] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
     wait_path: str = "/ready",
+    python: str = sys.executable,
 ) -> GatewayProcess:
     """Start ``llm-gateway serve`` on loopback with ``policy``; wait until ``wait_path`` is 200.
 
     ``policy`` is the policy file's content as plain data. With no ``port`` a free one is
     picked, and picked again if another process takes it before the gateway binds. ``env``
     adds GATEWAY_* (or any) variables to the child's environment. ``wait_path="/health"``
-    starts a gateway some of whose pools are meant to have no healthy replica. Stop the
+    starts a gateway some of whose pools are meant to have no healthy replica. ``python``
+    runs it: another interpreter with the project's dependencies installed runs this
+    checkout's code (``-m`` reads the working directory first). Stop the
     result with ``await process.stop()``; that also removes the temporary policy file.
     """
 
     def build(chosen: int) -> GatewayProcess:
         policy_path = _write_policy(policy)
         url = f"http://{_HOST}:{chosen}"
-        return GatewayProcess(gateway_argv(policy_path, chosen), url, policy_path, env=env)
+        argv = gateway_argv(policy_path, chosen, python)
+        return GatewayProcess(argv, url, policy_path, env=env)
 
     async def start(process: GatewayProcess) -> None:
         await process.start(health_path=wait_path, timeout_s=ready_timeout_s)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import platform
+import sys
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -180,6 +182,10 @@ def test_command_spells_out_no_peers_and_a_custom_venv() -> None:
     assert "--no-peers" in OverheadConfig(peers=False).command()
     assert "--peers-venv /x" in OverheadConfig(peers_venv=Path("/x")).command()
     assert "--peers" not in OverheadConfig().command()
+    assert (
+        "--gateway-python /p/python" in OverheadConfig(gateway_python=Path("/p/python")).command()
+    )
+    assert "--gateway-python" not in OverheadConfig().command()
 
 
 def test_keep_notes_carries_hand_written_notes_over() -> None:
@@ -312,3 +318,28 @@ async def test_tiny_run_with_the_features_target_and_the_chunk_cells(tmp_path: P
     assert "--chunk-tokens 24" in config.command()
     assert "--no-features" in OverheadConfig(features=False).command()
     assert "--no-floor" in config.command() and "--no-floor" not in OverheadConfig().command()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("works", [True, False])
+async def test_the_gateway_on_another_interpreter_is_a_target_of_its_own(
+    tmp_path: Path, works: bool
+) -> None:
+    """This interpreter stands in for another (an optimised build, say): its gateway is
+    measured beside the usual one and its version named; one that cannot start says so."""
+    python = Path(sys.executable) if works else Path("/bin/false")
+    config = OverheadConfig(
+        requests=40, concurrency=4, rounds=1, unloaded_requests=10, out=None, features=False,
+        chunk_tokens=0, envoy=False, cache_aware=False, floor=False, gateway_python=python,
+        peers_venv=tmp_path / "no-venv",
+    )  # fmt: skip
+    result = await run_overhead(config)
+    name = config.other_python_target
+    [target] = [t for t in result.targets if t.name == name]
+    if works:
+        assert target.measured and result.failed == 0
+        assert all(name in cell.sides for cell in result.cells)
+        assert f"{name}: Python {platform.python_version()}" in result.machine
+    else:
+        assert (target.measured, target.status) == (False, "failed to start")
+        assert all(GATEWAY in cell.sides and name not in cell.sides for cell in result.cells)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -95,6 +96,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cache_aware policy",
     )
     parser.add_argument(
+        "--gateway-python",
+        type=Path,
+        default=defaults.gateway_python,
+        help="also measure this gateway run by another Python interpreter, one with the "
+        "project's dependencies installed (e.g. `pip --python PATH install -e .`): what the "
+        "interpreter's build costs (default: not)",
+    )
+    parser.add_argument(
         "--chunk-tokens",
         type=int,
         default=defaults.chunk_tokens,
@@ -126,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
     if args.chunk_tokens and args.chunk_tokens < few:
         print(f"error: --chunk-tokens must be 0 or at least {few}", file=sys.stderr)
         return 2
+    if args.gateway_python is not None and not os.access(args.gateway_python, os.X_OK):
+        print(f"error: --gateway-python {args.gateway_python}: not an executable", file=sys.stderr)
+        return 2
     config = OverheadConfig(
         requests=args.requests,
         concurrency=args.concurrency,
@@ -141,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         envoy=not args.no_envoy,
         floor=not args.no_floor,
         cache_aware=not args.no_cache_aware,
+        gateway_python=args.gateway_python,
     )
     print("Starting a zero-delay simulated replica and the routers...", file=sys.stderr)
     try:

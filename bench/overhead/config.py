@@ -81,6 +81,14 @@ class OverheadConfig:
     floor: bool = True
     """Also the bare Python relay (bench/overhead/floor.py): the yardstick for the gateway's
     own work, what it costs beyond the relay alone."""
+    gateway_python: Path | None = None
+    """Also this gateway (round-robin) run by another interpreter with the project's
+    dependencies installed, as a target of its own: what the interpreter's build costs (one
+    built with profile-guided optimisation, say, against this machine's)."""
+
+    @property
+    def other_python_target(self) -> str:
+        return f"{GATEWAY} on {self.gateway_python}"
 
     @property
     def workers_targets(self) -> tuple[str, str]:
@@ -113,6 +121,8 @@ class OverheadConfig:
             parts.append(f"--peers-venv {self.peers_venv}")
         if self.workers > 1:
             parts.append(f"--workers {self.workers}")
+        if self.gateway_python is not None:
+            parts.append(f"--gateway-python {self.gateway_python}")
         parts.append(f"--out {self.out}" if self.out is not None else "--no-out")
         return " ".join(parts)
 

@@ -4,9 +4,11 @@ batches per cell with each process's CPU time read around its own batches."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from bench import peers
@@ -166,6 +168,28 @@ async def _peers(
     return targets
 
 
+async def _other_python(
+    config: OverheadConfig, policy: dict[str, Any], processes: list[ManagedProcess]
+) -> Target:
+    """The bare gateway run by ``config.gateway_python``, or why it was not measured."""
+    name, python = config.other_python_target, str(config.gateway_python)
+    try:
+        gateway = await start_gateway(policy, python=python)
+    except ProcessStartError as exc:
+        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return Target(name, status="failed to start", detail=first_line)
+    processes.append(gateway)
+    return Target(name, gateway.url, gateway.pid)
+
+
+async def _python_version(python: Path) -> str:
+    version = "import platform; print('Python', platform.python_version())"
+    done = await asyncio.to_thread(
+        subprocess.run, [str(python), "-c", version], capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip() or "version unknown"
+
+
 async def _floor(replica_url: str, processes: list[ManagedProcess]) -> Target:
     floor = await start_floor(replica_url)
     processes.append(floor)
@@ -202,6 +226,8 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
         gateway = await start_gateway(policy)
         processes.append(gateway)
         targets = [Target(DIRECT, replica.url), Target(GATEWAY, gateway.url, gateway.pid)]
+        if config.gateway_python is not None:
+            targets.append(await _other_python(config, policy, processes))
         redis = None
         if config.workers > 1 or config.features:
             try:
@@ -253,9 +279,10 @@ async def run_overhead(config: OverheadConfig) -> OverheadResult:
     finally:
         # Shielded: after Ctrl-C cancels this task, the children must still be stopped.
         await asyncio.shield(asyncio.gather(*(p.stop() for p in processes), return_exceptions=True))
-    return OverheadResult(
-        config, tuple(targets), tuple(cells), started, machine_description(), chunks
-    )
+    machine = machine_description()
+    if config.gateway_python is not None:
+        machine += f"; {config.other_python_target}: {await _python_version(config.gateway_python)}"
+    return OverheadResult(config, tuple(targets), tuple(cells), started, machine, chunks)
 
 
 async def _chunk_cells(config: OverheadConfig, processes: list[ManagedProcess]) -> ChunkCells:
