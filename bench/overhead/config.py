@@ -153,6 +153,12 @@ class Target:
     detail: str = ""
     """Why it was not measured, at more length (the report's list of peers)."""
 
+    @classmethod
+    def failed_to_start(cls, name: str, exc: BaseException) -> Target:
+        """A target whose process did not start: the error's first line says why."""
+        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return cls(name, status="failed to start", detail=first_line)
+
     @property
     def measured(self) -> bool:
         return self.url is not None

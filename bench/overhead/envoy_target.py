@@ -28,6 +28,5 @@ async def start_envoy_target(policy: Mapping[str, Any], processes: list[ManagedP
         envoy = await start_envoy(policy, picker.picker_port, concurrency=None)
         processes.append(envoy)
     except ProcessStartError as exc:
-        first_line = str(exc).splitlines()[0]
-        return Target(ENVOY, status="failed to start", detail=first_line)
+        return Target.failed_to_start(ENVOY, exc)
     return Target(ENVOY, envoy.listen_url, picker.pid, also_pid=envoy.pid)

@@ -145,8 +145,7 @@ async def start_peers(
             process = await peers.start_peer(peer, policy, [replica_url], venv=config.peers_venv)
         except Exception as exc:
             print(f"warning: {name} did not start: {exc}", file=sys.stderr)
-            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
-            started.append((Target(name, status="failed to start", detail=first_line), None))
+            started.append((Target.failed_to_start(name, exc), None))
             continue
         started.append((Target(name, process.url, process.pid), process))
     return started
@@ -176,8 +175,7 @@ async def _other_python(
     try:
         gateway = await start_gateway(policy, python=python)
     except ProcessStartError as exc:
-        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
-        return Target(name, status="failed to start", detail=first_line)
+        return Target.failed_to_start(name, exc)
     processes.append(gateway)
     return Target(name, gateway.url, gateway.pid)
 
