@@ -94,6 +94,10 @@ class Figures:
     length_pairs: float
     """The share of all hard-easy pairs that are of one length class."""
 
+    def auc_cells(self) -> str:
+        """The AUC and its standard error, as two table cells."""
+        return f"{self.auc:.3f} | {self.auc_se:.3f}"
+
     def within_length(self) -> str:
         if math.isnan(self.auc_within_length):
             return "n/a"
@@ -152,11 +156,6 @@ def recall_mix(examples: Sequence[Example]) -> list[Example]:
 # --- the report -----------------------------------------------------------------------------
 
 
-def _row(name: str, f: Figures, mix: Figures | None = None) -> str:
-    recall = f"{mix.recall:.3f}" if mix else f"{f.recall:.3f}"
-    return f"| {name} | {f.n} | {f.n_hard} | {f.auc:.3f} | {recall} |"
-
-
 def split_report(folder: Path, config: TrainConfig) -> list[str]:
     lines = [
         "### Cross-source held-out splits",
@@ -184,8 +183,8 @@ def split_report(folder: Path, config: TrainConfig) -> list[str]:
                 f = figures(clf, examples)
                 mix = figures(clf, recall_mix(examples))
                 lines.append(
-                    f"| {name} | {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc:.3f} "
-                    f"| {f.auc_se:.3f} | {mix.recall:.3f} | {f.within_length()} |"
+                    f"| {name} | {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc_cells()} "
+                    f"| {mix.recall:.3f} | {f.within_length()} |"
                 )
     return lines
 
@@ -220,7 +219,7 @@ def heldout_report(model: TierClassifier, folder: Path) -> list[str]:
         for clf_name, clf in classifiers(model):
             f, mix = figures(clf, examples), figures(clf, recall_mix(examples))
             lines.append(
-                f"| {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc:.3f} | {f.auc_se:.3f} "
+                f"| {set_name} | {clf_name} | {f.n} | {f.n_hard} | {f.auc_cells()} "
                 f"| {mix.recall:.3f} | {f.within_length()} |"
             )
     return lines
@@ -252,8 +251,7 @@ def own_report(model: TierClassifier, path: Path) -> list[str]:
                 rows.append((subset, figures(clf, chosen, whole.threshold)))
         for subset, f in rows:
             lines.append(
-                f"| {name} | {subset} | {f.n} | {f.n_hard} | {f.auc:.3f} | {f.auc_se:.3f} "
-                f"| {f.large_share:.2f} "
+                f"| {name} | {subset} | {f.n} | {f.n_hard} | {f.auc_cells()} | {f.large_share:.2f} "
                 f"| {f.recall:.3f} | {f.large_precision:.3f} | {f.within_length()} |"
             )
     return [*lines, "", *category_report(model, examples, thresholds["learned"])]
