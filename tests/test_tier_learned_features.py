@@ -2,7 +2,8 @@
 lower-cased words with digits collapsed, punctuation marks of their own but no sentence
 punctuation, a conversation read by its first and latest user messages with the task's length
 kept apart from the follow-up's, the sentences the task is told in, named request features
-(tools, structured output, max_tokens, turns), only the head and tail of a long message read, and feature names that round-trip."""
+(tools, structured output, max_tokens, turns), only the head and tail of a long message read,
+and feature names that round-trip."""
 
 from __future__ import annotations
 
