@@ -198,5 +198,13 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "pools.large.replicaUrls={http://10.1.2.3:8000,http://10.1.2.4:8000}",
     ),
     "picker": ("picker.enabled=true", "picker.failureMode=FailClose"),
+    # Only the picker (deploy/README.md: `gateway.replicas: 0`), scraped, KEDA on its signal.
+    "picker-only": (
+        "picker.enabled=true",
+        "gateway.replicas=0",
+        "serviceMonitor.enabled=true",
+        "autoscaling.mode=keda",
+    ),
+    "external-redis": ("redis.url=redis://:s3cret@cache.example:6379/2", "picker.enabled=true"),
 }
 CRD_KINDS = {"ScaledObject", "ServiceMonitor", "PrometheusRule", "InferencePool"}

@@ -6,14 +6,17 @@ them, and each schema check has a negative twin that breaks a template and prove
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from pydantic import SecretStr
 
 from tests.deploy import (
     CHART,
@@ -24,6 +27,7 @@ from tests.deploy import (
     Render,
     Tools,
     by_kind,
+    one,
     policy_of,
     run,
     sts_name,
@@ -184,3 +188,89 @@ def test_kubernetes_validate_rejects_a_broken_template(
     done = kubernetes_validate(tools, helm_template(chart=chart))
     assert done.returncode != 0
     assert message in done.stdout + done.stderr
+
+
+# --- per-key limits under several workers -------------------------------------------------------
+
+TENANT = (
+    "policy.limits.tenants.acme.api_key_sha256={" + "ab" * 32 + "}",
+    "policy.limits.tenants.acme.requests_per_minute=600",
+)
+NODE_CPUS = 64
+"""The CPUs of the node a pod without a CPU limit would see (its affinity, no cgroup quota)."""
+
+
+def gateway_would_refuse(docs: list[dict[str, Any]], tmp_path: Path) -> str | None:
+    """What `serve` would say at start-up in the gateway pod these objects describe (None: it
+    starts): its env as Kubernetes sets it (the last entry of a name wins), `workers: auto` read
+    as gateway/settings.py's usable_cpus reads a container's cgroup quota on a 64-CPU node."""
+    from gateway.policy.check import load_checked_policy
+    from gateway.settings import Settings
+    from gateway.state_backend import startup_problem
+
+    deployment = one(docs, "Deployment", f"{RELEASE}-llm-gateway")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env: dict[str, str] = {}
+    for entry in container["env"]:
+        env[entry["name"]] = entry.get("value", "redis://from-a-secret:6379/0")
+    workers = env["GATEWAY_WORKERS"]
+    if workers == "auto":
+        cpu = str(container["resources"].get("limits", {}).get("cpu", ""))
+        cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu or NODE_CPUS)
+        workers = str(min(NODE_CPUS, math.ceil(cores)))
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_text(docs))
+    url = env.get("GATEWAY_REDIS_URL")
+    settings = Settings(workers=int(workers), redis_url=None if url is None else SecretStr(url))
+    return startup_problem(settings, load_checked_policy(path))
+
+
+def policy_text(docs: list[dict[str, Any]]) -> str:
+    text: str = one(docs, "ConfigMap", f"{RELEASE}-llm-gateway-policy")["data"]["policy.yaml"]
+    return text
+
+
+@pytest.mark.parametrize(
+    ("sets", "refused"),
+    [
+        (("gateway.replicas=1",), True),  # auto on the default 2-CPU limit: 2 workers, no Redis
+        (("gateway.replicas=1", "gateway.resources.limits.cpu=null"), True),  # the node's CPUs
+        (("gateway.replicas=1", "gateway.resources.limits.cpu=1500m"), True),  # ceil: 2
+        (("gateway.replicas=1", "gateway.workers=3"), True),
+        (("redis.enabled=false",), True),
+        (("gateway.replicas=1", "gateway.workers=1"), False),
+        (("gateway.replicas=1", "gateway.resources.limits.cpu=1"), False),
+        (("gateway.replicas=1", "gateway.env.GATEWAY_WORKERS=1"), False),
+        (("gateway.replicas=1", "redis.enabled=true"), False),
+        (("gateway.replicas=1", "redis.url=redis://cache.example:6379/0"), False),
+        (("gateway.replicas=1", "policy.state.redis_url=redis://cache.example:6379/0"), False),
+        ((), False),  # two pods: redis.enabled auto runs the chart's Redis
+    ],
+)
+def test_the_chart_refuses_per_key_limits_the_gateway_would_refuse_to_start_with(
+    sets: tuple[str, ...],
+    refused: bool,
+    helm_template: Callable[..., str],
+    render_chart: Render,
+    tmp_path: Path,
+) -> None:
+    """A policy with per-key limits under several workers and no Redis stops the gateway at
+    start-up (gateway/state_backend.py): the chart refuses exactly those values at render,
+    naming what to change, and lets every other combination through."""
+    output = helm_template(*TENANT, *sets, check=False)
+    if not refused:
+        assert gateway_would_refuse(render_chart(*TENANT, *sets), tmp_path) is None
+        return
+    assert "policy.limits: per-key rate limits with gateway.workers" in output
+    assert "Set gateway.workers=1, or redis.enabled=true, or redis.url" in output
+    # The same values with the chart's check taken out: the gateway would indeed not start.
+    chart = tmp_path / "llm-gateway"
+    shutil.copytree(CHART, chart)
+    template = chart / "templates" / "gateway-deployment.yaml"
+    check = re.compile(r'^\{\{- fail \(printf "policy\.limits:.*\n', re.MULTILINE)
+    text, removed = check.subn("", template.read_text())
+    assert removed == 1
+    template.write_text(text)
+    docs = [d for d in yaml.safe_load_all(helm_template(*TENANT, *sets, chart=chart)) if d]
+    problem = gateway_would_refuse(docs, tmp_path)
+    assert problem is not None and "per-key limits" in problem

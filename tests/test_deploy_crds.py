@@ -87,7 +87,9 @@ def test_crds_validate_against_their_models(tools: Tools, render_chart: Render) 
     """ScaledObject (KEDA), ServiceMonitor and PrometheusRule (Prometheus Operator), and the
     InferencePool against the Gateway API Inference Extension's CRD."""
     docs = render_chart(*VARIANTS["everything"]) + render_chart(*VARIANTS["picker"])
+    docs += render_chart(*VARIANTS["picker-only"])  # the picker's own ServiceMonitor
     assert {"ScaledObject", "InferencePool"} <= {d["kind"] for d in docs}
+    assert f"{RELEASE}-llm-gateway-picker" in by_kind(docs, "ServiceMonitor")
     assert check_crds(tools, docs) == []
 
 

@@ -17,7 +17,19 @@ import yaml
 
 from gateway.telemetry import metrics as gateway_metrics
 from replica import vllm_metrics
-from tests.deploy import CHART, NAMESPACE, RELEASE, Render, Tools, by_kind, one, run, sts_name
+from tests.deploy import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    VARIANTS,
+    Docs,
+    Render,
+    Tools,
+    by_kind,
+    one,
+    run,
+    sts_name,
+)
 
 pytestmark = pytest.mark.timeout(600)  # the first test also waits for the tools' install
 
@@ -81,8 +93,9 @@ def test_prometheus_rule_is_the_tested_rules_file(render_chart: Render) -> None:
     assert rule["spec"] == yaml.safe_load((RULES_DIR / "rules.yaml").read_text())
 
 
-def test_service_monitors_select_the_services(render_chart: Render) -> None:
-    docs = render_chart("serviceMonitor.enabled=true")
+@pytest.mark.parametrize("sets", [("serviceMonitor.enabled=true",), VARIANTS["picker-only"]])
+def test_service_monitors_select_the_services(sets: tuple[str, ...], render_chart: Render) -> None:
+    docs = render_chart(*sets)
     services = by_kind(docs, "Service")
     for monitor in by_kind(docs, "ServiceMonitor").values():
         wanted = monitor["spec"]["selector"]["matchLabels"].items()
@@ -91,6 +104,57 @@ def test_service_monitors_select_the_services(render_chart: Render) -> None:
         assert matched, monitor["metadata"]["name"]
         for service in matched:
             assert ports <= {p["name"] for p in service["spec"]["ports"]}
+
+
+def scraped_ports(docs: Docs) -> dict[str, set[int]]:
+    """Per Deployment: the container ports some ServiceMonitor scrapes, through the Services
+    that select its pods (port name -> targetPort -> the container's port)."""
+    services = by_kind(docs, "Service").values()
+    monitors = by_kind(docs, "ServiceMonitor").values()
+    scraped: dict[str, set[int]] = {}
+    for name, deployment in by_kind(docs, "Deployment").items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"].items()
+        (container, *_) = deployment["spec"]["template"]["spec"]["containers"]
+        named = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+        found: set[int] = set()
+        for service in services:
+            selector = service["spec"].get("selector") or {}
+            if not selector or not selector.items() <= labels:
+                continue
+            by_port_name = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
+            for monitor in monitors:
+                if monitor["spec"]["selector"]["matchLabels"].items() <= (
+                    service["metadata"]["labels"].items()
+                ):
+                    for endpoint in monitor["spec"]["endpoints"]:
+                        target = by_port_name[endpoint["port"]]
+                        found.add(target if isinstance(target, int) else named[target])
+        scraped[name] = found
+    return scraped
+
+
+def test_the_picker_only_setup_scrapes_the_signal_the_autoscalers_read(
+    render_chart: Render,
+) -> None:
+    """With gateway.replicas 0 the picker is the only exporter of gateway_pool_desired_replicas
+    (`llm-gateway epp` serves the gateway's /metrics on its HTTP port): a ServiceMonitor must
+    reach that port, or KEDA's query has no data and the pools never scale."""
+    docs = render_chart(*VARIANTS["picker-only"])
+    picker = f"{RELEASE}-llm-gateway-picker"
+    assert one(docs, "Deployment", f"{RELEASE}-llm-gateway")["spec"]["replicas"] == 0
+    assert by_kind(docs, "ScaledObject")
+    assert scraped_ports(docs)[picker] == {8081}
+    pod = one(docs, "Deployment", picker)["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert "--http-port" in container["args"]
+    assert container["args"][container["args"].index("--http-port") + 1] == "8081"
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "8081"
+    # The picker's monitor is its own: the gateway's and the vLLM pods' stay as they were.
+    assert scraped_ports(docs)[f"{RELEASE}-llm-gateway"] == {8080}
+    assert len(by_kind(render_chart("serviceMonitor.enabled=true"), "ServiceMonitor")) == 2
+    assert len(by_kind(docs, "ServiceMonitor")) == 3
 
 
 # --- Grafana dashboard --------------------------------------------------------------------------
@@ -121,6 +185,20 @@ def test_the_dashboard_plots_only_series_that_exist() -> None:
     assert "gateway_requests_total" in used
 
 
+def test_every_gateway_series_the_dashboard_plots_is_in_the_contracts_table() -> None:
+    """An operator reading a panel looks the series up in docs/contract.md's metrics table."""
+    contract = (CHART.parents[1] / "docs" / "contract.md").read_text()
+    documented = set(re.findall(r"^\| `(gateway_[a-z_]+)` \|", contract, re.MULTILINE))
+    parts = ("_bucket", "_sum", "_count")
+    used = {name for expr in dashboard_exprs() for name in _SERIES.findall(expr)}
+    plotted = {
+        next((n.removesuffix(p) for p in parts if n.endswith(p)), n)
+        for n in used
+        if n.startswith("gateway_")
+    }
+    assert plotted and plotted <= documented, plotted - documented
+
+
 def test_promtool_parses_every_dashboard_query(tools: Tools, tmp_path: Path) -> None:
     # Grafana's variables, as it substitutes them, so that promtool reads plain PromQL.
     exprs = [e.replace("$__rate_interval", "5m").replace("$pool", ".*") for e in dashboard_exprs()]
@@ -141,6 +219,50 @@ def test_the_chart_ships_the_dashboard_file_for_grafanas_sidecar(render_chart: R
     config = one(docs, "ConfigMap", f"{RELEASE}-llm-gateway-dashboard")
     assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config["data"]["llm-gateway.json"]) == json.loads(DASHBOARD.read_text())
+
+
+EJECTED_TEST = """
+rule_files: [dashboard-ejected.yaml]
+evaluation_interval: 15s
+tests:
+  - interval: 15s
+    input_series:
+      # Every gateway process exports its own view: pod a's two workers and pod b.
+      - {series: 'gateway_replica_ejected{pool="small", replica="r1", pod="a", worker="0"}', values: '1x3'}
+      - {series: 'gateway_replica_ejected{pool="small", replica="r1", pod="a", worker="1"}', values: '1x3'}
+      - {series: 'gateway_replica_ejected{pool="small", replica="r2", pod="a", worker="0"}', values: '0x3'}
+      - {series: 'gateway_replica_ejected{pool="small", replica="r2", pod="b", worker="0"}', values: '1x3'}
+      - {series: 'gateway_replica_ejected{pool="small", replica="r3", pod="b", worker="0"}', values: '0x3'}
+      - {series: 'gateway_replica_ejected{pool="small", replica="r4", pod="b", worker="0"}', values: '1x3'}
+      - {series: 'gateway_replica_ejected{pool="large", replica="r5", pod="a", worker="0"}', values: '0x3'}
+    promql_expr_test:
+      # r1 (ejected in three processes), r2 (in one of two) and r4: three replicas of "small".
+      - expr: 'dashboard:ejected'
+        eval_time: 30s
+        exp_samples:
+          - {labels: 'dashboard:ejected{pool="small"}', value: 3}
+          - {labels: 'dashboard:ejected{pool="large"}', value: 0}
+"""
+
+
+def test_the_dashboard_counts_ejected_replicas_once_each(tools: Tools, tmp_path: Path) -> None:
+    """gateway_replica_ejected is 0/1 per process: the panel shows how many replicas are out
+    (each counted once however many processes eject it), not a max that stops at 1."""
+    (expr,) = [e for e in dashboard_exprs() if "gateway_replica_ejected" in e]
+
+    def promtool_test(query: str) -> int:
+        rules = {"groups": [{"name": "d", "rules": [
+            {"record": "dashboard:ejected", "expr": query.replace("$pool", ".*")}
+        ]}]}  # fmt: skip
+        (tmp_path / "dashboard-ejected.yaml").write_text(yaml.safe_dump(rules))
+        (tmp_path / "ejected_test.yaml").write_text(EJECTED_TEST)
+        done = run([tools.need("promtool"), "test", "rules", "ejected_test.yaml"], cwd=tmp_path)
+        print(done.stdout + done.stderr)
+        return done.returncode
+
+    assert promtool_test(expr) == 0
+    # The check bites: the old query (a max over the pool) reads 1.
+    assert promtool_test('max by (pool) (gateway_replica_ejected{pool=~"$pool"})') != 0
 
 
 # --- Prometheus rules ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +212,47 @@ def test_policy_checksum_rolls_pods_only_when_asked(render_chart: Render) -> Non
     assert base is not None and re.fullmatch(r"[0-9a-f]{64}", base)
     assert checksum("pools.small.policy.max_inflight_per_replica=64") not in (None, base)
     assert checksum("gateway.rollOnPolicyChange=false") is None
+
+
+# --- the picker's stop ------------------------------------------------------------------------
+
+
+def stop_settings(docs: Docs, name: str) -> tuple[int, dict[str, str | None]]:
+    pod = one(docs, "Deployment", name)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    wanted = ("GATEWAY_SHUTDOWN_DELAY_S", "GATEWAY_DRAIN_TIMEOUT_S")
+    return pod.get("terminationGracePeriodSeconds", 30), {k: env.get(k) for k in wanted}
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        (
+            "gateway.shutdownDelaySeconds=10",
+            "gateway.drainTimeoutSeconds=100",
+            "gateway.terminationGracePeriodSeconds=120",
+        ),
+    ],
+)
+def test_the_picker_stops_like_the_gateway_within_its_grace_period(
+    sets: tuple[str, ...], render_chart: Render
+) -> None:
+    """The picker runs the gateway's stop (delay, then the drain of what is in flight, the gRPC
+    streams Envoy relays included): it gets the same settings and a grace period that holds
+    them, not Kubernetes' default 30 s, which would SIGKILL it 25 s into a 45 s drain."""
+    docs = render_chart(*VARIANTS["picker-only"], *sets)
+    gateway = stop_settings(docs, f"{RELEASE}-llm-gateway")
+    grace, env = stop_settings(docs, f"{RELEASE}-llm-gateway-picker")
+    assert (grace, env) == gateway
+    delay, drain = (float(v or "nan") for v in env.values())
+    assert delay + drain + 5 <= grace
+
+
+def test_the_chart_refuses_a_drain_the_pickers_grace_period_cannot_hold(
+    helm_template: Callable[..., str],
+) -> None:
+    output = helm_template(*VARIANTS["picker-only"], "gateway.drainTimeoutSeconds=58", check=False)
+    assert "must not exceed gateway.terminationGracePeriodSeconds (60)" in output
+    assert "picker" in output

@@ -3,20 +3,28 @@ whenever there is more than one, and the compose profile runs two instances on o
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import yaml
 
-from tests.deploy import COMPOSE, RELEASE, Render, by_kind, one
+from tests.deploy import COMPOSE, RELEASE, VARIANTS, Render, by_kind, one
 
 GATEWAY = f"{RELEASE}-llm-gateway"
 REDIS = f"{RELEASE}-llm-gateway-redis"
 
 
-def redis_url(docs: list[dict[str, Any]]) -> str | None:
-    (container,) = one(docs, "Deployment", GATEWAY)["spec"]["template"]["spec"]["containers"]
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    return env.get("GATEWAY_REDIS_URL")
+def redis_url(docs: list[dict[str, Any]], deployment: str = GATEWAY) -> str | None:
+    """GATEWAY_REDIS_URL as the pod sees it: a plain value, or read from its Secret."""
+    (container,) = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+    entry = next((e for e in container["env"] if e["name"] == "GATEWAY_REDIS_URL"), None)
+    if entry is None:
+        return None
+    if "value" in entry:
+        value: str = entry["value"]
+        return value
+    ref = entry["valueFrom"]["secretKeyRef"]
+    return base64.b64decode(one(docs, "Secret", ref["name"])["data"][ref["key"]]).decode()
 
 
 def test_several_gateway_pods_share_state_through_the_charts_redis(render_chart: Render) -> None:
@@ -43,6 +51,53 @@ def test_an_external_redis_replaces_the_charts_own(render_chart: Render) -> None
     docs = render_chart("redis.url=redis://cache.example:6379/2")
     assert REDIS not in by_kind(docs, "Deployment")
     assert redis_url(docs) == "redis://cache.example:6379/2"
+
+
+def test_an_external_redis_url_reaches_the_pods_from_a_secret_only(render_chart: Render) -> None:
+    """redis.url may hold a password: it is in a Secret, never in a Deployment's env or any
+    other object as plain text, and the gateway and the picker both read it from there."""
+    url = "redis://:s3cret@cache.example:6379/2"
+    docs = render_chart(*VARIANTS["external-redis"])
+    assert url in VARIANTS["external-redis"][0]
+    for deployment in (GATEWAY, f"{GATEWAY}-picker"):
+        assert redis_url(docs, deployment) == url
+        (container,) = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+        (entry,) = [e for e in container["env"] if e["name"] == "GATEWAY_REDIS_URL"]
+        assert entry["valueFrom"]["secretKeyRef"] == {
+            "name": f"{GATEWAY}-redis-url",
+            "key": "redis-url",
+        }
+    plain = [d for d in docs if d["kind"] != "Secret"]
+    assert "s3cret" not in yaml.safe_dump_all(plain)
+    assert REDIS not in by_kind(docs, "Deployment")
+
+    def checksum(*sets: str) -> str:
+        pod = one(render_chart(*sets), "Deployment", GATEWAY)["spec"]["template"]
+        value: str = pod["metadata"]["annotations"]["checksum/redis-url"]
+        return value
+
+    # A pod reads its env from the Secret only when it starts: a new URL must roll the pods,
+    # as it did while the URL was a plain value of the pod spec.
+    assert checksum("redis.url=redis://:a@cache:6379/0") != checksum(
+        "redis.url=redis://:b@cache:6379/0"
+    )
+
+
+def test_an_existing_secret_names_the_external_redis(render_chart: Render) -> None:
+    docs = render_chart(
+        "redis.existingUrlSecret=my-redis",
+        "redis.existingUrlSecretKey=url",
+        "redis.url=redis://ignored:6379/0",
+    )
+    (container,) = one(docs, "Deployment", GATEWAY)["spec"]["template"]["spec"]["containers"]
+    (entry,) = [e for e in container["env"] if e["name"] == "GATEWAY_REDIS_URL"]
+    assert entry["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "url"}
+    assert not by_kind(docs, "Secret")  # the Secret is the operator's; the chart makes none
+    assert REDIS not in by_kind(docs, "Deployment")
+    assert (
+        "checksum/redis-url"
+        not in one(docs, "Deployment", GATEWAY)["spec"]["template"]["metadata"]["annotations"]
+    )
 
 
 def test_compose_profile_runs_two_gateways_on_one_redis() -> None:

@@ -159,8 +159,15 @@ urls: {{ toYaml $urls | nindent 2 }}
 {{- toYaml $policy -}}
 {{- end -}}
 
-{{/* "true" when the chart runs its own Redis: redis.enabled true, or auto with several gateway
-pods; never when redis.url names an external one. */}}
+{{/* "true" when an external Redis is configured: redis.url, or redis.existingUrlSecret. */}}
+{{- define "llm-gateway.redisExternal" -}}
+{{- if or .Values.redis.url .Values.redis.existingUrlSecret -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart runs its own Redis: redis.enabled true, or auto with several
+processes routing (gateway pods plus pickers); never when an external one is configured. */}}
 {{- define "llm-gateway.redisEnabled" -}}
 {{- $enabled := toString .Values.redis.enabled -}}
 {{- /* Every process that routes to the replicas: the gateway pods and the pickers. */ -}}
@@ -168,16 +175,39 @@ pods; never when redis.url names an external one. */}}
 {{- if .Values.picker.enabled -}}
 {{- $routers = add $routers (int .Values.picker.replicas) -}}
 {{- end -}}
-{{- if and (not .Values.redis.url) (or (eq $enabled "true") (and (eq $enabled "auto") (gt (int $routers) 1))) -}}
+{{- if and (not (include "llm-gateway.redisExternal" .)) (or (eq $enabled "true") (and (eq $enabled "auto") (gt (int $routers) 1))) -}}
 true
 {{- end -}}
 {{- end -}}
 
-{{/* GATEWAY_REDIS_URL for the gateway pods: the external Redis, the chart's own, or none. */}}
-{{- define "llm-gateway.redisUrl" -}}
-{{- if .Values.redis.url -}}
-{{ .Values.redis.url }}
+{{/* The Secret that holds an external Redis URL: redis.existingUrlSecret, else the chart's. */}}
+{{- define "llm-gateway.redisUrlSecret" -}}
+{{- .Values.redis.existingUrlSecret | default (printf "%s-redis-url" (include "llm-gateway.fullname" .)) -}}
+{{- end -}}
+
+{{- define "llm-gateway.redisUrlSecretKey" -}}
+{{- .Values.redis.existingUrlSecretKey | default "redis-url" -}}
+{{- end -}}
+
+{{/* "true" when the pods get GATEWAY_REDIS_URL (an external Redis or the chart's own). */}}
+{{- define "llm-gateway.redisConfigured" -}}
+{{- if or (include "llm-gateway.redisExternal" .) (include "llm-gateway.redisEnabled" .) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The GATEWAY_REDIS_URL entry of a container's env (a list item), or nothing: an external
+Redis's URL (it may hold a password) from its Secret, the chart's own Redis (no password) as a
+plain value. */}}
+{{- define "llm-gateway.redisUrlEnv" -}}
+{{- if include "llm-gateway.redisExternal" . -}}
+- name: GATEWAY_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "llm-gateway.redisUrlSecret" . }}
+      key: {{ include "llm-gateway.redisUrlSecretKey" . }}
 {{- else if include "llm-gateway.redisEnabled" . -}}
-redis://{{ include "llm-gateway.fullname" . }}-redis:6379/0
+- name: GATEWAY_REDIS_URL
+  value: {{ printf "redis://%s-redis:6379/0" (include "llm-gateway.fullname" .) | quote }}
 {{- end -}}
 {{- end -}}
