@@ -15,6 +15,7 @@ from gateway.routing.affinity import RoutingMemory
 from gateway.routing.tokenize import TokenKeys
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.pod_metrics import PodMetrics
 
 
 class Lifecycle:
@@ -28,6 +29,7 @@ class Lifecycle:
 POLICY = web.AppKey("policy", PolicyHolder)
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", GatewayMetrics)
+POD_METRICS = web.AppKey("pod_metrics", PodMetrics)
 FORWARDER = web.AppKey("forwarder", Forwarder)
 OUTLIERS = web.AppKey("outliers", OutlierDetector)
 LIMITER = web.AppKey("limiter", RateLimiter)

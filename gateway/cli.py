@@ -9,6 +9,7 @@ A command's module is imported only when that command runs.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
@@ -28,13 +29,23 @@ _TOOL_HELP = {
 }
 
 
-def _process_config(flags: Sequence[tuple[str, object]]) -> tuple[Settings, Policy] | None:
-    """What `serve` and `epp` run with: the settings (``flags`` over GATEWAY_*), logging
-    configured, and the policy checked; None (and the reason on stderr) when unusable."""
+def _process_config(
+    flags: Sequence[tuple[str, str, object]],
+) -> tuple[Settings, Policy] | None:
+    """What `serve` and `epp` run with: the settings (``flags``, each a field, the flag that
+    sets it and its value, over GATEWAY_*), logging configured, and the policy checked; None
+    (and the reason on stderr) when unusable."""
+    # SIGHUP asks a running gateway to reload its policy. Until its event loop takes the signal
+    # (once it listens) the default would end the process: ignored meanwhile, as the policy
+    # file watch picks up an edit made then.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from gateway.settings_errors import load_settings
     from gateway.telemetry.logs import configure
 
-    settings = load_settings({k: v for k, v in flags if v is not None})
+    given = [(field, flag, value) for field, flag, value in flags if value is not None]
+    settings = load_settings(
+        {field: value for field, _, value in given}, {field: flag for field, flag, _ in given}
+    )
     if settings is None:
         return None
     configure(settings.log_level)
@@ -49,8 +60,8 @@ def _process_config(flags: Sequence[tuple[str, object]]) -> tuple[Settings, Poli
 
 def _serve(args: argparse.Namespace) -> int:
     config = _process_config(
-        [("host", args.host), ("port", args.port), ("policy", args.policy),
-         ("workers", args.workers)]
+        [("host", "--host", args.host), ("port", "--port", args.port),
+         ("policy", "--policy", args.policy), ("workers", "--workers", args.workers)]
     )  # fmt: skip
     if config is None:
         return 2
@@ -61,7 +72,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _epp(args: argparse.Namespace) -> int:
     config = _process_config(
-        [("host", args.host), ("port", args.http_port), ("policy", args.policy)]
+        [
+            ("host", "--host", args.host),
+            ("port", "--http-port", args.http_port),
+            ("policy", "--policy", args.policy),
+        ]
     )
     if config is None:
         return 2

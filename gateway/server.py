@@ -12,8 +12,9 @@ With ``workers`` > 1 the process forks that many workers before any event loop s
 listens on the same port with SO_REUSEPORT (the kernel spreads connections over them) and
 shares routing state: through the Redis backend like separate instances do when one is
 configured, else with the other workers over Unix sockets in a private directory the parent
-makes (gateway/shared_state/worker_mesh.py). The parent only forwards signals and replaces a
-worker that crashes or hangs (gateway/watchdog.py), in the same place of the mesh.
+makes (gateway/shared_state/worker_mesh.py). Whichever worker a scrape reaches answers /metrics
+for all of them (gateway/telemetry/pod_metrics.py). The parent only forwards signals and
+replaces a worker that crashes or hangs (gateway/watchdog.py), in the same place of the mesh.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -38,16 +40,16 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
-from gateway.app_keys import FORWARDER, LIFECYCLE, METRICS, POLICY, SETTINGS
+from gateway.app_keys import FORWARDER, LIFECYCLE, METRICS, POD_METRICS, POLICY, SETTINGS
 from gateway.http.app import build_app
 from gateway.http.completions import count_error, serve_framed
 from gateway.http.connections import ConnectionGate, connection_limit
 from gateway.http.front import Front
 from gateway.settings import Settings
 from gateway.shared_state.worker_mesh import MeshPlace
-from gateway.state_backend import choose_backend
+from gateway.telemetry.pod_metrics import PodMetrics
 from gateway.watchdog import CRASHED, HUNG, Heartbeats, ReplacedCollector, keep_beating
-from router_policies.schema import Policy
+from router_policies.schema import InvalidPolicy, Policy
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,9 @@ async def serve(
         extend(app)
     if heartbeat is not None:
         app[METRICS].registry.register(ReplacedCollector(heartbeat[0]))
+    pod_metrics = None
+    if mesh is not None:
+        pod_metrics = app[POD_METRICS] = PodMetrics(mesh, app[METRICS].registry)
     handler_args: dict[str, Any] = {
         # A connection that has not sent complete headers within the timeout (counted from
         # its opening or its previous response) is closed: aiohttp's keep-alive timer, which
@@ -119,6 +124,8 @@ async def serve(
     assert runner.server is not None
     loop = asyncio.get_running_loop()
     gate, front = client_side(app, runner.server, **handler_args)
+    if pod_metrics is not None:
+        await pod_metrics.start()
     try:
         listener = await loop.create_server(
             gate, settings.host, settings.port, backlog=1024, reuse_address=True,
@@ -126,12 +133,12 @@ async def serve(
         )  # fmt: skip
     except OSError as exc:
         await runner.cleanup()
-        raise StartupError(
-            f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
-        ) from None
+        if pod_metrics is not None:
+            await pod_metrics.stop()
+        raise StartupError(_cannot_listen(settings, exc)) from None
     log.info(
         "llm-gateway listening on http://%s:%d (at most %d client connections)",
-        settings.host, settings.port, gate.limit,
+        settings.host, listener.sockets[0].getsockname()[1], gate.limit,
     )  # fmt: skip
     signalled = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -144,8 +151,33 @@ async def serve(
         listener.close()
         exit_deadline.start()
         await runner.cleanup()
+        if pod_metrics is not None:
+            await pod_metrics.stop()
         if beating is not None:
             beating.cancel()
+
+
+def _cannot_listen(settings: Settings, exc: OSError) -> str:
+    return f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+
+
+def _port_taken(settings: Settings) -> OSError | None:
+    """Why the port cannot be had, if something listens on it already. The workers bind it with
+    SO_REUSEPORT, which the kernel grants a second server of the same user as well: it would
+    start and take a share of this port's connections."""
+    addresses = socket.getaddrinfo(
+        settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio binds
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                return exc
+    return None
 
 
 async def _drain(
@@ -239,7 +271,8 @@ def _run_one(
             heartbeat=heartbeat, extend=extend,
         )  # fmt: skip
         uvloop.run(main)
-    except StartupError as exc:
+    except (StartupError, InvalidPolicy) as exc:
+        # InvalidPolicy: what the check before could not see (a tier model file replaced since).
         log.error("%s", exc)
         return 2
     finally:
@@ -263,8 +296,9 @@ def _fork_worker(
         return pid
     code = 1
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload, once its loop takes it
         if sys.platform == "linux":
             # A worker whose parent is killed outright stops too, rather than serve alone.
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -280,20 +314,20 @@ def _run_workers(settings: Settings, policy: Policy) -> int:
     if settings.port == 0:
         log.error("--workers > 1 needs a fixed --port: each worker binds it with SO_REUSEPORT")
         return 2
-    # Without Redis the workers share through sockets in a directory only this user can enter.
-    mesh_dir = (
-        Path(tempfile.mkdtemp(prefix="llm-gateway-workers-"))
-        if choose_backend(settings, policy).redis_url is None
-        else None
-    )
+    taken = _port_taken(settings)
+    if taken is not None:
+        log.error("%s", _cannot_listen(settings, taken))
+        return 2
+    # The workers' sockets (their /metrics for each other; without Redis, the routing state
+    # they share) in a directory only this user can enter.
+    run_dir = Path(tempfile.mkdtemp(prefix="llm-gateway-workers-"))
     try:
-        return _supervise(settings, policy, mesh_dir)
+        return _supervise(settings, policy, run_dir)
     finally:
-        if mesh_dir is not None:
-            shutil.rmtree(mesh_dir, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _supervise(settings: Settings, policy: Policy, mesh_dir: Path | None) -> int:
+def _supervise(settings: Settings, policy: Policy, run_dir: Path) -> int:
     workers: dict[int, int] = {}
     """Each worker's index (its place in the mesh, kept by its replacement), by pid."""
     killed: set[int] = set()
@@ -302,7 +336,7 @@ def _supervise(settings: Settings, policy: Policy, mesh_dir: Path | None) -> int
     stopping = False
 
     def start(index: int) -> None:
-        place = None if mesh_dir is None else MeshPlace(mesh_dir, settings.workers, index)
+        place = MeshPlace(run_dir, settings.workers, index)
         workers[_fork_worker(settings, policy, place, (heartbeats, index))] = index
 
     def kill_hung() -> None:

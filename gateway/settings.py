@@ -22,8 +22,14 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 class Settings(BaseSettings):
     # hide_input_in_errors: a bad GATEWAY_REDIS_URL must not print its password in an error.
+    # allow_inf_nan: "inf" passes every lower bound, then breaks whatever turns it into a
+    # deadline or a count (aiohttp's timeouts raise OverflowError at start-up).
     model_config = SettingsConfigDict(
-        env_prefix="GATEWAY_", extra="ignore", frozen=True, hide_input_in_errors=True
+        env_prefix="GATEWAY_",
+        extra="ignore",
+        frozen=True,
+        hide_input_in_errors=True,
+        allow_inf_nan=False,
     )
 
     host: str = "127.0.0.1"
@@ -91,6 +97,11 @@ class Settings(BaseSettings):
     """Bearer token for /admin/*; with none set (or an empty one), the admin endpoints are
     disabled."""
     log_level: str = "INFO"
+    log_prompts: bool = False
+    """Log each completion request's conversation (its messages, prompt, input and
+    instructions; the first 4,096 characters, gateway/http/completions.py) at INFO with its
+    request id, to see what a routing decision read. Off by default: prompts are the users'
+    data."""
     otel: bool = False
     """OpenTelemetry traces of proxied requests (gateway/telemetry/tracing.py), sent
     over OTLP/HTTP as the standard OTEL_* variables say."""
@@ -130,14 +141,23 @@ class Settings(BaseSettings):
             return usable_cpus()
         return value
 
+    @field_validator("host", mode="after")
+    @classmethod
+    def _empty_host_is_default(cls, host: str) -> str:
+        # Compose files and charts pass GATEWAY_HOST="" to mean "unset", as for the token and
+        # the Redis URL below; bound as is, "" would listen on every interface.
+        host = host.strip()
+        return host or str(cls.model_fields["host"].default)
+
     @field_validator("admin_token", mode="after")
     @classmethod
     def _empty_token_is_none(cls, token: SecretStr | None) -> SecretStr | None:
         # An empty token would accept an empty "Bearer " header: compose files and charts
-        # pass GATEWAY_ADMIN_TOKEN="" to mean "off", so off it is.
-        if token is None or not token.get_secret_value().strip():
-            return None
-        return token
+        # pass GATEWAY_ADMIN_TOKEN="" to mean "off", so off it is. Clients' tokens arrive
+        # stripped, so one stored with a final newline (a secret made from a file) could
+        # never match.
+        stripped = None if token is None else token.get_secret_value().strip()
+        return SecretStr(stripped) if stripped else None
 
     @field_validator("redis_url", mode="after")
     @classmethod

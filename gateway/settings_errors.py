@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -13,11 +14,15 @@ from gateway.settings import Settings
 _SECRET_FIELDS = frozenset({"admin_token", "redis_url"})
 
 
-def describe(exc: ValidationError) -> list[str]:
+def describe(exc: ValidationError, flags: Mapping[str, str] | None = None) -> list[str]:
+    """One line per mistake, naming where it was made: the variable, or the flag that gave the
+    field (``flags``: field -> flag; a flag overrides the variable)."""
     lines = []
     for error in exc.errors():
         field = str(error["loc"][0]) if error["loc"] else ""
         name = f"GATEWAY_{field.upper()}" if field else "settings"
+        if flags and field in flags:
+            name = flags[field]
         value = "" if field in _SECRET_FIELDS else f" (got {error['input']!r})"
         if not field:
             value = ""
@@ -25,12 +30,15 @@ def describe(exc: ValidationError) -> list[str]:
     return lines
 
 
-def load_settings(overrides: dict[str, Any]) -> Settings | None:
-    """The settings, or None after printing each mistake to stderr."""
+def load_settings(
+    overrides: dict[str, Any], flags: Mapping[str, str] | None = None
+) -> Settings | None:
+    """The settings, ``overrides`` (the command line's; ``flags``: the flag that gave each)
+    over GATEWAY_*, or None after printing each mistake to stderr."""
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        for line in describe(exc):
+        for line in describe(exc, flags):
             print(line, file=sys.stderr)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -52,7 +52,9 @@ def desired_replicas(
     else:
         by_load = queue_depth / settings.target_queue_per_replica
     by_kv = healthy * mean_kv_usage / settings.kv_usage_ceiling
-    wanted = math.ceil(max(by_load, by_kv) - 1e-9)
+    # Capped before rounding: a tiny divisor above (a target rate, a drain time) can make
+    # the quotient inf, which no int can hold; the cap is the answer's own.
+    wanted = math.ceil(min(max(by_load, by_kv), settings.max_replicas) - 1e-9)
     return min(max(wanted, settings.min_replicas), settings.max_replicas)
 
 

@@ -7,6 +7,7 @@ a sliding window of the scores actually seen, so the share holds as traffic drif
 from __future__ import annotations
 
 import bisect
+import copy
 from collections import deque
 
 
@@ -17,6 +18,14 @@ class QuantileThreshold:
         self._initial = initial
         self._recent: deque[float] = deque(maxlen=window)
         self._sorted: list[float] = []
+
+    def with_initial(self, initial: float) -> QuantileThreshold:
+        """The same window under another fixed threshold (a reloaded policy's): the window is
+        shared, not copied, so a request still finishing under the old policy counts in the
+        new one's window, and a reload that is refused leaves the old threshold as it was."""
+        twin = copy.copy(self)  # shallow: the deque and the sorted list are the same objects
+        twin._initial = initial
+        return twin
 
     def observe(self, score: float) -> None:
         if len(self._recent) == self._recent.maxlen:

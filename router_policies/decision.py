@@ -31,6 +31,9 @@ class Route(StrEnum):
     CLOSE_CALL = "close-call"
     """A tiered request scored within the tiers' close_call_margin of the threshold, sent to
     the other tier's pool because it would wait less there for that pool's speed."""
+    PINNED = "pinned"
+    """The one replica that holds the stored response the request names (a /v1/responses
+    follow-up's previous_response_id, a retrieve or a cancel)."""
 
 
 @value

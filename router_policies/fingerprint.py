@@ -72,7 +72,10 @@ def _model_seed(model: str, salt: str) -> int:
     return xxhash.xxh3_64_intdigest(f"{model}\x00{salt}".encode())
 
 
-def _content_bytes(content: Any) -> bytes:
+def content_bytes(content: Any) -> bytes:
+    """A message's content as the bytes routing reads: a string and the same text as text
+    parts alike (chat's, and /v1/responses' input_text as the conversation view writes it);
+    any other part by its canonical JSON."""
     if isinstance(content, str):
         return content.encode()
     if content is None:
@@ -90,7 +93,7 @@ def _content_bytes(content: Any) -> bytes:
 
 def _message_bytes(message: Mapping[str, Any]) -> bytes:
     role = str(message.get("role", "")).encode()
-    text = role + _ROLE_SEP + _content_bytes(message.get("content"))
+    text = role + _ROLE_SEP + content_bytes(message.get("content"))
     tool_calls = message.get("tool_calls")
     if tool_calls:
         # The chat template writes an assistant's calls into the prompt: two tool loops that

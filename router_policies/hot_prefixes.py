@@ -48,4 +48,5 @@ def spread(share: float, replicas: int, factor: float) -> int:
     takes more than 1/factor of a fair share (1/replicas) from this prefix alone."""
     if replicas <= 1:
         return 1
-    return max(1, min(replicas, math.ceil(share * replicas * factor - 1e-9)))
+    # Capped before rounding: a large factor makes the product inf, which no int can hold.
+    return max(1, math.ceil(min(share * replicas * factor, replicas) - 1e-9))

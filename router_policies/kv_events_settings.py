@@ -7,7 +7,9 @@ from enum import StrEnum
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from router_policies.strict_model import StrictModel
 
 
 class PrefixSource(StrEnum):
@@ -21,18 +23,14 @@ class PrefixSource(StrEnum):
     """Events where a replica publishes them (an endpoint is configured), else the estimate."""
 
 
-class EventEndpoint(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class EventEndpoint(StrictModel):
     endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc)://")]
     """The replica's PUB socket: vLLM's KVEventsConfig.endpoint as seen from the gateway."""
     replay: Annotated[str, Field(pattern=r"^(tcp|ipc)://")] | None = None
     """Its replay (ROUTER) socket, where it has one (KVEventsConfig.replay_endpoint)."""
 
 
-class KvEventsSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class KvEventsSettings(StrictModel):
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
     """Every replica publishes at tcp://<its host>:<port> (a pod per replica; vLLM's default
     endpoint is tcp://*:5557). None: only the replicas in ``endpoints`` publish."""
@@ -40,7 +38,7 @@ class KvEventsSettings(BaseModel):
     """Their replay endpoint's port, where vLLM runs with a replay_endpoint."""
     topic: str = ""
     """KVEventsConfig.topic (vLLM's default: none)."""
-    endpoints: dict[str, EventEndpoint] = {}
+    endpoints: dict[str, EventEndpoint] = Field(default_factory=dict)
     """Replica base URL -> its endpoints, for replicas that share a host (a loopback fleet)."""
     stall_s: Annotated[float, Field(gt=0)] = 5.0
     """A replica that computed new blocks and reported none for this long is routed to on the

@@ -11,6 +11,9 @@ from pydantic import Field, field_validator, model_validator
 from router_policies.strict_model import StrictModel
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_MOST_PER_MINUTE = 10**12
+"""A trillion a minute is beyond any fleet; the buckets count in floats (here and in Redis's
+Lua), which stay exact to well under a token at twice this and overflow at a far larger int."""
 
 
 class TenantLimits(StrictModel):
@@ -18,8 +21,8 @@ class TenantLimits(StrictModel):
 
     api_key_sha256: Annotated[list[str], Field(min_length=1)]
     """sha256 hex digests of the tenant's API keys, never the keys (`llm-gateway hash-key`)."""
-    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
-    tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
+    requests_per_minute: Annotated[int, Field(ge=1, le=_MOST_PER_MINUTE)] | None = None
+    tokens_per_minute: Annotated[int, Field(ge=1, le=_MOST_PER_MINUTE)] | None = None
     """Prompt tokens (estimated from its bytes) + max_tokens, corrected by the usage the
     replica reports once the request ends."""
 
@@ -46,8 +49,9 @@ class LimitsSettings(StrictModel):
     tenants: dict[str, TenantLimits] = Field(default_factory=dict)
     allow_unknown_keys: bool = False
     """Serve requests whose key belongs to no tenant (unlimited) instead of a 401."""
-    completion_tokens_estimate: Annotated[int, Field(ge=0)] = 256
-    """Completion tokens charged up front to a request that sets no max_tokens."""
+    completion_tokens_estimate: Annotated[int, Field(ge=0, le=_MOST_PER_MINUTE)] = 256
+    """Completion tokens charged up front to a request that sets no max_tokens. Bounded as the
+    limits are: the charge is counted in the same float buckets."""
 
     @model_validator(mode="after")
     def _one_tenant_per_key(self) -> LimitsSettings:

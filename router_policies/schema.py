@@ -25,8 +25,9 @@ from router_policies.adapter_placement import AdapterSettings
 from router_policies.block_layout import BlockLayout
 from router_policies.kv_events_settings import EventEndpoint, KvEventsSettings, PrefixSource
 from router_policies.limits_settings import LimitsSettings
+from router_policies.policy_yaml import KeyProblems, read_policy_yaml
 from router_policies.redis_url import checked as checked_redis_url
-from router_policies.redis_url import mask as mask_redis_url
+from router_policies.redis_url import mask as mask_url
 from router_policies.session_settings import SessionSettings
 from router_policies.strict_model import StrictModel
 from router_policies.tier_settings import TierSettings
@@ -50,15 +51,18 @@ class PrefixSettings(StrictModel):
     max_blocks: Annotated[int, Field(ge=1, le=1 << 20)] = 4096
     """Cap on fingerprint length in blocks: with doubling, far above the gateway's body limit,
     so the whole prompt is hashed and long conversations stay apart."""
-    min_match_blocks: Annotated[int, Field(ge=1)] = 1
-    """A match shorter than this is not worth pinning for."""
+    min_match_blocks: Annotated[int, Field(ge=1, le=1 << 20)] = 1
+    """A match shorter than this is not worth pinning for. At most max_blocks' own bound: no
+    match is longer than the fingerprint, and a far larger count's length in bytes, which
+    doubles every doubling_blocks, is an int of millions of digits computed per request."""
     min_match_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
     """A prompt whose shared lead (or match) is at least this share of it is worth a home
     (Preble: a cache pays when the cached part is longer than the part left to prefill);
     below it, the prompt goes by load."""
-    index_blocks: Annotated[int, Field(ge=1)] = 65536
+    index_blocks: Annotated[int, Field(ge=1, le=1 << 32)] = 65536
     """Per-replica index capacity, in block_bytes units, until the replica's KV size is known
-    from its metrics."""
+    from its metrics. At most 2^32: 512 GiB of 128-byte blocks, past any engine's KV cache (the
+    figure is also used as a float, which a far larger int overflows)."""
     index_memory: Annotated[float, Field(ge=0.25, le=16.0)] = 1.25
     """How many of a replica's KV caches' worth of prompt blocks its index remembers. At 1 the
     index forgets about when the engine evicts, so what it says is held mostly is. Above 1 a
@@ -68,9 +72,10 @@ class PrefixSettings(StrictModel):
     tuning windows, loaded, 1.25 kept 3.5-8 points more of the affinity bound on the
     synthetic trace (prefixes shared across many requests) and moved the conversation trace's
     within its spread (docs/benchmarks.md), so 1.25."""
-    chars_per_token: Annotated[float, Field(gt=0)] = 4.0
+    chars_per_token: Annotated[float, Field(ge=0.1, le=100.0)] = 4.0
     """Bytes of prompt per model token until the replicas' reported usage teaches the real
-    figure (real BPE tokenizers pack 2-4)."""
+    figure (real BPE tokenizers pack 2-4, byte-level fallback 1). The bounds are ten times past
+    any tokenizer either way, and keep the token and block counts made from it finite ints."""
     source: PrefixSource = PrefixSource.AUTO
     """What the router believes each replica holds: its engine's KV-cache events where it
     publishes them (auto, the default; `events` sets where), or only them (events), or only
@@ -146,6 +151,11 @@ class HotPrefixSettings(StrictModel):
     a new pool do not each look like the whole of its traffic."""
 
 
+_MOST_REPLICAS = 2**31 - 1
+"""Kubernetes keeps replica counts (the HPA's, a Deployment's) as int32; the desired count is
+also exported as a float gauge, which a far larger int overflows."""
+
+
 class AutoscaleSettings(StrictModel):
     """Inputs of gateway_pool_desired_replicas (see router_policies/autoscale.py)."""
 
@@ -164,12 +174,13 @@ class AutoscaleSettings(StrictModel):
     """The pool must stay saturated (a request waiting per healthy replica) this long before its
     completion rate counts as its capacity. Until then the capacity is estimated from each
     replica's learned rates and the pool's mean prompt and output (router_policies/capacity.py)."""
-    batch_slots: Annotated[int, Field(ge=1)] = 256
+    batch_slots: Annotated[int, Field(ge=1, le=1 << 20)] = 256
     """Sequences a replica's engine runs at once (vLLM --max-num-seqs), for the capacity
     estimate until the replica's queue shows its batch. Not scraped: vLLM does not export it.
     256 is vLLM's default on an A100 or a GPU under 70 GiB (1024 on an H100): a guess too low
     asks for a few more replicas (decode-bound capacity barely grows past it), and the measured
-    saturation capacity replaces the estimate."""
+    saturation capacity replaces the estimate. At most 2^20, a thousand times any engine's
+    batch (the figure is used as a float, which a far larger int overflows)."""
     backlog_drain_s: Annotated[float, Field(gt=0)] = 120.0
     """Time within which extra replicas should clear the waiting queue (rate term)."""
     rate_window_s: Annotated[float, Field(gt=0)] = 15.0
@@ -180,8 +191,8 @@ class AutoscaleSettings(StrictModel):
     production stack scales on an engine waiting queue of 5 per replica."""
     kv_usage_ceiling: Annotated[float, Field(gt=0, le=1)] = 0.9
     """Mean KV-cache usage above which the pool needs more replicas even with no queue."""
-    min_replicas: Annotated[int, Field(ge=0)] = 1
-    max_replicas: Annotated[int, Field(ge=1)] = 64
+    min_replicas: Annotated[int, Field(ge=0, le=_MOST_REPLICAS)] = 1
+    max_replicas: Annotated[int, Field(ge=1, le=_MOST_REPLICAS)] = 64
     scale_down_stabilization_s: Annotated[float, Field(ge=0)] = 300.0
     """Scale down only to the highest recommendation of this trailing window (the HPA's
     default scale-down stabilisation is also 300 s)."""
@@ -228,7 +239,8 @@ class PoolPolicy(StrictModel):
         for url in cleaned:
             scheme, sep, rest = url.partition("://")
             if not sep or scheme not in ("http", "https") or not rest or "/" in rest:
-                raise ValueError(f"{url!r} is not a base URL like http://host:port")
+                # Masked: a URL with credentials must not show its password in the error.
+                raise ValueError(f"{mask_url(url)!r} is not a base URL like http://host:port")
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("a replica is listed twice")
         return cleaned
@@ -255,9 +267,10 @@ class PoolPolicy(StrictModel):
         return self.prefix.events.endpoint_for(url)
 
 
-_HIDE_INPUT = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+_HIDE_INPUT = ConfigDict(hide_input_in_errors=True)
 """For the models a Redis URL passes through: its password must not reach an error message as
-pydantic's "input_value=..." (only the outermost model's setting counts, hence Policy's too)."""
+pydantic's "input_value=..." (only the outermost model's setting counts, hence Policy's too).
+Pydantic merges it into StrictModel's configuration, which these models keep."""
 
 
 class StateBackend(StrEnum):
@@ -297,7 +310,7 @@ class StateSettings(StrictModel):
 
     @field_serializer("redis_url", when_used="json")
     def _masked(self, url: SecretStr | None) -> str | None:
-        return None if url is None else mask_redis_url(url.get_secret_value())
+        return None if url is None else mask_url(url.get_secret_value())
 
 
 def _given(url: Any) -> bool:
@@ -351,7 +364,9 @@ def load_policy(path: str | Path) -> Policy:
     """Reads and validates a policy file; raises OSError, InvalidPolicy."""
     text = Path(path).read_text(encoding="utf-8")
     try:
-        return parse_policy(yaml.safe_load(text))
+        return parse_policy(read_policy_yaml(text))
+    except KeyProblems as exc:
+        raise InvalidPolicy(exc.problems) from None
     except yaml.YAMLError as exc:
         raise InvalidPolicy([f"not valid YAML: {exc}"]) from None
     except ValidationError as exc:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from router_policies.strict_model import StrictModel
 
 
-class SessionSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class SessionSettings(StrictModel):
     header: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]*$")] = "x-session-id"
     """Request header naming the session; empty: none is read."""
     body_fields: tuple[str, ...] = ("prompt_cache_key", "user")

@@ -255,7 +255,11 @@ class LearnedTierModel:
         weights = doc.get("weights")
         if not isinstance(weights, dict) or not isinstance(doc.get("bias"), int | float):
             raise ValueError(f"{source}: tier model lacks 'bias' or 'weights'")
-        return cls(doc["bias"], weights, doc.get("meta"))
+        try:
+            return cls(doc["bias"], weights, doc.get("meta"))
+        except (TypeError, ValueError) as exc:
+            # As ValueError, like every other fault of the file: the policy's loader names it.
+            raise ValueError(f"{source}: not a tier model file ({exc})") from None
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> LearnedTierModel:

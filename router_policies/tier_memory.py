@@ -12,7 +12,6 @@ or Redis: gateway/shared_state/).
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import xxhash
 
 from router_policies.conversation import chat_messages
+from router_policies.fingerprint import content_bytes
 
 
 def conversation_key(body: Mapping[str, Any]) -> int | None:
@@ -28,19 +28,18 @@ def conversation_key(body: Mapping[str, Any]) -> int | None:
     messages = chat_messages(body)
     if messages is None:
         return None
-    # Hashed as it comes: encoding a long first message to JSON cost more than scoring it.
     digest = xxhash.xxh3_64()
     for message in messages:
         if not isinstance(message, Mapping):
             return None
-        role, content = message.get("role"), message.get("content")
+        role = message.get("role")
         digest.update(f"{role}\0".encode("utf-8", "surrogatepass"))
-        if isinstance(content, str):
-            digest.update(b"s")
-            digest.update(content.encode("utf-8", "surrogatepass"))
-        else:  # parts, or none: their JSON, tagged apart from a string that reads the same
-            digest.update(b"j")
-            digest.update(json.dumps(content, sort_keys=True, default=str).encode())
+        # Read as prefix routing reads it (router_policies/fingerprint.py): a string, or its
+        # text parts' text, so one text part (or /v1/responses input_text) is the same
+        # conversation as the plain string. The tag "s" keeps the keys of string content
+        # those of earlier releases, which other instances may still share through Redis.
+        digest.update(b"s")
+        digest.update(content_bytes(message.get("content")))
         digest.update(b"\x1e")
         if role == "user":
             return digest.intdigest()

@@ -14,8 +14,6 @@ from router_policies.tier_settings import TierSettings
 from router_policies.tiers import Tier, tier_for
 from router_policies.value import value
 
-_TIER_NAMES = frozenset(t.value for t in Tier)
-
 
 @value
 class TierVerdict:
@@ -52,9 +50,10 @@ class TierRouter:
             and previous.settings.calibration == calibration
             and _same_scores(previous, self)
         )
-        if keep and previous is not None:
-            # Same scores, same target: the window of recent traffic is still valid.
-            self._calibrator = previous._calibrator
+        if keep and previous is not None and previous._calibrator is not None:
+            # Same scores, same target: the window of recent traffic is still valid. The fixed
+            # threshold, which applies until min_samples, is the new policy's.
+            self._calibrator = previous._calibrator.with_initial(settings.threshold)
         elif calibration is not None:
             self._calibrator = QuantileThreshold(
                 calibration.target_large_share,
@@ -69,13 +68,14 @@ class TierRouter:
     def threshold(self) -> float:
         return self._calibrator.threshold if self._calibrator else self.settings.threshold
 
-    def classify(self, body: Mapping[str, Any], forced: str | None = None) -> TierVerdict:
+    def classify(self, body: Mapping[str, Any], forced: Tier | None = None) -> TierVerdict:
         """Pure with respect to calibration: `observe` records real traffic separately, so a
-        dry run leaves the threshold where it was."""
+        dry run leaves the threshold where it was. ``forced``: the tier a client forces, where
+        the policy lets it (gateway/routing/client_hints.py reads the header)."""
         result = self.classifier.score(body)
         threshold = self.threshold
-        if forced in _TIER_NAMES and self.settings.allow_header_override:
-            return TierVerdict(Tier(str(forced)), result, threshold, forced=True)
+        if forced is not None:
+            return TierVerdict(forced, result, threshold, forced=True)
         tier = tier_for(result.score, threshold)
         key = conversation_key(body) if self.conversations.capacity else None
         kept = tier is Tier.SMALL and key is not None and self.conversations.went_large(key)
@@ -99,7 +99,7 @@ class TierRouter:
 
 def _same_scores(old: TierRouter, new: TierRouter) -> bool:
     """Whether both score every request alike: the same cue weights, or the same loaded model
-    (models are cached by path and modification time, so an unchanged file is the same one)."""
+    (router_policies/tier_classifiers.py keeps each file's model while the file is unchanged)."""
     if isinstance(new.classifier, CueClassifier) and isinstance(old.classifier, CueClassifier):
         return old.settings.weights == new.settings.weights
     return old.classifier is new.classifier

@@ -34,10 +34,23 @@ class TierWeights(StrictModel):
 class Calibration(StrictModel):
     target_large_share: Annotated[float, Field(ge=0.0, le=1.0)]
     """Share of recent tiered traffic to send to the large pool."""
-    window: Annotated[int, Field(ge=10)] = 1000
-    """Recent scores the quantile is taken over."""
+    window: Annotated[int, Field(ge=10, le=1_000_000)] = 1000
+    """Recent scores the quantile is taken over. At most a million: each request's score is
+    inserted into the sorted window, ~0.14 ms a request at that size (a far larger window
+    cannot even be allocated)."""
     min_samples: Annotated[int, Field(ge=1)] = 100
     """Below this many scores the fixed threshold applies."""
+
+    @model_validator(mode="after")
+    def _window_reaches_min_samples(self) -> Calibration:
+        if self.min_samples > self.window:
+            # The window never holds more than `window` scores: the fixed threshold would
+            # apply forever, with nothing to say so.
+            raise ValueError(
+                f"min_samples ({self.min_samples}) is above window ({self.window}): "
+                "calibration would never start; lower min_samples or raise window"
+            )
+        return self
 
 
 class OverflowSettings(StrictModel):
@@ -93,6 +106,15 @@ class TierSettings(StrictModel):
     def other_pool(self, pool: str) -> str:
         """The pool of the other tier."""
         return self.large if pool == self.small else self.small
+
+    @model_validator(mode="after")
+    def _two_pools(self) -> TierSettings:
+        if self.small == self.large:
+            raise ValueError(
+                f"small and large are both pool {self.small!r}: a tier needs two pools (a "
+                "client that wants one pool names its model)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _model_needs_learned(self) -> TierSettings:

@@ -6,11 +6,13 @@ from collections.abc import Sequence
 
 import yaml
 
+from router_policies.policy_yaml import compose_policy_yaml
+
 
 def line_of(text: str, path: Sequence[str | int]) -> int | None:
     """1-based line of the deepest node along `path` that exists in the YAML text."""
     try:
-        node = yaml.compose(text)
+        node = compose_policy_yaml(text)
     except yaml.YAMLError:
         return None
     line = None

@@ -187,15 +187,21 @@ def tiered(previous: Fleet | None = None, **tier: Any) -> Fleet:
     return Fleet(policy, previous=previous)
 
 
-def calibrated(f: Fleet) -> float:
-    """Feed the tier router ten requests of rising difficulty; its calibrated threshold."""
+def observe(f: Fleet, count: int) -> None:
+    """Feed the tier router ``count`` requests of rising difficulty."""
     router = f.tiers["auto"]
-    for i in range(10):
+    for i in range(count):
         text = "Prove that the sum is convergent step by step. " * i + "hi"
         body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
         router.observe(router.classify(body), sent_large=False)  # the calibration only
-    assert router.threshold != 0.5
-    return router.threshold
+
+
+def calibrated(f: Fleet) -> float:
+    """Feed the tier router ten requests of rising difficulty; its calibrated threshold."""
+    observe(f, 10)
+    threshold = f.tiers["auto"].threshold
+    assert threshold != 0.5
+    return threshold
 
 
 def test_tier_calibration_survives_a_reload_with_the_same_weights_and_calibration() -> None:
@@ -220,3 +226,15 @@ def test_changed_weights_or_calibration_restart_the_tier_calibration() -> None:
 
     assert reweighted.tiers["auto"].threshold == 0.5
     assert retargeted.tiers["auto"].threshold == 0.5
+
+
+def test_a_reloaded_threshold_applies_at_once_while_calibration_warms_up() -> None:
+    old = tiered()
+    observe(old, 6)  # of the 10 scores calibration waits for
+
+    new = tiered(previous=old, threshold=0.2)
+
+    assert new.tiers["auto"].threshold == 0.2  # the fixed threshold in force until min_samples
+    assert old.tiers["auto"].threshold == 0.5  # a reload refused later would leave it as it was
+    observe(new, 4)  # the window carried over: four more scores complete it
+    assert new.tiers["auto"].threshold not in (0.2, 0.5)

@@ -93,6 +93,36 @@ async def test_unknown_paths_and_methods_are_openai_errors(gateway: GatewayClien
         assert "error" in await response.json()
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [("DELETE", "/v1/models", {"GET", "HEAD"}), ("GET", CHAT, {"POST"})],
+)
+async def test_a_method_the_path_does_not_take_gets_a_405_naming_those_it_does(
+    gateway: GatewayClient, method: str, path: str, allowed: set[str]
+) -> None:
+    async with gateway.request(method, path) as response:
+        assert response.status == 405
+        assert {m.strip() for m in response.headers["Allow"].split(",")} == allowed
+        assert (await response.json())["error"]["code"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize(
+    ("path", "prompt"),
+    [(CHAT, b'"messages": [{"role": "user", "content": "hi"}]'), (COMPLETIONS, b'"prompt": "hi"')],
+)
+async def test_a_null_stream_is_answered_whole_as_vllm_reads_it(
+    gateway: GatewayClient, path: str, prompt: bytes
+) -> None:
+    # vLLM declares `stream: Optional[bool] = False`, as OpenAI does: null is not an error.
+    data = b'{"model": "sim-model", "stream": null, "max_tokens": 2, ' + prompt + b"}"
+    async with gateway.post(path, data=data) as response:
+        assert response.status == 200, await response.text()
+        assert response.content_type == "application/json"
+        answer = await response.json()
+    assert answer["object"] in ("chat.completion", "text_completion")
+    assert answer["usage"]["completion_tokens"] == 2
+
+
 async def test_ready_names_the_pool_without_replicas(gateway: GatewayClient) -> None:
     async with gateway.get("/ready") as response:
         assert response.status == 503

@@ -20,7 +20,9 @@ from replica.processes import ManagedProcess
 from tests.conftest import (
     MODEL,
     admin_route,
+    eventually,
     learned_chars_per_token,
+    metric_sum,
     official_client,
     running_gateway,
     running_sims,
@@ -207,6 +209,29 @@ async def test_responses_follow_up_goes_to_the_replica_that_stored_the_first(
         dry_run = await admin_route(gateway.url, ADMIN_TOKEN, again, "/v1/responses")
         assert dry_run["replica"] == raw.headers[headers.REPLICA]
     assert len(replicas) == 2
+
+
+async def test_a_follow_up_says_it_was_pinned_and_is_counted_so(gateway: ManagedProcess) -> None:
+    # docs/contract.md: `pinned` is the route of a follow-up held to its stored response's
+    # replica, whatever the pool's policy would have said of the one replica it was left.
+    openai = official_client(gateway.url)
+    before = await metric_sum(gateway.url, "gateway_requests_total", route="pinned")
+    for i in range(3):
+        raw = await openai.responses.with_raw_response.create(
+            model=MODEL, input=f"Pin {i}. " * 20, max_output_tokens=2
+        )
+        assert raw.headers[headers.ROUTE] != "pinned"  # a first turn: the policy's choice
+        follow = await openai.responses.with_raw_response.create(
+            model=MODEL, input="Next?", previous_response_id=raw.parse().id, max_output_tokens=2
+        )
+        assert follow.headers[headers.REPLICA] == raw.headers[headers.REPLICA]
+        assert follow.headers[headers.ROUTE] == "pinned"
+
+    async def counted() -> bool:
+        now = await metric_sum(gateway.url, "gateway_requests_total", route="pinned")
+        return now == before + 3
+
+    assert await eventually(counted)
 
 
 async def test_responses_usage_teaches_the_pool_but_not_a_follow_ups(

@@ -1,4 +1,5 @@
-"""Model tiers end to end: classification into pools, forcing a tier, overflow under saturation."""
+"""Model tiers end to end: classification into pools, forcing a tier, overflow under saturation,
+and what feeds the calibration and the conversation memory."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ import pytest_asyncio
 from bench.launcher import start_gateway
 from gateway import headers
 from replica.processes import ManagedProcess
-from tests.conftest import FAST_PROBES, admin_route, official_client, running_sims
+from tests.conftest import (
+    FAST_PROBES,
+    admin_route,
+    get_text,
+    metric,
+    official_client,
+    running_sims,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -128,6 +136,8 @@ async def test_a_follow_up_by_previous_response_id_goes_where_its_response_is_st
     body = {"model": "auto", "input": "Shorter?", "previous_response_id": first.parse().id}
     explained = await admin_route(gateway.url, ADMIN_TOKEN, body, "/v1/responses")
     assert explained["pool"] == "large" and explained["tier"]["kept_by_stored_response"]
+    # The dry run gives the route the answer did: the stored response's replica decided it.
+    assert explained["route"] == follow.headers[headers.ROUTE] == "pinned"
 
 
 async def test_models_lists_the_virtual_model_too(gateway: ManagedProcess) -> None:
@@ -156,14 +166,93 @@ async def test_a_header_may_force_the_tier_when_the_policy_allows(gateway: Manag
     assert (forced[headers.POOL], forced[headers.TIER]) == ("large", "large")
 
 
+async def test_a_forced_tier_is_read_in_any_case_and_any_other_value_is_a_400(
+    gateway: ManagedProcess,
+) -> None:
+    async with aiohttp.ClientSession() as session:
+        forced, _ = await ask(session, gateway.url, EASY, **{headers.TIER: "LARGE"})
+        assert (forced[headers.POOL], forced[headers.TIER]) == ("large", "large")
+        for value in ("big", "large;q=1", ""):
+            async with session.post(
+                f"{gateway.url}/v1/chat/completions",
+                data=orjson.dumps({"model": "auto", **EASY}),
+                headers={headers.TIER: value},
+            ) as response:
+                assert response.status == 400, value
+                error = (await response.json())["error"]
+            assert error["param"] == headers.TIER and "small, large" in error["message"]
+    # The dry run reads the header as the request would.
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{gateway.url}/admin/route", data=orjson.dumps({"model": "auto", **EASY}),
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}", headers.TIER: "big"},
+        ) as response,
+    ):  # fmt: skip
+        assert response.status == 400
+
+
 async def test_the_header_is_ignored_when_the_policy_does_not_allow_it(
     pools: dict[str, ManagedProcess],
 ) -> None:
     gw = await start_gateway(tiered_policy(pools), env=FAST_PROBES)
     try:
         async with aiohttp.ClientSession() as session:
-            got, _ = await ask(session, gw.url, EASY, **{headers.TIER: "large"})
-        assert got[headers.POOL] == "small"
+            for value in ("large", "big"):  # not read at all: no tier forced, no 400
+                got, _ = await ask(session, gw.url, EASY, **{headers.TIER: value})
+                assert got[headers.POOL] == "small"
+    finally:
+        await gw.stop()
+
+
+OPENING = "Hi! I have a few questions for you today."
+HARD_TEXT = HARD["messages"][0]["content"]
+
+
+def turns(*users: str) -> list[dict[str, str]]:
+    """A conversation's messages: its user turns, each answered but the last."""
+    messages = []
+    for i, text in enumerate(users):
+        if i:
+            messages.append({"role": "assistant", "content": "Here you go."})
+        messages.append({"role": "user", "content": text})
+    return messages
+
+
+async def test_only_generation_feeds_the_calibration_and_the_conversation_memory(
+    pools: dict[str, ManagedProcess],
+) -> None:
+    # Target share 0: once calibrated, the threshold is +inf and nothing is scored large.
+    calibration = {"target_large_share": 0.0, "window": 10, "min_samples": 10}
+    policy = tiered_policy(pools, calibration=calibration)
+    gw = await start_gateway(policy, env={**FAST_PROBES, "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN})
+
+    async def threshold() -> float | None:
+        return metric((await get_text(f"{gw.url}/metrics"))[1], "gateway_tier_threshold")
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            utility = [("/tokenize", {"messages": turns(OPENING, HARD_TEXT)})] * 10 + [
+                ("/v1/embeddings", {"input": HARD_TEXT})
+            ] * 2
+            routed = set()
+            for path, body in utility:
+                async with session.post(
+                    f"{gw.url}{path}", data=orjson.dumps({"model": "auto", **body})
+                ) as response:
+                    assert response.status == 200, await response.text()
+                    routed.add(response.headers[headers.POOL])
+            assert await threshold() == 0.5  # the fixed one: no score counted yet
+            assert routed == {"large"}  # each still routed by its score
+            # The tokenized conversation went large, but was not remembered as having gone.
+            later = {"messages": turns(OPENING, HARD_TEXT, "Thanks! Shorter?"), "max_tokens": 1}
+            got, _ = await ask(session, gw.url, later)
+            assert got[headers.TIER] == "small"
+            for i in range(9):
+                await ask(session, gw.url, {**EASY, "max_tokens": 1, "user": str(i)})
+        assert await threshold() == float("inf")
+        explained = await admin_route(gw.url, ADMIN_TOKEN, {"model": "auto", **EASY})
+        assert explained["tier"]["threshold"] == "inf"  # JSON has no infinity
     finally:
         await gw.stop()
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -17,7 +19,16 @@ from pydantic import SecretStr, ValidationError
 
 from bench.launcher import GatewayProcess, start_gateway
 from gateway.settings import Settings, usable_cpus
-from tests.conftest import FAST_PROBES, eventually, get_text, metric, pool_policy, running_sims
+from tests.conftest import (
+    FAST_PROBES,
+    chat,
+    eventually,
+    get_text,
+    metric,
+    pool_policy,
+    running_sims,
+)
+from tests.hardening import wait_for_log
 
 BAD_URLS = ["http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://not a host"]
 
@@ -34,6 +45,54 @@ def test_an_empty_admin_token_means_admin_is_off() -> None:
     assert Settings(admin_token=cast(SecretStr, "")).admin_token is None
     assert Settings(admin_token=cast(SecretStr, "  ")).admin_token is None
     assert Settings(admin_token=cast(SecretStr, "t")).admin_token is not None
+
+
+def test_the_admin_token_loses_the_whitespace_around_it() -> None:
+    # A secret made from a file (`kubectl create secret --from-file`) keeps its final newline,
+    # which no client sends.
+    token = Settings(admin_token=cast(SecretStr, " \tsecret \r\n")).admin_token
+    assert token is not None and token.get_secret_value() == "secret"
+
+
+@pytest.mark.parametrize("host", ["", " ", "\t\n"])
+def test_an_empty_host_means_loopback(monkeypatch: pytest.MonkeyPatch, host: str) -> None:
+    # As `--host ""` passes it, then as GATEWAY_HOST="" from a compose file or chart does.
+    assert Settings(host=host).host == "127.0.0.1"
+    monkeypatch.setenv("GATEWAY_HOST", host)
+    assert Settings().host == "127.0.0.1"
+    monkeypatch.setenv("GATEWAY_HOST", " 0.0.0.0 ")
+    assert Settings().host == "0.0.0.0"
+
+
+async def test_serve_with_an_empty_host_listens_on_loopback_only() -> None:
+    gw = await start_gateway(
+        pool_policy(["http://127.0.0.1:9"]), env={"GATEWAY_HOST": ""}, wait_path="/health"
+    )
+    try:
+        log = await wait_for_log(gw, "listening on")
+        assert f"listening on {gw.url} " in log
+    finally:
+        await gw.stop()
+
+
+_FLOAT_SETTINGS = [name for name, f in Settings.model_fields.items() if f.annotation is float]
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_no_float_setting_takes_a_value_that_is_not_finite(value: float) -> None:
+    assert len(_FLOAT_SETTINGS) > 10
+    for name in _FLOAT_SETTINGS:
+        with pytest.raises(ValidationError, match=name):
+            Settings.model_validate({name: value})
+
+
+def test_the_operations_guide_lists_every_setting() -> None:
+    guide = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    first_cells = [
+        line.split("|")[1] for line in guide.splitlines() if line.startswith("| `GATEWAY_")
+    ]
+    listed = set(re.findall(r"`GATEWAY_([A-Z_]+)`", " ".join(first_cells)))
+    assert listed == {name.upper() for name in Settings.model_fields}
 
 
 async def test_with_an_empty_token_every_admin_endpoint_answers_403() -> None:
@@ -141,7 +200,8 @@ def _policy_file(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("variable", "value"),
     [("GATEWAY_PORT", "abc"), ("GATEWAY_RETRIES", "-1"), ("GATEWAY_LOG_LEVEL", "LOUD"),
-     ("GATEWAY_FIRST_TOKEN_TIMEOUT_S", "0")],
+     ("GATEWAY_FIRST_TOKEN_TIMEOUT_S", "0"), ("GATEWAY_HEALTH_TIMEOUT_S", "inf"),
+     ("GATEWAY_DRAIN_TIMEOUT_S", "Infinity")],
 )  # fmt: skip
 def test_a_bad_setting_is_one_clear_line_and_exit_code_2(
     tmp_path: Path, variable: str, value: str
@@ -151,6 +211,24 @@ def test_a_bad_setting_is_one_clear_line_and_exit_code_2(
     assert "Traceback" not in result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"error: {variable}:")
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["serve", "--port", "99999"], "--port"),
+        (["serve", "--workers", "many"], "--workers"),
+        (["epp", "--port", "9002", "--http-port", "99999"], "--http-port"),
+    ],
+)
+def test_a_bad_value_from_a_flag_names_the_flag_not_a_variable(
+    tmp_path: Path, flags: list[str], named: str
+) -> None:
+    result = llm_gateway(*flags, "--policy", str(_policy_file(tmp_path)))
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {named}:")
+    assert "GATEWAY_" not in line
 
 
 def test_a_port_in_use_is_one_clear_line_and_exit_code_2(tmp_path: Path) -> None:
@@ -222,3 +300,28 @@ def test_workers_take_a_number_or_auto_and_the_chart_defaults_to_auto() -> None:
     assert yaml.safe_load((chart / "values.yaml").read_text())["gateway"]["workers"] == "auto"
     template = (chart / "templates" / "gateway-deployment.yaml").read_text()
     assert "name: GATEWAY_WORKERS" in template
+
+
+@pytest.mark.parametrize("log_prompts", [False, True])
+async def test_prompts_are_logged_only_when_the_operator_turns_it_on(log_prompts: bool) -> None:
+    env = {**FAST_PROBES, "GATEWAY_LOG_PROMPTS": str(log_prompts).lower()}
+    async with running_sims(1) as [replica]:
+        gateway = await start_gateway(pool_policy([replica.url]), env=env)
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(
+                    f"{gateway.url}/v1/chat/completions",
+                    json=chat("a system prompt", "the zebra's marmalade recipe"),
+                    headers={"x-request-id": "prompt-log-1"},
+                ) as response,
+            ):
+                assert response.status == 200
+            logged = [line for line in gateway.log_tail().splitlines() if "zebra" in line]
+        finally:
+            await gateway.stop()
+        if log_prompts:
+            assert len(logged) == 1
+            assert "[prompt-log-1]" in logged[0] and "a system prompt" in logged[0]
+        else:
+            assert logged == []

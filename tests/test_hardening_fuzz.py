@@ -29,6 +29,8 @@ from tests.conftest import FAST_PROBES, MODEL, get_text, pool_policy, running_si
 REQUESTS = 10_500
 CONCURRENCY = 32
 SEED = 8
+LARGE = "large-lora"
+"""The tier's large pool: an adapter of the same replicas, so one set of sims serves both."""
 
 _ODD_VALUES: list[Any] = [
     None, True, False, 0, -1, 1, 2**31, 2**63, 2**70, 1.5, -0.0, 1e308, "", "x", "10",
@@ -118,7 +120,9 @@ def generate(rng: random.Random) -> tuple[str, str, bytes, dict[str, str]]:
 @contextlib.asynccontextmanager
 async def _gateway_with_a_tier(urls: list[str]) -> AsyncIterator[ManagedProcess]:
     policy = pool_policy(urls)
-    policy["tiers"] = {"auto": {"small": "small", "large": "small"}}
+    # The large pool: the same replicas' LoRA adapter (a tier needs two pools).
+    policy["pools"]["large"] = {"model": LARGE, "replicas": urls}
+    policy["tiers"] = {"auto": {"small": "small", "large": "large"}}
     gw = await start_gateway(policy, env={**FAST_PROBES, "GATEWAY_LOG_LEVEL": "WARNING"})
     try:
         yield gw
@@ -143,7 +147,9 @@ async def test_ten_thousand_generated_requests_get_no_5xx_from_the_gateway() -> 
     unanswered: list[tuple[str, str, str, dict[str, str], bytes]] = []
 
     async with (
-        running_sims(2, prefill_s_per_token=0, decode_step_s=0, decode_s_per_seq=0) as sims,
+        running_sims(
+            2, prefill_s_per_token=0, decode_step_s=0, decode_s_per_seq=0, lora_modules=LARGE
+        ) as sims,
         _gateway_with_a_tier([s.url for s in sims]) as gw,
     ):
         queue: asyncio.Queue[tuple[str, str, bytes, dict[str, str]]] = asyncio.Queue()

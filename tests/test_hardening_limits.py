@@ -33,9 +33,13 @@ ENV = {
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def gateway() -> AsyncIterator[ManagedProcess]:
-    async with running_sims(1, prefill_s_per_token=0, decode_step_s=0, decode_s_per_seq=0) as sims:
+    # The tier's large pool is an adapter of the same replica: a tier needs two pools.
+    async with running_sims(
+        1, prefill_s_per_token=0, decode_step_s=0, decode_s_per_seq=0, lora_modules="large-lora"
+    ) as sims:
         policy = pool_policy([sims[0].url])
-        policy["tiers"] = {"auto": {"small": "small", "large": "small"}}
+        policy["pools"]["large"] = {"model": "large-lora", "replicas": [sims[0].url]}
+        policy["tiers"] = {"auto": {"small": "small", "large": "large"}}
         gw = await start_gateway(policy, env=ENV)
         try:
             yield gw

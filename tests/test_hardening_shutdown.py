@@ -7,11 +7,14 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import aiohttp
 import orjson
+import yaml
 
-from bench.launcher import start_gateway
+from bench.launcher import GatewayProcess, gateway_argv, start_gateway
+from replica.processes import free_port
 from tests.conftest import chat, pool_policy, running_gateway, running_sims
 
 
@@ -57,3 +60,33 @@ async def test_a_gateway_the_launcher_started_stops_cleanly_without_the_pre_stop
     async with running_sims(1) as [replica]:
         gateway = await start_gateway(pool_policy([replica.url]))
         assert await gateway.stop() == 0
+
+
+async def test_a_sighup_while_it_starts_is_not_the_end_of_it(tmp_path: Path) -> None:
+    # SIGHUP asks for a reload (a deploy script may send it right after starting the gateway);
+    # the loop's handler comes once the gateway listens, and the default before that ends it.
+    probed = asyncio.Event()
+
+    async def silent_replica(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        probed.set()  # the gateway's first health probe: it is starting, past its imports
+
+    replica = await asyncio.start_server(silent_replica, "127.0.0.1", 0)
+    replica_url = f"http://127.0.0.1:{replica.sockets[0].getsockname()[1]}"
+    port = free_port()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(pool_policy([replica_url])))
+    gateway = GatewayProcess(
+        gateway_argv(policy, port),
+        f"http://127.0.0.1:{port}",
+        policy,
+        env={"GATEWAY_HEALTH_TIMEOUT_S": "3", "GATEWAY_SHUTDOWN_DELAY_S": "0"},
+    )
+    starting = asyncio.create_task(gateway.start(health_path="/health", timeout_s=30))
+    try:
+        async with asyncio.timeout(20):
+            await probed.wait()
+        os.kill(gateway.pid, signal.SIGHUP)
+        await starting  # raises if it exited before answering
+    finally:
+        assert await gateway.stop() == 0
+        replica.close()

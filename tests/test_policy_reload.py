@@ -25,12 +25,14 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 TOKEN = "test-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+LARGE = "large-lora"
+"""The tier's large pool: an adapter of the same replicas, so one set of sims serves both."""
 ENV = {**FAST_PROBES, "GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_POLICY_WATCH_INTERVAL_S": "0.2"}
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def replicas() -> AsyncIterator[list[ManagedProcess]]:
-    async with running_sims(2, decode_step_s=0.01) as fleet:
+    async with running_sims(2, decode_step_s=0.01, lora_modules=LARGE) as fleet:
         yield fleet
 
 
@@ -41,9 +43,10 @@ def policy(replicas: list[ManagedProcess], eps: float = 0.25) -> dict[str, Any]:
                 "model": MODEL,
                 "replicas": [r.url for r in replicas],
                 "load": {"balance_eps": eps},
-            }
+            },
+            "large": {"model": LARGE, "replicas": [r.url for r in replicas]},
         },
-        "tiers": {"auto": {"small": "small", "large": "small"}},
+        "tiers": {"auto": {"small": "small", "large": "large"}},
     }
 
 
@@ -197,9 +200,9 @@ async def test_dry_run_explains_the_decision_without_sending(
         assert r.status == 200
         decision = await r.json()
     assert time.monotonic() - started < 5
-    assert decision["pool"] == "small" and decision["replica"] and decision["route"]
     tier = decision["tier"]
     assert tier["tier"] in ("small", "large") and 0 < tier["score"] < 1
+    assert decision["pool"] == tier["tier"] and decision["replica"] and decision["route"]
     # The learned model (the default) names the words that pushed the score up.
     assert tier["classifier"] == "learned"
     assert max(tier["contributions"].values()) > 0

@@ -256,4 +256,4 @@ def test_an_empty_redis_url_means_no_redis() -> None:
 
 def test_serve_refuses_zero_workers(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--workers", "0"]) == 2
-    assert "GATEWAY_WORKERS" in capsys.readouterr().err
+    assert "error: --workers:" in capsys.readouterr().err

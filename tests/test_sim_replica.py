@@ -201,3 +201,47 @@ async def test_health_and_models(serve: Serve) -> None:
     assert models.data[0].model_extra == {
         "root": "llama-8b", "parent": None, "max_model_len": 4096
     }  # fmt: skip
+
+
+async def test_a_null_stream_is_no_stream_as_in_vllm(serve: Serve) -> None:
+    server = await serve()
+    prompts: list[tuple[str, dict[str, object]]] = [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "hi"}),
+    ]
+    async with aiohttp.ClientSession() as session:
+        for path, prompt in prompts:
+            body = {**prompt, "stream": None, "max_tokens": 2}
+            async with session.post(base_url(server) + path, json=body) as response:
+                assert response.status == 200, await response.text()
+                assert response.content_type == "application/json"
+                assert (await response.json())["usage"]["completion_tokens"] == 2
+
+
+# vLLM's StreamOptions: `include_usage: Optional[bool] = True`, read whenever the options are
+# given (vllm/entrypoints/utils.py, should_include_usage).
+STREAM_OPTIONS_USAGE = [
+    (None, False),
+    ({}, True),
+    ({"continuous_usage_stats": False}, True),
+    ({"include_usage": True}, True),
+    ({"include_usage": None}, False),
+    ({"include_usage": False}, False),
+]
+
+
+@pytest.mark.parametrize(("options", "usage"), STREAM_OPTIONS_USAGE)
+async def test_a_stream_ends_with_its_usage_when_vllm_would_send_it(
+    serve: Serve, options: dict[str, object] | None, usage: bool
+) -> None:
+    server = await serve()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True,
+            "stream_options": options}  # fmt: skip
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(base_url(server) + "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status == 200
+        events = (await response.read()).split(b"\n\n")
+    chunks = [orjson.loads(e.removeprefix(b"data: ")) for e in events if e.startswith(b"data: {")]
+    assert [c["usage"]["completion_tokens"] for c in chunks if c.get("usage")] == [2] * usage

@@ -14,17 +14,23 @@ from gateway.http.request_body import Endpoint, parse_request
 from gateway.relay.stream_usage import UsageDropped, asking_usage
 from tests.conftest import (
     MODEL,
+    in_process_gateway,
+    in_process_sims,
     learned_chars_per_token,
     official_client,
+    pool_policy,
     running_gateway,
     running_sims,
 )
+from tests.sim import ZERO_DELAY
+from tests.test_sim_replica import STREAM_OPTIONS_USAGE
 
 ADMIN_TOKEN = "test-admin-token"
 CHUNK = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
 USAGE = b'data: {"id":"c1","choices":[],"usage":{"prompt_tokens":9,"total_tokens":11}}\n\n'
 DONE = b"data: [DONE]\n\n"
 ASKED = {"include_usage": True}
+CONTINUOUS = {"continuous_usage_stats": True}
 
 
 def sent(endpoint: Endpoint, **body: Any) -> bytes | None:
@@ -40,10 +46,32 @@ def test_a_chat_or_completions_stream_asks_for_usage_keeping_its_other_options()
         "model": MODEL, "messages": messages, "stream": True,
         "stream_options": {"include_usage": True},
     }  # fmt: skip
-    options = {"continuous_usage_stats": True}
+    options = {"include_usage": False, "vendor_option": 1}
     completion = sent(Endpoint.COMPLETIONS, prompt="hi", stream=True, stream_options=options)
     assert completion is not None
-    assert orjson.loads(completion)["stream_options"] == {**options, "include_usage": True}
+    assert orjson.loads(completion)["stream_options"] == {"include_usage": True, "vendor_option": 1}
+
+
+# vLLM's StreamOptions: `include_usage: Optional[bool] = True`, read whenever the options are
+# given (vllm/entrypoints/utils.py, should_include_usage).
+@pytest.mark.parametrize(
+    ("options", "forwarded"),
+    [
+        (None, ASKED),
+        ({"include_usage": None}, ASKED),
+        ({"include_usage": False}, ASKED),
+        # Continuous usage comes only with include_usage: asked for the one, not the other.
+        ({"include_usage": False, "continuous_usage_stats": True}, ASKED),
+        ({}, None),
+        (CONTINUOUS, None),
+        (ASKED, None),
+    ],
+)
+def test_a_stream_asks_for_usage_only_where_vllm_would_end_it_without(
+    options: dict[str, Any] | None, forwarded: dict[str, Any] | None
+) -> None:
+    asked = sent(Endpoint.COMPLETIONS, prompt="hi", stream=True, stream_options=options)
+    assert (asked and orjson.loads(asked)["stream_options"]) == forwarded
 
 
 @pytest.mark.parametrize(
@@ -56,6 +84,24 @@ def test_a_chat_or_completions_stream_asks_for_usage_keeping_its_other_options()
 )
 def test_what_is_sent_as_the_client_sent_it(endpoint: Endpoint, body: dict[str, Any]) -> None:
     assert sent(endpoint, **body) is None
+
+
+@pytest.mark.parametrize(("options", "usage"), STREAM_OPTIONS_USAGE)
+async def test_the_client_gets_the_usage_event_exactly_when_vllm_would_send_it(
+    options: dict[str, Any] | None, usage: bool
+) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "stream": True, "stream_options": options}  # fmt: skip
+    async with (
+        in_process_sims(1, MODEL, **ZERO_DELAY) as replicas,
+        in_process_gateway(pool_policy(replicas)) as gateway,
+        gateway.post("/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status == 200
+        events = (await response.read()).split(b"\n\n")
+    chunks = [orjson.loads(e.removeprefix(b"data: ")) for e in events if e.startswith(b"data: {")]
+    assert [c["usage"]["completion_tokens"] for c in chunks if c.get("usage")] == [2] * usage
+    assert events[-2] == b"data: [DONE]"
 
 
 def test_the_usage_event_is_dropped_and_every_other_goes_through_whole() -> None:

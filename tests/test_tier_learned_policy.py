@@ -2,11 +2,13 @@
 router_policies/tier_settings.py): the learned model is the default and the cue model stays
 selectable, a tier without a model file uses the shipped model and one with a file uses it, a
 missing or unloadable file and bad classifier settings are policy errors, and calibration
-survives a reload with the same model but not a switch; and of /admin/route in a running
-gateway, which shows the learned model's score, threshold and strongest contributions."""
+survives a reload with the same model (each file loaded once, kept while unchanged) but not a
+switch; and of /admin/route in a running gateway, which shows the learned model's score,
+threshold and strongest contributions."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,13 @@ from pydantic import ValidationError
 
 from bench.launcher import start_gateway
 from bench.tier_eval.train import TrainConfig, train
+from gateway.fleet.pools import Fleet
+from gateway.policy.check import load_checked_policy
 from replica.processes import ManagedProcess
+from router_policies import tier_classifiers
 from router_policies.schema import InvalidPolicy
 from router_policies.tier_classifier_learned import EXPLAIN_TOP, LearnedTierModel
-from router_policies.tier_classifiers import CueClassifier
+from router_policies.tier_classifiers import CACHED_MODELS, CueClassifier, load_learned
 from router_policies.tier_router import TierRouter
 from router_policies.tier_settings import TierClassifierName, TierSettings
 from tests.conftest import FAST_PROBES, running_sims
@@ -89,6 +94,68 @@ def test_calibration_survives_a_reload_with_the_same_model_but_not_a_switch() ->
     assert same.threshold == first.threshold
     switched = TierRouter("auto", settings(classifier="cue", **calibrated), previous=first)
     assert switched._calibrator is not first._calibrator
+
+
+def test_two_tiers_on_two_model_files_keep_their_calibration_across_a_reload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = tmp_path / "mine.json.gz"
+    mine.write_bytes(SHIPPED.to_bytes())
+    calibrated = {"calibration": {"target_large_share": 0.5, "window": 20, "min_samples": 10}}
+    tiers = {
+        "auto": {"small": "small", "large": "large", **calibrated},
+        "mine": {"small": "small", "large": "large", "model": str(mine), **calibrated},
+    }
+    pools = {
+        "small": {"model": "s", "replicas": ["http://10.0.0.1:8000"]},
+        "large": {"model": "l", "replicas": ["http://10.0.0.2:8000"]},
+    }
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(orjson.dumps({"pools": pools, "tiers": tiers}).decode())
+    reads: list[str | None] = []
+    load = LearnedTierModel.load
+
+    def counted(path: str | None = None) -> LearnedTierModel:
+        reads.append(path)
+        return load(path)
+
+    monkeypatch.setattr(LearnedTierModel, "load", counted)
+
+    first = Fleet(load_checked_policy(policy_file))  # check-policy's load, then the fleet's
+    for router in first.tiers.values():
+        for text in OBVIOUSLY_HARD + OBVIOUSLY_EASY:
+            router.observe(router.classify(chat(text)), sent_large=False)  # the calibration only
+    reloaded = Fleet(load_checked_policy(policy_file), previous=first)
+
+    assert reads == [str(mine)]  # read once, for every check and fleet after it
+    for name, router in reloaded.tiers.items():
+        assert router.classifier is first.tiers[name].classifier
+        assert router.threshold == first.tiers[name].threshold != 0.5
+
+
+def test_a_changed_model_file_is_read_again(tmp_path: Path) -> None:
+    path = tmp_path / "mine.json.gz"
+    path.write_bytes(SHIPPED.to_bytes())
+    before = load_learned(str(path))
+    assert load_learned(str(path)) is before
+    train(tiny_examples(), TrainConfig(min_df=1)).save(path)
+    assert load_learned(str(path)).meta["examples"] == len(TINY)
+
+
+def test_a_few_model_files_stay_loaded_the_least_recently_used_forgotten_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tier_classifiers, "_loaded", OrderedDict())  # the others' stay cached
+    model = train(tiny_examples(), TrainConfig(min_df=1)).to_bytes()
+    paths = [tmp_path / f"m{i}.json.gz" for i in range(CACHED_MODELS + 1)]
+    for path in paths:
+        path.write_bytes(model)
+    first = load_learned(str(paths[0]))
+    kept = [load_learned(str(path)) for path in paths[1:CACHED_MODELS]]
+    assert load_learned(str(paths[0])) is first  # used again: now the most recent
+    load_learned(str(paths[-1]))  # one past the bound: the least recently used goes
+    assert load_learned(str(paths[0])) is first
+    assert load_learned(str(paths[1])) is not kept[0]
 
 
 # --- /admin/route explains the learned model's decision ---------------------------------------

@@ -97,3 +97,28 @@ def test_a_responses_api_conversation_is_scored_and_remembered_as_the_same_chat(
     tiers.observe(went, sent_large=True)
     later = tiers.classify(as_responses(dialogue(OPENING, HARD, EASY)))
     assert later.tier is Tier.LARGE and later.kept
+
+
+def as_text_part(chat: dict[str, Any], part_type: str = "text") -> dict[str, Any]:
+    """The same conversation with its first user message sent as one text part."""
+    system, first, *rest = chat["messages"]
+    part = {**first, "content": [{"type": part_type, "text": first["content"]}]}
+    return {"messages": [system, part, *rest]}
+
+
+def test_a_first_message_sent_as_one_text_part_is_the_same_conversation() -> None:
+    chat = dialogue(OPENING, HARD, EASY)
+    assert conversation_key(as_text_part(chat)) == conversation_key(chat)
+    responses = as_responses(as_text_part(chat, "input_text"))
+    assert conversation_key(responses) == conversation_key(chat)
+    # As prefix routing reads content (router_policies/fingerprint.py): text parts by their
+    # text, anything else by its JSON, so an image makes another conversation.
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    first = chat["messages"][1]
+    with_image = {"messages": [{**first, "content": [image, {"type": "text", "text": OPENING}]}]}
+    assert conversation_key(with_image) != conversation_key({"messages": [first]})
+    # Remembered as large on one spelling, kept large on the other.
+    tiers = router()
+    tiers.observe(tiers.classify(dialogue(OPENING, HARD)), sent_large=True)
+    later = tiers.classify(as_text_part(dialogue(OPENING, HARD, EASY)))
+    assert later.tier is Tier.LARGE and later.kept

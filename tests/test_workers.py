@@ -13,12 +13,21 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.host import children
-from bench.launcher import start_gateway
+from bench.launcher import gateway_argv, start_gateway
 from gateway import headers
 from replica.processes import ManagedProcess
-from tests.conftest import FAST_PROBES, chat, eventually, metric_sum, pool_policy, running_sims
+from tests.conftest import (
+    FAST_PROBES,
+    chat,
+    eventually,
+    get_text,
+    metric_sum,
+    pool_policy,
+    running_sims,
+)
 from tests.redis_server import running_redis
 from tests.test_shared_state_redis import ADMIN_TOKEN, backend_up_is, system
 
@@ -44,7 +53,8 @@ async def test_two_workers_share_one_port_and_stop_together(redis_named_by: str)
                 worker, _, _ = await fresh_connection_send(gateway, chat(system(i % 3), f"q{i}"))
                 workers.add(worker)
             assert len(workers) == 2
-            assert await eventually(backend_up_is(gateway, 1.0, backend))  # sharing
+            # Sharing, in each worker (/metrics answers for both, a series each).
+            assert await eventually(backend_up_is(gateway, 2.0, backend))
         finally:
             code = await gateway.stop()
         assert code == 0
@@ -96,17 +106,55 @@ async def test_without_redis_a_prefix_learned_through_one_worker_is_a_hit_throug
 
 
 def _every_worker_up(gateway: ManagedProcess) -> Callable[[], Awaitable[bool]]:
-    """Whether every worker is connected to every other: /metrics is one worker's answer, so
-    12 new connections in a row must all say so."""
-    up = backend_up_is(gateway, 1.0, "workers")
+    """Whether every worker is connected to every other (/metrics answers for both)."""
+    return backend_up_is(gateway, 2.0, "workers")
 
-    async def check() -> bool:
-        for _ in range(12):
-            if not await up():
-                return False
-        return True
 
-    return check
+async def test_every_scrape_answers_for_every_worker_whichever_one_it_reaches() -> None:
+    # A counter read from one worker at a time jumps between their values and rate() sees a
+    # share of the traffic: each scrape carries each worker's series, labelled by worker.
+    async with running_sims(2) as replicas:
+        env = {**FAST_PROBES, "GATEWAY_WORKERS": "2"}
+        gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
+        try:
+            served_by = set()
+            for i in range(30):
+                worker, _, _ = await fresh_connection_send(gateway, chat(system(0), f"q{i}"))
+                served_by.add(worker)
+            assert len(served_by) == 2
+            for _ in range(6):  # a new connection each: the kernel picks the worker scraped
+                _, text = await get_text(f"{gateway.url}/metrics")
+                families = {f.name: f for f in text_string_to_metric_families(text)}
+                answered = sum(s.value for s in families["gateway_requests"].samples)
+                assert answered == 30
+                healthy = families["gateway_replica_healthy"].samples
+                assert {s.labels["worker"] for s in healthy} == {"0", "1"}
+                # Read by both from the parent's page: once, or a sum would count it twice.
+                replaced = families["gateway_workers_replaced"].samples
+                assert len(replaced) == 2  # one per reason
+                assert all("worker" not in s.labels for s in replaced)
+        finally:
+            assert await gateway.stop() == 0
+
+
+async def test_a_second_gateway_on_the_port_of_a_running_one_refuses_to_start() -> None:
+    # Both would bind with SO_REUSEPORT and the kernel would split the port's connections.
+    async with running_sims(1) as replicas:
+        env = {**FAST_PROBES, "GATEWAY_WORKERS": "2"}
+        policy = pool_policy([r.url for r in replicas])
+        gateway = await start_gateway(policy, env=env)
+        try:
+            second = await asyncio.create_subprocess_exec(
+                *gateway_argv(gateway.policy_path, int(gateway.url.rsplit(":", 1)[1])),
+                env={**os.environ, **env},
+                stderr=asyncio.subprocess.PIPE,
+            )
+            async with asyncio.timeout(30):
+                _, err = await second.communicate()
+            assert second.returncode == 2
+            assert "cannot listen on" in err.decode()
+        finally:
+            assert await gateway.stop() == 0
 
 
 async def test_without_redis_a_crashed_worker_is_replaced_in_its_place_and_rejoins() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import hmac
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -22,6 +23,7 @@ from gateway.app_keys import (
     MEMORY,
     METRICS,
     OUTLIERS,
+    POD_METRICS,
     POLICY,
     SETTINGS,
     TOKEN_KEYS,
@@ -34,7 +36,7 @@ from gateway.fleet.monitor import ProbeSettings, ReplicaMonitor
 from gateway.fleet.outlier import OutlierDetector, OutlierSettings
 from gateway.http import responses_lookup
 from gateway.http.completions import complete, count_error, request_id
-from gateway.http.errors import ApiError, internal_error
+from gateway.http.errors import AiohttpError, ApiError, internal_error
 from gateway.http.exchange import AiohttpExchange
 from gateway.http.models_list import model_card, model_list
 from gateway.http.request_body import Endpoint, UnreadBody, parse_request, read_body
@@ -109,7 +111,7 @@ async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        error = ApiError(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_"))
+        error = AiohttpError(exc)
     except ConnectionResetError:
         raise  # the client is gone: nothing to answer, aiohttp drops the connection
     except Exception:
@@ -169,7 +171,8 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
+    pod = request.app.get(POD_METRICS)
+    body = generate_latest(request.app[METRICS].registry) if pod is None else await pod.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -183,8 +186,13 @@ def admin(handler: Handler) -> Handler:
                 403, "Admin endpoints are disabled: set GATEWAY_ADMIN_TOKEN to enable them.",
                 type_="permission_error", code="admin_disabled",
             )  # fmt: skip
-        sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(sent.encode(), token.get_secret_value().encode()):
+        scheme, _, sent = request.headers.get("Authorization", "").strip().partition(" ")
+        # The scheme is case-insensitive (RFC 7235), as for tenant keys. Bytes that are not
+        # UTF-8 reach us as surrogates (aiohttp decodes headers with surrogateescape): encoded
+        # back the same way, they are compared as sent instead of raising.
+        sent_bytes = sent.strip().encode(errors="surrogateescape")
+        expected = token.get_secret_value().encode(errors="surrogateescape")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(sent_bytes, expected):
             raise ApiError(
                 401, "A valid admin bearer token is required.", type_="authentication_error",
                 code="invalid_admin_token",
@@ -238,11 +246,14 @@ async def admin_route(request: web.Request) -> web.Response:
     tier = None
     if resolution.verdict is not None:
         verdict = resolution.verdict
+        threshold = verdict.threshold
         tier = {
             "tier": verdict.tier.value,
             "classifier": verdict.score.classifier,
             "score": verdict.score.score,
-            "threshold": verdict.threshold,
+            # JSON has no infinity (orjson writes null): calibrated to a target share of 0 or 1
+            # it is +-inf, written "inf" or "-inf" as the metric's exposition says +Inf.
+            "threshold": threshold if math.isfinite(threshold) else str(threshold),
             "forced": verdict.forced,
             "kept_by_conversation": verdict.kept,
             "kept_by_stored_response": resolution.choice is not None and resolution.choice.stored,
@@ -250,7 +261,7 @@ async def admin_route(request: web.Request) -> web.Response:
             "contributions": dict(verdict.score.contributions),
             **comparison_view(resolution.compared, resolution.compared_for),
         }
-    route = resolution.route or (decision.route if decision else None)
+    route = resolution.answer_route(decision.route) if decision else resolution.route
     return _json(
         {
             "model": parsed.model,
@@ -268,7 +279,7 @@ async def admin_route(request: web.Request) -> web.Response:
 
 def build_app(settings: Settings, policy: Policy, mesh: MeshPlace | None = None) -> web.Application:
     """The gateway; ``mesh``: this process is one of `serve --workers N`, sharing with the
-    others without Redis (given only when no Redis is configured)."""
+    others over the mesh when no Redis is configured."""
     # *_created series double the exposition for no use an HPA or a dashboard has.
     disable_created_metrics()  # type: ignore[no-untyped-call]
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[openai_errors])

@@ -14,7 +14,9 @@ import os
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
+import orjson
 from aiohttp import web
 
 from gateway import headers
@@ -80,6 +82,8 @@ async def complete(
     picker's); ``sent``: the client's headers. Raises ApiError for what it refuses."""
     settings = app[SETTINGS]
     parsed = parse_request(endpoint, raw, settings.max_json_depth)
+    if settings.log_prompts:
+        _log_prompt(endpoint, parsed.body)
     owner = tenant.name if tenant is not None else None
     memory = app[MEMORY]
     if parsed.previous_response_id is not None:
@@ -101,7 +105,15 @@ async def complete(
         admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
     pool.counts.arrivals += 1
     tiers, verdict = resolution.tier_router, resolution.verdict
-    if tiers is not None and verdict is not None and not verdict.forced:
+    # Generation only (the prefix-routed endpoints): a tokenizer or embeddings call is routed
+    # by its score too, but is neither traffic the calibrated share is of nor a conversation's
+    # turn, and would skew the threshold or mark a conversation large.
+    if (
+        tiers is not None
+        and verdict is not None
+        and not verdict.forced
+        and parsed.endpoint.prefix_routed
+    ):
         went_large = tiers.observe(verdict, sent_large=pool.name == tiers.settings.large)
         if went_large is not None:
             memory.large_conversations.tell(tiers, went_large)
@@ -118,6 +130,17 @@ async def complete(
     status = await forward(routed)
     if admission is not None:
         limiter.settle(admission, status)
+
+
+PROMPT_LOG_CHARS = 4096
+"""How much of a conversation GATEWAY_LOG_PROMPTS logs: enough to see what routing read
+(a system prompt's head, the turns), not a whole document per request."""
+_PROMPT_FIELDS = ("instructions", "messages", "prompt", "input")
+
+
+def _log_prompt(endpoint: Endpoint, body: Mapping[str, Any]) -> None:
+    text = orjson.dumps({k: body[k] for k in _PROMPT_FIELDS if k in body}).decode()
+    log.info("prompt on %s (%d chars): %s", endpoint.value, len(text), text[:PROMPT_LOG_CHARS])
 
 
 def count_error(app: web.Application, path: str, status: int) -> None:

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from aiohttp import web
+
 from gateway.fleet.pool_queue import PoolSaturated
 from gateway.headers import RETRY_AFTER, RETRY_AFTER_MS
 from replica.openai_api import ApiError, error_body
 
 __all__ = ["ApiError", "error_body"]
+
+
+class AiohttpError(ApiError):
+    """An error aiohttp raised itself (an unknown path, a method the path does not take), in
+    the OpenAI shape; the headers it carried that the client must still get, kept."""
+
+    def __init__(self, exc: web.HTTPException) -> None:
+        super().__init__(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_"))
+        allow = exc.headers.get("Allow")
+        # A 405 must name the methods the path takes (RFC 9110 15.5.6).
+        self.kept: dict[str, str] = {"Allow": allow} if allow is not None else {}
+
+    def answer_headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+        return super().answer_headers({**self.kept, **(headers or {})})
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -79,6 +95,16 @@ def upstream_error(replica: str, exc: BaseException) -> bytes:
     else:
         what = f"could not be reached: {type(exc).__name__}"
     return error_body(f"Replica {replica} {what}.", "server_error", "upstream_unavailable")
+
+
+def answer_broke(replica: str, exc: BaseException) -> bytes:
+    """Body of an attempt whose non-streaming answer broke or stalled before it was whole
+    (none of it had gone to the client)."""
+    if isinstance(exc, TimeoutError):
+        what = "stopped sending its answer partway"
+    else:
+        what = f"failed while answering: {type(exc).__name__}"
+    return error_body(f"Replica {replica} {what}.", "server_error", "upstream_error")
 
 
 def answer_too_long(replica: str) -> bytes:

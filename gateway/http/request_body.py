@@ -140,7 +140,9 @@ def parse_request(endpoint: Endpoint, raw: bytes, max_depth: int = 64) -> Parsed
     _CHECKS[endpoint](body)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean.", param="stream")
+        if stream is not None:
+            raise bad_request("'stream' must be a boolean.", param="stream")
+        stream = False  # vLLM's `stream: Optional[bool] = False`, as OpenAI's: null is false
     _check_optional(body, "stream_options", dict, "an object")
     _check_optional(body, "cache_salt", str, "a string")
     _check_optional(body, "response_format", dict, "an object")

@@ -24,9 +24,8 @@ from gateway.rate_limit import RateLimiter
 from gateway.routing.affinity import ReplicaRef, ResponseHomes, RoutingMemory
 from gateway.telemetry.logs import REQUEST_ID
 from gateway.telemetry.metrics import GatewayMetrics
+from router_policies.decision import Route
 
-PINNED = "pinned"
-"""x-gateway-route of a relay to the one replica that holds the response."""
 SESSION = web.AppKey("responses_lookup_session", aiohttp.ClientSession)
 _TIMEOUT = aiohttp.ClientTimeout(total=None, connect=3.0, sock_read=600.0)
 _FORWARDED = ("Authorization", "traceparent", "tracestate", "Accept")
@@ -109,7 +108,7 @@ class ResponseLookup:
                         headers.REQUEST_ID: REQUEST_ID.get(),
                         headers.POOL: pool.name,
                         headers.REPLICA: replica.name,
-                        headers.ROUTE: PINNED,
+                        headers.ROUTE: Route.PINNED,
                     },
                 )
                 await response.prepare(request)
@@ -127,7 +126,7 @@ class ResponseLookup:
             )  # fmt: skip
             return error.response({headers.REQUEST_ID: REQUEST_ID.get(), headers.POOL: pool.name})
         finally:
-            self._metrics.requests.labels(pool.name, PINNED, str(status)).inc()
+            self._metrics.requests.labels(pool.name, Route.PINNED, str(status)).inc()
             self._metrics.duration.labels(pool.name).observe(time.perf_counter() - started)
 
 

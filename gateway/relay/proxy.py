@@ -2,9 +2,10 @@
 
 An attempt fails, and moves to another replica, on anything that happens before the client has
 received a byte: a refused connection, a 5xx answer, a stream that ends or stalls before its
-first chunk (`first_token_timeout_s`). Each outcome also feeds the replica's passive health
-(gateway/fleet/outlier.py). After the first byte a failure can only be reported in-band: a stream
-ends with an SSE error event. TCP_NODELAY is on for both sides: the event loop (uvloop or
+first chunk (`first_token_timeout_s`), a non-streaming answer that breaks while held back. Each
+outcome also feeds the replica's passive health (gateway/fleet/outlier.py): an answer is a
+success once it was read whole. After the first byte a failure can only be reported in-band: a
+stream ends with an SSE error event. TCP_NODELAY is on for both sides: the event loop (uvloop or
 asyncio) sets it on every TCP transport.
 """
 
@@ -21,6 +22,7 @@ from gateway.fleet.pools import PoolSaturated, PoolState
 from gateway.fleet.replicas import Dispatch, ReplicaState
 from gateway.http.errors import (
     ApiError,
+    answer_broke,
     answer_too_long,
     no_healthy_replica,
     not_openai,
@@ -205,9 +207,17 @@ class Forwarder:
                 if body is None:
                     return Failure(upstream.status, answer_too_long(replica.name), answers.JSON)
                 return Failure(upstream.status, body, upstream.content_type)
-        elif not first:
-            self._outliers.success(replica)  # a stream's success is its whole end, below
-        return await self._relay(req, dispatch, upstream, first)
+        try:
+            return await self._relay(req, dispatch, upstream, first)
+        except (UpstreamError, TimeoutError) as exc:
+            reason = f"answer broke: {failure_reason(exc, False)}"
+            if upstream.status < 500:  # a 5xx is counted already
+                self._failed(routed.pool, replica, reason)
+            if req.exchange.started:
+                raise  # part of it is out: the client learns by the connection cut short
+            # A non-streaming answer is held back until whole: none of it reached the client.
+            log.warning("replica %s failed before the first byte: %s", replica.name, reason)
+            return Failure(502, answer_broke(replica.name, exc), answers.JSON)
 
     def _failed(self, pool: PoolState, replica: ReplicaState, reason: str) -> None:
         self._outliers.failure(pool, replica, reason, time.monotonic())
@@ -257,18 +267,7 @@ class Forwarder:
         """Relays a non-streaming answer (gateway/relay/answers.py); True when it ended cleanly."""
         exchange, routed, outcome = req.exchange, req.routed, req.outcome
         replica = dispatch.replica.name
-        try:
-            body, whole = await answers.read_head(
-                upstream, self._settings.max_buffered_answer_bytes
-            )
-        except (UpstreamError, TimeoutError) as exc:
-            error = ApiError(
-                502, f"The replica failed while answering: {type(exc).__name__}.",
-                type_="server_error", code="upstream_error",
-            )  # fmt: skip
-            outcome.status = outcome.wire = error.status
-            await _answer(exchange, out, error)
-            return False
+        body, whole = await answers.read_head(upstream, self._settings.max_buffered_answer_bytes)
         if routed.hooks is not None:
             routed.hooks.answered(replica, upstream.status, body)
         outcome.status = outcome.wire = upstream.status
@@ -290,6 +289,8 @@ class Forwarder:
                 outcome.status = STREAM_FAILED
                 raise
             await exchange.end()
+        if upstream.status < 500:
+            self._outliers.success(dispatch.replica)  # only now: it was read whole
         routed.learn_usage(dispatch, tail)
         return True
 

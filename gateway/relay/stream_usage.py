@@ -1,11 +1,11 @@
 """Usage for the streams whose client did not ask for it.
 
-A chat or completions stream reports its usage only when the request sets
-``stream_options.include_usage``, which the OpenAI SDKs leave off: such a stream would teach
-routing nothing (characters per token, how far the prefix index's belief held) and leave a
-tenant's token charge at its estimate. The gateway asks the replica for the usage on the
-client's behalf and drops that one event from what the client gets, so the client receives the
-stream it asked for.
+A chat or completions stream reports its usage only when the request gives ``stream_options``
+without turning ``include_usage`` off (vLLM's rule), and the OpenAI SDKs leave the options out:
+such a stream would teach routing nothing (characters per token, how far the prefix index's
+belief held) and leave a tenant's token charge at its estimate. The gateway asks the replica
+for the usage on the client's behalf and drops that one event from what the client gets, so
+the client receives the stream it asked for.
 """
 
 from __future__ import annotations
@@ -23,18 +23,30 @@ _EVENT_END = b"\n\n"
 _USAGE = b'"usage":{'
 """Unescaped quotes: never inside a JSON string, so model output cannot fake either mark."""
 _NO_CHOICES = b'"choices":[]'
+_NOT_ASKED = (None, False)
+"""`include_usage` values vLLM reads as no usage (`in` compares by equality: 0 is among them,
+as pydantic reads it)."""
 
 
 def asking_usage(parsed: ParsedRequest) -> bytes | None:
     """The body to send in place of the client's, asking for the stream's usage; None when
-    the client's goes as it is (not a chat or completions stream, or it asked itself).
-    `stream_options`, where given, is an object: the body's checks refuse anything else."""
+    the client's goes as it is (not a chat or completions stream, or vLLM would send the usage
+    anyway). `stream_options`, where given, is an object: the body's checks refuse anything
+    else."""
     if not parsed.stream or parsed.endpoint not in _ASKED:
         return None
-    options: Mapping[str, Any] = parsed.body.get("stream_options") or {}
-    if options.get("include_usage") is True:
+    options: Mapping[str, Any] | None = parsed.body.get("stream_options")
+    if options is None:
+        return orjson.dumps({**parsed.body, "stream_options": {"include_usage": True}})
+    # vLLM's rule: `include_usage: Optional[bool] = True`, read whenever stream_options is
+    # given, so `{}` asks for the usage and only null or false (0 alike) leave it out. Anything
+    # else goes as sent: vLLM reads it, or answers the client's own 400.
+    if options.get("include_usage", True) not in _NOT_ASKED:
         return None
-    return orjson.dumps({**parsed.body, "stream_options": {**options, "include_usage": True}})
+    # Without include_usage vLLM ignores continuous_usage_stats: asked for the usage, it would
+    # put one on every chunk, which the client did not ask for and would not be dropped.
+    asked = {k: v for k, v in options.items() if k != "continuous_usage_stats"}
+    return orjson.dumps({**parsed.body, "stream_options": {**asked, "include_usage": True}})
 
 
 class UsageDropped:

@@ -1,5 +1,6 @@
 """What a client says about routing besides its prompt: the session its request belongs to
-(router_policies/sessions.py), its own time-to-first-token objective and its priority."""
+(router_policies/sessions.py), its own time-to-first-token objective, its priority and the tier
+it forces."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from gateway import headers
 from gateway.http.errors import bad_request
 from router_policies.fingerprint import RequestFeatures
 from router_policies.session_settings import SessionSettings
+from router_policies.tier_settings import TierSettings
+from router_policies.tiers import Tier
 
 _MAX_KEY = 256
 """Longer session keys are kept as their digest: the memory per session stays bounded."""
 _MAX_OBJECTIVE_MS = 3_600_000.0
 _PRIORITIES = range(-1000, 1001)
+_TIERS = {tier.value: tier for tier in Tier}
 
 
 def session_key(body: Mapping[str, Any], sent: Mapping[str, str], settings: SessionSettings) -> str:
@@ -69,6 +73,21 @@ def priority(sent: Mapping[str, str]) -> int:
             param=headers.PRIORITY,
         )
     return value
+
+
+def forced_tier(text: str | None, settings: TierSettings) -> Tier | None:
+    """The tier the x-gateway-tier header forces, in any case, where the tier model's policy
+    lets clients force one (`allow_header_override`; elsewhere the header is not read); any
+    other value is the client's error (400), not a header silently ignored."""
+    if text is None or not settings.allow_header_override:
+        return None
+    tier = _TIERS.get(text.lower())
+    if tier is None:
+        raise bad_request(
+            f"Header {headers.TIER} must be one of {', '.join(_TIERS)}, got {text[:64]!r}.",
+            param=headers.TIER,
+        )
+    return tier
 
 
 def with_client_hints(

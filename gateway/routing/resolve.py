@@ -13,6 +13,7 @@ from gateway.fleet.pools import Fleet, PoolState
 from gateway.http.errors import ApiError, bad_request, model_not_found
 from gateway.http.request_body import Endpoint, ParsedRequest
 from gateway.routing.affinity import RouteHooks, RoutingMemory, adapter_replicas
+from gateway.routing.client_hints import forced_tier
 from router_policies.cost.ttft import IDLE, predicted_s
 from router_policies.decision import Route
 from router_policies.fingerprint import RequestFeatures, load_only
@@ -65,6 +66,16 @@ class Resolution:
             return Route.OVERFLOW
         return Route.CLOSE_CALL if self.choice.close_call else None
 
+    def answer_route(self, decided: Route) -> Route:
+        """Why the request went where it did, as its answer says (x-gateway-route) and the dry
+        run (/admin/route) reports: a follow-up pinned to its stored response's replica, else
+        the resolution's route (e.g. overflow) over the replica decision's ``decided``."""
+        if self.hooks is not None and self.hooks.pinned:
+            # The policy chose among the one replica left to it: its own route would misstate
+            # why the follow-up went there.
+            return Route.PINNED
+        return self.route or decided
+
     def response_headers(self) -> dict[str, str]:
         if self.verdict is None:
             return {}
@@ -91,9 +102,11 @@ def adapter_pool(
 def resolve(
     fleet: Fleet,
     parsed: ParsedRequest,
-    forced_tier: str | None,
+    tier_header: str | None,
     memory: RoutingMemory | None = None,
 ) -> Resolution:
+    """``tier_header``: the client's x-gateway-tier, read only for a tier model whose policy
+    lets clients force the tier; raises ApiError for what it refuses."""
     if not parsed.model:
         # /tokenize and /detokenize may leave the model out, as a single vLLM server allows.
         if len(fleet.pools) != 1:
@@ -114,8 +127,8 @@ def resolve(
         tier_router = fleet.tiers.get(parsed.model)
         if tier_router is None:
             raise model_not_found(parsed.model)
-        verdict = tier_router.classify(parsed.body, forced_tier)
         settings = tier_router.settings
+        verdict = tier_router.classify(parsed.body, forced_tier(tier_header, settings))
         stored = _stored_in(memory, parsed, settings)
         if stored is not None:
             choice = PoolChoice(stored, overflow=False, stored=True)

@@ -68,13 +68,15 @@ class Routed:
 
     def answer_headers(self, replica: str, decided: Route) -> dict[str, str]:
         """What every answer carries besides the replica's own: the request's id, where it
-        went and why (the resolution's route, e.g. overflow, over the replica decision's)."""
+        went and why (a follow-up pinned to its stored response's replica, else the
+        resolution's route, e.g. overflow, over the replica decision's)."""
+        route = self.resolution.answer_route(decided)
         return {
             **self.extra_headers,
             headers.REQUEST_ID: self.request_id,
             headers.POOL: self.pool.name,
             headers.REPLICA: replica,
-            headers.ROUTE: (self.resolution.route or decided).value,
+            headers.ROUTE: route.value,
         }
 
 

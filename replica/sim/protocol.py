@@ -54,6 +54,16 @@ def flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+def _includes_usage(stream_options: Mapping[str, Any]) -> bool:
+    """Whether a stream with these options ends with its usage. vLLM's StreamOptions has
+    `include_usage: Optional[bool] = True` and reads it whenever the options are given: left
+    out it is true, and null is false."""
+    include = stream_options.get("include_usage", True)
+    if include is not None and not isinstance(include, bool):
+        raise _bad("'stream_options.include_usage' must be a boolean", "stream_options")
+    return include is True
+
+
 def render_chat_body(body: Mapping[str, Any]) -> str:
     """The prompt text of a chat body (``messages``, ``tools`` and the generation-prompt
     options), as generation, ``/tokenize`` and render all see it."""
@@ -150,12 +160,11 @@ def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> Parsed
         n = 1
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 128:
         raise _bad("'n' must be an integer from 1 to 128", "n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad("'stream' must be a boolean", "stream")
-    stream_options = body.get("stream_options") or {}
-    if not isinstance(stream_options, Mapping):
+    stream = flag(body, "stream", False)
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, Mapping):
         raise _bad("'stream_options' must be an object", "stream_options")
+    include_usage = stream and stream_options is not None and _includes_usage(stream_options)
 
     batch = _prompts(body, kind, config)
     tokens, text = batch[0]
@@ -178,7 +187,7 @@ def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> Parsed
         prompt_tokens=tokens,
         max_tokens=max_tokens,
         stream=stream,
-        include_usage=bool(stream and stream_options.get("include_usage")),
+        include_usage=include_usage,
         prompt_text=text,
         batch=tuple(batch) if len(batch) > 1 else (),
         n=n,

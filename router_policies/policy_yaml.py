@@ -1,0 +1,100 @@
+"""Reading a policy file's YAML: the one loader, which refuses keys YAML would silently change.
+
+YAML readers keep the last of two equal keys in a mapping, so a pool or a tenant pasted twice,
+or a setting written twice, would replace the first without a word. And YAML 1.1 (PyYAML's)
+reads a plain ``on``, ``off``, ``yes`` or ``no`` as a boolean and ``70`` as a number, so a pool
+named ``on`` would become ``True`` and fail validation as a "valid string" it never looked like.
+Every key in a policy file is a name, so both are refused here, one line per key, with the line
+it is on and what to write instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+
+_MERGE = "tag:yaml.org,2002:merge"
+_NOT_NAMES = {
+    "tag:yaml.org,2002:bool": "a boolean (YAML 1.1)",
+    "tag:yaml.org,2002:int": "a number",
+    "tag:yaml.org,2002:float": "a number",
+    "tag:yaml.org,2002:null": "null",
+}
+"""The tags a plain (unquoted) key resolves to that no policy key can take, and what YAML read."""
+
+
+class KeyProblems(yaml.YAMLError):
+    """Keys a policy cannot take as written; ``problems`` says each on a line of its own."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+class PolicyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping, and a key that is not a name.
+
+    The keys are checked on the composed document, before anything is built from it: a mapping
+    built by PyYAML has already lost the first of two equal keys, and the nodes still know the
+    path and the line of each."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            problems = list(_key_problems(node, (), set()))
+            if problems:
+                raise KeyProblems(problems)
+        return node
+
+
+def read_policy_yaml(text: str) -> Any:
+    """The document in ``text``; raises KeyProblems, or another yaml.YAMLError."""
+    return yaml.load(text, Loader=PolicyLoader)
+
+
+def compose_policy_yaml(text: str) -> yaml.Node | None:
+    """The node tree of ``text`` (line numbers), read as ``read_policy_yaml`` reads it."""
+    return yaml.compose(text, Loader=PolicyLoader)
+
+
+def _key_problems(node: yaml.Node, path: tuple[str, ...], visited: set[int]) -> Iterator[str]:
+    # An alias is the node it names, once more: each node is checked once, and a recursive
+    # anchor (which SafeLoader accepts) does not recurse forever.
+    if id(node) in visited:
+        return
+    visited.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _key_problems(item, (*path, str(i)), visited)
+        return
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first_line: dict[tuple[str, str], int] = {}
+    for key, value in node.value:
+        if key.tag == _MERGE:
+            # `<<: *defaults` and then a key of the mapping's own is an override, which is
+            # what merge keys are for: only keys written in this mapping are compared.
+            yield from _key_problems(value, path, visited)
+            continue
+        line = key.start_mark.line + 1
+        name = str(key.value) if isinstance(key, yaml.ScalarNode) else "[key]"
+        name = name or "~"  # an empty key is YAML's null
+        field = ".".join((*path, name))
+        if key.tag in _NOT_NAMES:
+            yield (
+                f"line {line}: {field}: YAML reads the unquoted key {name} as "
+                f"{_NOT_NAMES[key.tag]}, not a name: quote it ('{name}')"
+            )
+        elif isinstance(key, yaml.ScalarNode):
+            # By tag and text: `a` and 'a' are one key, as in the mapping YAML would build.
+            identity = (key.tag, name)
+            if identity in first_line:
+                yield (
+                    f"line {line}: {field}: given twice in one mapping (first on line "
+                    f"{first_line[identity]}); YAML would keep only the last: remove one"
+                )
+            else:
+                first_line[identity] = line
+        yield from _key_problems(value, (*path, name), visited)

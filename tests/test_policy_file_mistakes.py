@@ -1,0 +1,352 @@
+"""Specification of what a policy file cannot get past check-policy, start-up or a reload, though
+YAML or a loose schema would let it through: a number that is infinite, NaN or too large to
+count with, a key given twice, a key YAML reads as a boolean or a number, a tier model file that
+is not a model; and of the errors themselves, which never show a replica URL's password."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, get_args, get_origin
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+from pydantic import BaseModel, ValidationError
+
+from gateway.policy.check import load_checked_policy
+from gateway.policy.reload import PolicyHolder
+from router_policies.autoscale import desired_replicas
+from router_policies.hot_prefixes import spread
+from router_policies.schema import AutoscaleSettings, InvalidPolicy, Policy, parse_policy
+from router_policies.tier_classifier_learned import MODEL_FORMAT, LearnedTierModel
+
+POOL = "pools:\n  small:\n    model: m\n    replicas: [http://127.0.0.1:9001]\n"
+"""A valid policy's first four lines: what a test appends starts on line 5."""
+TIERED = POOL + (
+    "  large:\n    model: big\n    replicas: [http://127.0.0.1:9002]\n"
+    "tiers:\n  auto:\n    small: small\n    large: large\n"
+)
+"""Two pools and a tier `auto`, whose settings a test appends from line 12."""
+
+
+def llm_gateway(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The CLI with no GATEWAY_* variable set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )  # fmt: skip
+
+
+def problems_of(tmp_path: Path, text: str) -> list[str]:
+    """The problems load_checked_policy (check-policy, serve, every reload) names in ``text``."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    with pytest.raises(InvalidPolicy) as info:
+        load_checked_policy(path)
+    return info.value.problems
+
+
+def holder_of(tmp_path: Path, text: str = POOL) -> PolicyHolder:
+    path = tmp_path / "live.yaml"
+    path.write_text(text)
+    counter = Counter("reloads", "", ["result"], registry=CollectorRegistry())
+    return PolicyHolder(load_checked_policy(path), path, counter)
+
+
+def small(**pool: Any) -> dict[str, Any]:
+    return {"pools": {"small": {"model": "m", "replicas": ["http://127.0.0.1:9001"], **pool}}}
+
+
+def tiered(**tier: Any) -> dict[str, Any]:
+    pools = small()["pools"] | {"large": {"model": "big", "replicas": ["http://127.0.0.1:9002"]}}
+    return {"pools": pools, "tiers": {"auto": {"small": "small", "large": "large", **tier}}}
+
+
+# --- numbers: finite, and within what the router can count with -------------------------------
+
+
+def _leaves(annotation: Any) -> Iterator[Any]:
+    """The plain types inside an annotation (through Annotated, unions, dicts and lists)."""
+    if get_origin(annotation) is Annotated:
+        yield from _leaves(get_args(annotation)[0])
+    elif get_args(annotation):
+        for arg in get_args(annotation):
+            yield from _leaves(arg)
+    else:
+        yield annotation
+
+
+def _float_fields(
+    model: type[BaseModel], seen: set[type[BaseModel]]
+) -> Iterator[tuple[type[BaseModel], str]]:
+    if model in seen:
+        return
+    seen.add(model)
+    for name, info in model.model_fields.items():
+        for leaf in _leaves(info.annotation):
+            if leaf is float:
+                yield model, name
+            elif isinstance(leaf, type) and issubclass(leaf, BaseModel):
+                yield from _float_fields(leaf, seen)
+
+
+def _refused_as_not_finite(model: type[BaseModel], field: str, value: float) -> bool:
+    try:
+        model.model_validate({field: value})
+    except ValidationError as exc:
+        return any(e["loc"][:1] == (field,) and e["type"] == "finite_number" for e in exc.errors())
+    return False
+
+
+def test_no_number_in_a_policy_may_be_infinite_or_nan() -> None:
+    fields = set(_float_fields(Policy, set()))
+    # Found from the schema, so a float added later is covered; the sections that broke the
+    # gateway are among them, so the walk is not vacuous.
+    names = {(model.__name__, name) for model, name in fields}
+    assert {("HotPrefixSettings", "spread_factor"), ("PrefixSettings", "chars_per_token"),
+            ("TierWeights", "bias"), ("KvEventsSettings", "stall_s")} <= names  # fmt: skip
+    accepted = sorted(
+        f"{model.__name__}.{field}: {value}"
+        for model, field in fields
+        for value in (math.inf, -math.inf, math.nan)
+        if not _refused_as_not_finite(model, field, value)
+    )
+    assert accepted == []
+
+
+def test_check_policy_names_the_line_of_an_infinite_number(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POOL + "    hot: {spread_factor: .inf}\n    prefix: {chars_per_token: .nan}\n")
+    result = llm_gateway("check-policy", str(path))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[1:] == [
+        "  line 6: pools.small.prefix.chars_per_token: Input should be a finite number",
+        "  line 5: pools.small.hot.spread_factor: Input should be a finite number",
+    ]
+
+
+def test_a_reload_to_an_infinite_number_keeps_the_current_policy(tmp_path: Path) -> None:
+    holder = holder_of(tmp_path)
+    assert holder.path is not None
+    holder.path.write_text(POOL + "    hot: {spread_factor: .inf}\n")
+    result = holder.reload()
+    assert not result.ok
+    assert result.problems == (
+        "line 5: pools.small.hot.spread_factor: Input should be a finite number",
+    )
+    assert holder.fleet.policy.pools["small"].hot.spread_factor == 1.25
+
+
+def _limits(**limits: Any) -> dict[str, Any]:
+    return {**small(), "limits": limits}
+
+
+def _tenant(**limits: Any) -> dict[str, Any]:
+    return _limits(tenants={"acme": {"api_key_sha256": ["0" * 64], **limits}})
+
+
+def _calibrated(window: int) -> dict[str, Any]:
+    return tiered(calibration={"target_large_share": 0.3, "window": window})
+
+
+@pytest.mark.parametrize(
+    ("policy", "field", "usable", "refused"),
+    [
+        # Each refused value made the gateway fail where it turns the figure into a count.
+        (lambda v: small(prefix={"min_match_blocks": v}), "pools.small.prefix.min_match_blocks",
+         1 << 20, 10**12),
+        (lambda v: small(prefix={"index_blocks": v}), "pools.small.prefix.index_blocks",
+         1 << 32, 10**400),
+        (lambda v: small(prefix={"chars_per_token": v}), "pools.small.prefix.chars_per_token",
+         100.0, 1e300),
+        (lambda v: small(prefix={"chars_per_token": v}), "pools.small.prefix.chars_per_token",
+         0.1, 1e-320),
+        (lambda v: small(autoscale={"batch_slots": v}), "pools.small.autoscale.batch_slots",
+         1 << 20, 10**400),
+        (lambda v: small(autoscale={"min_replicas": v, "max_replicas": v}),
+         "pools.small.autoscale.max_replicas", 2**31 - 1, 10**400),
+        (_calibrated, "tiers.auto.calibration.window", 1_000_000, 10**19),
+        (lambda v: _tenant(tokens_per_minute=v), "limits.tenants.acme.tokens_per_minute",
+         10**12, 10**400),
+        (lambda v: _tenant(requests_per_minute=v), "limits.tenants.acme.requests_per_minute",
+         10**12, 10**400),
+        (lambda v: _limits(completion_tokens_estimate=v), "limits.completion_tokens_estimate",
+         10**12, 10**400),
+    ],
+    ids=["min_match_blocks", "index_blocks", "chars_per_token-high", "chars_per_token-low",
+         "batch_slots", "replicas", "calibration.window", "tokens_per_minute",
+         "requests_per_minute", "completion_tokens_estimate"],
+)  # fmt: skip
+def test_numbers_past_what_the_router_can_count_with_are_refused(
+    policy: Callable[[Any], dict[str, Any]], field: str, usable: float, refused: float
+) -> None:
+    parse_policy(policy(usable))
+    with pytest.raises(ValidationError) as info:
+        parse_policy(policy(refused))
+    assert field in [".".join(map(str, e["loc"])) for e in info.value.errors()]
+
+
+def test_a_huge_spread_factor_spreads_a_prefix_over_every_replica() -> None:
+    # Finite, yet share x replicas x factor overflows to inf: still a count.
+    assert spread(0.5, 4, 1e308) == 4
+    assert spread(0.25, 4, 1.0) == 1
+
+
+def test_a_tiny_target_rate_asks_for_the_most_replicas_rather_than_failing() -> None:
+    settings = AutoscaleSettings(target_rate_per_replica=1e-300, max_replicas=8)
+    assert desired_replicas(2, 0.0, 0.0, settings, arrival_rate=1e10) == 8
+
+
+# --- keys: each once, and each a name -----------------------------------------------------------
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
+    text = (
+        "pools:\n  small:\n    model: m\n    replicas: [http://127.0.0.1:9001]\n"
+        "    policy: round-robin\n    policy: least-loaded\n"
+        "  small:\n    model: m2\n    replicas: [http://127.0.0.1:9002]\n"
+    )
+    assert problems_of(tmp_path, text) == [
+        "line 6: pools.small.policy: given twice in one mapping (first on line 5); "
+        "YAML would keep only the last: remove one",
+        "line 7: pools.small: given twice in one mapping (first on line 2); "
+        "YAML would keep only the last: remove one",
+    ]
+
+
+def test_a_tenant_pasted_twice_is_refused(tmp_path: Path) -> None:
+    tenant = f"    acme:\n      api_key_sha256: ['{'a' * 64}']\n      requests_per_minute: 600\n"
+    [problem] = problems_of(tmp_path, POOL + "limits:\n  tenants:\n" + tenant + tenant)
+    assert problem.startswith(
+        "line 10: limits.tenants.acme: given twice in one mapping (first on line 7)"
+    )
+
+
+def test_a_quoted_and_a_plain_spelling_of_one_key_are_one_key(tmp_path: Path) -> None:
+    [problem] = problems_of(tmp_path, POOL + "'pools': {}\n")
+    assert problem.startswith("line 5: pools: given twice in one mapping (first on line 1)")
+
+
+def test_overriding_a_merge_key_is_not_a_key_given_twice(tmp_path: Path) -> None:
+    # Overriding what `<<` brings in is what merge keys are for; a key of the mapping's own,
+    # written twice, still is given twice.
+    text = (
+        "pools:\n  small: &pool\n    model: m\n    replicas: [http://127.0.0.1:9001]\n"
+        "  large:\n    <<: *pool\n    model: big\n    replicas: [http://127.0.0.1:9002]\n"
+    )
+    twice = text + "    model: bigger\n"
+    [problem] = problems_of(tmp_path, twice)
+    assert problem.startswith(
+        "line 9: pools.large.model: given twice in one mapping (first on line 7)"
+    )
+    path = tmp_path / "merged.yaml"
+    path.write_text(text)
+    assert load_checked_policy(path).pools["large"].model == "big"
+
+
+def test_a_reload_with_a_key_given_twice_keeps_the_current_policy(tmp_path: Path) -> None:
+    holder = holder_of(tmp_path)
+    assert holder.path is not None
+    holder.path.write_text(POOL + "    policy: round-robin\n    policy: least-loaded\n")
+    result = holder.reload()
+    assert not result.ok and "line 6: pools.small.policy: given twice" in result.problems[0]
+    assert holder.fleet.policy.pools["small"].policy == "prefix-aware"
+
+
+def test_a_key_yaml_reads_as_a_boolean_or_a_number_says_to_quote_it(tmp_path: Path) -> None:
+    text = (
+        "pools:\n  on:\n    model: m\n    replicas: [http://127.0.0.1:9001]\n"
+        "  70:\n    model: m70\n    replicas: [http://127.0.0.1:9002]\n"
+    )
+    assert problems_of(tmp_path, text) == [
+        "line 2: pools.on: YAML reads the unquoted key on as a boolean (YAML 1.1), "
+        "not a name: quote it ('on')",
+        "line 5: pools.70: YAML reads the unquoted key 70 as a number, not a name: quote it ('70')",
+    ]
+    path = tmp_path / "quoted.yaml"
+    path.write_text(text.replace("  on:", "  'on':").replace("  70:", "  '70':"))
+    assert set(load_checked_policy(path).pools) == {"on", "70"}
+
+
+# --- tier model files: one that is not a model is a policy error --------------------------------
+
+
+@pytest.fixture
+def garbage_model(tmp_path: Path) -> Path:
+    path = tmp_path / "garbage.json"
+    path.write_text('{"not": "a model"}')
+    return path
+
+
+def test_check_policy_refuses_a_tier_model_file_that_is_not_a_model(
+    tmp_path: Path, garbage_model: Path
+) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(TIERED + f"    model: {garbage_model}\n")
+    result = llm_gateway("check-policy", str(path))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[1] == (
+        f"  line 12: tiers.auto.model: cannot load the tier model: {garbage_model}: "
+        f"not a tier model file (format is not '{MODEL_FORMAT}')"
+    )
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_refuses_a_tier_model_that_is_not_a_model_in_plain_words_and_exit_2(
+    tmp_path: Path, garbage_model: Path, workers: str
+) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(TIERED + f"    model: {garbage_model}\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    # Before, one worker printed a traceback and exited 1, and two were restarted forever.
+    result = llm_gateway("serve", "--policy", str(path), "--port", port, "--workers", workers,
+                         timeout=30)  # fmt: skip
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "line 12: tiers.auto.model: cannot load the tier model" in result.stderr
+
+
+def test_model_weights_that_are_not_numbers_are_not_a_model_file() -> None:
+    doc = f'{{"format": "{MODEL_FORMAT}", "version": 1, "bias": 0, "weights": {{"a": null}}}}'
+    with pytest.raises(ValueError, match=r"m\.json: not a tier model file"):
+        LearnedTierModel.from_bytes(doc.encode(), "m.json")
+
+
+# --- replica URLs with credentials: the password never shown ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://admin:S3cretPW@127.0.0.1:9002",  # refused by the reachability check
+        "http://admin:S3cretPW@127.0.0.1:9002/v1",  # refused by the schema (a path)
+        "http://admin:S3cret?PW@127.0.0.1:9002",  # '?' cuts the URL short: the port is 'S3cret'
+    ],
+)
+def test_a_replica_url_with_credentials_is_refused_with_its_password_masked(
+    tmp_path: Path, url: str
+) -> None:
+    [problem] = problems_of(tmp_path, POOL.replace("http://127.0.0.1:9001", f"'{url}'"))
+    assert "admin:***@127.0.0.1:9002" in problem
+    assert "S3cret" not in problem
+
+
+def test_a_reload_logs_a_replica_url_with_its_password_masked(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder = holder_of(tmp_path)
+    assert holder.path is not None
+    holder.path.write_text(POOL.replace("http://127.0.0.1", "http://admin:S3cretPW@127.0.0.1"))
+    with caplog.at_level(logging.ERROR, logger="gateway.policy.reload"):
+        assert not holder.reload().ok
+    assert "admin:***@127.0.0.1:9001" in caplog.text
+    assert "S3cretPW" not in caplog.text
