@@ -13,6 +13,9 @@ Rules worth knowing:
 - The token cost is an estimate; the correction the replica's usage brings may push a bucket
   into debt too, within the same bound (a bogus report cannot lock a tenant out for more than
   about a minute).
+- A limit lowered by a reload keeps the bound: what was used under the old size counts
+  against the new one only up to one full bucket of debt (600 per minute used, then lowered
+  to 10: the next request waits about a minute, not the hour 600 would take at 10 a minute).
 """
 
 from __future__ import annotations
@@ -72,7 +75,9 @@ def refilled(bucket: Bucket | None, limit: Limit, now: float) -> Bucket:
     if bucket is None:
         return Bucket(0.0, now)
     elapsed = max(now - bucket.at, 0.0)  # a clock that steps back refills nothing
-    return Bucket(max(bucket.used - elapsed * limit.per_s, 0.0), max(now, bucket.at))
+    # Capped: only a bucket used under a larger size (a limit lowered since) is ever above it.
+    used = min(max(bucket.used - elapsed * limit.per_s, 0.0), _most_used(limit))
+    return Bucket(used, max(now, bucket.at))
 
 
 def needed(cost: float, limit: Limit) -> float:

@@ -22,7 +22,8 @@ RPM_3 = Limit(3)  # one per 20 s
         (Bucket(60.0, 0.0), RPM_60, 1.5, 58.5),  # refills at size/60 per second
         (Bucket(3.0, 0.0), RPM_3, 20.0, 2.0),
         (Bucket(50.0, 0.0), RPM_60, 1000.0, 0.0),  # never above its size
-        (Bucket(9.0, 0.0), RPM_3, 40.0, 7.0),  # a debt (used > size) is paid back alike
+        (Bucket(5.0, 0.0), RPM_3, 40.0, 3.0),  # a debt (used > size) is paid back alike
+        (Bucket(600.0, 0.0), RPM_3, 0.0, 6.0),  # used under a larger size: one bucket's debt
         (Bucket(55.0, 10.0), RPM_60, 9.0, 55.0),  # a clock stepping back refills nothing
     ],
 )

@@ -22,10 +22,11 @@ from gateway import headers
 from gateway.http.app import build_app
 from gateway.rate_limit import Admission, BucketStore, LocalStore, RateLimiter, hash_key
 from gateway.rate_limit.leases import LeasedStore
-from gateway.rate_limit.limiter import Tenant
+from gateway.rate_limit.limiter import RateLimited, Tenant
 from gateway.rate_limit.redis_store import RedisStore
 from gateway.settings import Settings
 from router_policies.limits_settings import TenantLimits
+from router_policies.rate_limit import BucketView, Verdict
 from router_policies.schema import parse_policy
 from tests.conftest import (
     FAST_PROBE_SETTINGS,
@@ -326,6 +327,23 @@ async def test_the_token_estimate_is_corrected_by_the_reported_usage() -> None:
     await limiter.settled()
     after = await limiter.admit(acme, tokens=0)
     assert after.headers[headers.RATELIMIT_REMAINING_TOKENS] == "880"
+
+
+class _RefusesShowingEnough(LocalStore):
+    """A refusal whose views show the bucket just holding the cost: a figure rounded on its
+    way back from a store."""
+
+    async def take(self, keys: Any, limits: Any, costs: Any) -> Verdict:
+        views = tuple(BucketView(lim.per_minute, lim.per_minute, 0.0) for lim in limits)
+        return Verdict(False, (), views, retry_after_s=0.4)
+
+
+async def test_a_refusal_is_a_429_even_where_no_bucket_shows_short() -> None:
+    limiter = _limiter(_RefusesShowingEnough())
+    with pytest.raises(RateLimited) as refused:
+        await limiter.admit(_acme(1200), tokens=1300)
+    assert refused.value.status == 429
+    assert refused.value.answer_headers()[headers.RETRY_AFTER] == "1"
 
 
 async def test_with_leases_the_correction_stays_in_the_process() -> None:

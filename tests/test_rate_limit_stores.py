@@ -11,6 +11,7 @@ import signal
 from collections.abc import AsyncIterator
 
 import pytest
+import redis.asyncio
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.rate_limit.leases import LeasedStore
@@ -81,6 +82,52 @@ async def test_on_both_stores_a_huge_cost_leaves_a_debt_of_one_bucket_at_most(
     assert refused is not None and not refused.allowed
     # Owing 600 and needing 2: 60.2 s, not the 440 s the whole estimate would make it.
     assert 60 < refused.retry_after_s < 61
+
+
+async def test_on_both_stores_a_limit_lowered_after_use_keeps_the_wait_to_about_a_minute(
+    store: BucketStore,
+) -> None:
+    spent = await store.take(["{t}:requests"], [Limit(600)], [600])  # the whole burst
+    assert spent is not None and spent.allowed
+    # Lowered by a reload to 10 per minute: 600 used is one bucket's debt (20), not 60 of them.
+    refused = await store.take(["{t}:requests"], [Limit(10)], [1])
+    assert refused is not None and not refused.allowed
+    assert 60 < refused.retry_after_s < 67  # (20 - 10 + 1) at 10 a minute: 66 s, not an hour
+    assert refused.views[0].reset_s <= 120
+
+
+async def test_a_lowered_limit_is_kept_in_redis_as_long_as_its_answer_says() -> None:
+    async with running_redis() as server:
+        store = RedisStore(server.url, _errors())
+        client = redis.asyncio.Redis.from_url(server.url)
+        try:
+            await store.take(["{t}:requests"], [Limit(600)], [600])
+            refused = await store.take(["{t}:requests"], [Limit(10)], [1])
+            assert refused is not None and not refused.allowed
+            # The bucket outlives the wait it announced: the retry after it is the first
+            # admitted, not a request 5 s earlier (the TTL the larger size had set).
+            ttl_ms = await client.pttl("llm-gateway:ratelimit:{t}:requests")
+            assert ttl_ms >= refused.retry_after_s * 1000
+        finally:
+            await client.aclose()
+            await store.close()
+
+
+async def test_a_leased_bucket_admits_a_cost_above_its_size_once_full_with_the_lease_back() -> None:
+    async with running_redis() as server:
+        store = LeasedStore(RedisStore(server.url, _errors()), lease_s=0.5)
+        tokens = Limit(1200)  # leases of 10 tokens
+        try:
+            assert (await store.take(["{t}:tokens"], [tokens], [4])).allowed  # type: ignore[union-attr]
+            early = await store.take(["{t}:tokens"], [tokens], [1300])
+            # 4 used: not a full bucket yet, and the refusal shows which bucket is short.
+            assert early is not None and not early.allowed
+            assert early.views[0].remaining < 1200
+            await asyncio.sleep(0.3)  # 6 refilled at 20 a second: full, the lease counted back
+            late = await store.take(["{t}:tokens"], [tokens], [1300])
+            assert late is not None and late.allowed, late
+        finally:
+            await store.close()
 
 
 async def test_adjust_refunds_and_charges_on_both_stores(store: BucketStore) -> None:

@@ -392,7 +392,8 @@ async def test_a_gateway_shares_through_the_redis_its_policy_names(running: Runn
     assert (status, effective["state"]["redis_url"]) == (200, masked)
     log = gateway.log_tail(1_000_000)
     assert f"shared state: redis at {masked}" in log
-    assert "Redis unreachable" not in log
+    assert "shared state: Redis reachable" in log
+    assert not any(f"Redis {wrong}" in log for wrong in ("unreachable", "authentication failed"))
     assert SECRET not in log
 
 

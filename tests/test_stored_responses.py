@@ -157,6 +157,28 @@ async def test_lookups_count_against_the_tenants_request_limit() -> None:
             await acme.responses.retrieve(response_id)
 
 
+async def test_every_lookup_answer_to_a_tenant_with_limits_carries_its_ratelimit_headers() -> None:
+    auth = {"Authorization": f"Bearer {ACME_KEY}"}
+    async with (
+        tenants_gateway(requests_per_minute=10) as gateway,
+        fresh_connections(gateway.url, ACME_KEY) as acme,
+        aiohttp.ClientSession(gateway.url, headers=auth) as session,
+    ):
+        response_id, _, _ = await store(acme, 0)
+        remaining = []
+        for method, path in (
+            ("GET", f"/v1/responses/{response_id}"),  # relayed from the replica
+            ("POST", f"/v1/responses/{response_id}/cancel"),
+            ("GET", "/v1/responses/resp_unknown"),  # answered by the gateway: 404
+        ):
+            async with session.request(method, path) as answer:
+                assert answer.headers[headers.RATELIMIT_LIMIT_REQUESTS] == "10", path
+                assert headers.RATELIMIT_RESET_REQUESTS in answer.headers
+                remaining.append(answer.headers[headers.RATELIMIT_REMAINING_REQUESTS])
+        assert answer.status == 404
+    assert remaining == ["8", "7", "6"]  # after the request that stored it
+
+
 def test_a_shared_home_survives_its_encoding_and_garbage_is_ignored() -> None:
     home = ReplicaRef("pool-a", "replica-1", "acme")
     assert responses.decode(responses.encode("resp_1", home)) == ("resp_1", home)

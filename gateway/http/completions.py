@@ -7,6 +7,7 @@ and the errors the gateway answers itself, in the OpenAI shape with the request'
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import logging
@@ -14,6 +15,7 @@ import os
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -35,10 +37,10 @@ from gateway.http import responses_lookup
 from gateway.http.errors import ApiError, internal_error
 from gateway.http.front import FrontExchange, Request
 from gateway.http.request_body import Endpoint, parse_request
-from gateway.rate_limit.limiter import Tenant
+from gateway.rate_limit.limiter import Admission, RateLimiter, Tenant
 from gateway.routing.client_hints import with_client_hints
 from gateway.routing.resolve import resolve
-from gateway.routing.routed import Routed
+from gateway.routing.routed import CLIENT_CLOSED, Routed
 from gateway.telemetry.logs import REQUEST_ID
 from gateway.telemetry.metrics import NO_POOL
 
@@ -103,33 +105,56 @@ async def complete(
     admission = None
     if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
         admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
-    pool.counts.arrivals += 1
-    tiers, verdict = resolution.tier_router, resolution.verdict
-    # Generation only (the prefix-routed endpoints): a tokenizer or embeddings call is routed
-    # by its score too, but is neither traffic the calibrated share is of nor a conversation's
-    # turn, and would skew the threshold or mark a conversation large.
-    if (
-        tiers is not None
-        and verdict is not None
-        and not verdict.forced
-        and parsed.endpoint.prefix_routed
-    ):
-        went_large = tiers.observe(verdict, sent_large=pool.name == tiers.settings.large)
-        if went_large is not None:
-            memory.large_conversations.tell(tiers, went_large)
-    if pool.events_on:
-        features = await app[TOKEN_KEYS].attach(pool, parsed, features)
-    routed = Routed(
-        resolution,
-        features,
-        REQUEST_ID.get(),
-        started,
-        {**resolution.response_headers(), **(admission.headers if admission else {})},
-        on_usage=admission.observe if admission is not None else None,
-    )
-    status = await forward(routed)
+    try:
+        pool.counts.arrivals += 1
+        tiers, verdict = resolution.tier_router, resolution.verdict
+        # Generation only (the prefix-routed endpoints): a tokenizer or embeddings call is
+        # routed by its score too, but is neither traffic the calibrated share is of nor a
+        # conversation's turn, and would skew the threshold or mark a conversation large.
+        if (
+            tiers is not None
+            and verdict is not None
+            and not verdict.forced
+            and parsed.endpoint.prefix_routed
+        ):
+            went_large = tiers.observe(verdict, sent_large=pool.name == tiers.settings.large)
+            if went_large is not None:
+                memory.large_conversations.tell(tiers, went_large)
+        if pool.events_on:
+            features = await app[TOKEN_KEYS].attach(pool, parsed, features)
+        routed = Routed(
+            resolution,
+            features,
+            REQUEST_ID.get(),
+            started,
+            {**resolution.response_headers(), **(admission.headers if admission else {})},
+            on_usage=admission.observe if admission is not None else None,
+        )
+        status = await forward(routed)
+    except BaseException as exc:
+        # The client left (the front cancels this task) or the request failed on the way:
+        # settled all the same, by the usage seen if any, else by how it ended.
+        if admission is not None:
+            _settle_ended(limiter, admission, _ended_status(exc))
+        raise
     if admission is not None:
         limiter.settle(admission, status)
+
+
+def _ended_status(exc: BaseException) -> int:
+    if isinstance(exc, ApiError):
+        return exc.status
+    if isinstance(exc, asyncio.CancelledError | ConnectionResetError):
+        return CLIENT_CLOSED
+    return HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+def _settle_ended(limiter: RateLimiter, admission: Admission, status: int) -> None:
+    """Never raises: what ended the request (a cancellation above all) must go on up."""
+    try:
+        limiter.settle(admission, status)
+    except Exception:
+        log.exception("settling the rate limits of a request that ended early failed")
 
 
 PROMPT_LOG_CHARS = 4096

@@ -12,7 +12,7 @@ responses its own requests stored: another tenant's id is not found, as if it di
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -29,6 +29,21 @@ from router_policies.decision import Route
 SESSION = web.AppKey("responses_lookup_session", aiohttp.ClientSession)
 _TIMEOUT = aiohttp.ClientTimeout(total=None, connect=3.0, sock_read=600.0)
 _FORWARDED = ("Authorization", "traceparent", "tracestate", "Accept")
+
+
+class _ToLimitedTenant(ApiError):
+    """An error answered to a tenant with limits: with its x-ratelimit-* headers, as every
+    answer to it (the 429s carry them already)."""
+
+    def __init__(self, error: ApiError, limits: dict[str, str]) -> None:
+        super().__init__(
+            error.status, error.message, type_=error.type, code=error.code, param=error.param
+        )
+        self._error = error
+        self._limits = limits
+
+    def answer_headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+        return self._error.answer_headers({**self._limits, **(headers or {})})
 
 
 def not_found(response_id: str, param: str = "response_id") -> ApiError:
@@ -60,13 +75,25 @@ class ResponseLookup:
         self._metrics = metrics
         self._limiter = limiter
 
-    async def _home(self, request: web.Request, response_id: str) -> tuple[PoolState, ReplicaState]:
+    async def _home(
+        self, request: web.Request, response_id: str
+    ) -> tuple[PoolState, ReplicaState, dict[str, str]]:
+        """The response's pool and replica, and the x-ratelimit-* headers of the answer."""
         limiter = self._limiter()
         fleet = self._fleet()  # one policy generation for the whole lookup
         tenant = limiter.authenticate(fleet.policy.limits, request.headers)
-        if tenant is not None:
-            await limiter.admit(tenant, 0.0)  # the request limit only: nothing is generated
-        owner = tenant.name if tenant is not None else None
+        if tenant is None:
+            return (*await self._find(fleet, None, response_id), {})
+        # The request limit only: nothing is generated.
+        limits = (await limiter.admit(tenant, 0.0)).headers
+        try:
+            return (*await self._find(fleet, tenant.name, response_id), limits)
+        except ApiError as error:
+            raise _ToLimitedTenant(error, limits) from None
+
+    async def _find(
+        self, fleet: Fleet, owner: str | None, response_id: str
+    ) -> tuple[PoolState, ReplicaState]:
         home = await readable_home(self._memory.responses, response_id, owner, "response_id")
         pool = fleet.pools.get(home.pool) if home is not None else None
         replica = pool.replicas.get(home.replica) if pool is not None and home else None
@@ -89,7 +116,7 @@ class ResponseLookup:
 
     async def _relay(self, request: web.Request, method: str, suffix: str) -> web.StreamResponse:
         response_id = request.match_info["response_id"]
-        pool, replica = await self._home(request, response_id)
+        pool, replica, limits = await self._home(request, response_id)
         out = {name: request.headers[name] for name in _FORWARDED if name in request.headers}
         out[headers.REQUEST_ID] = REQUEST_ID.get()
         out["Accept-Encoding"] = "identity"
@@ -109,6 +136,7 @@ class ResponseLookup:
                         headers.POOL: pool.name,
                         headers.REPLICA: replica.name,
                         headers.ROUTE: Route.PINNED,
+                        **limits,
                     },
                 )
                 await response.prepare(request)
@@ -124,7 +152,8 @@ class ResponseLookup:
                 502, f"Replica {replica.name} could not be reached: {type(exc).__name__}.",
                 type_="server_error", code="upstream_unavailable",
             )  # fmt: skip
-            return error.response({headers.REQUEST_ID: REQUEST_ID.get(), headers.POOL: pool.name})
+            answered = {headers.REQUEST_ID: REQUEST_ID.get(), headers.POOL: pool.name, **limits}
+            return error.response(answered)
         finally:
             self._metrics.requests.labels(pool.name, Route.PINNED, str(status)).inc()
             self._metrics.duration.labels(pool.name).observe(time.perf_counter() - started)

@@ -92,29 +92,24 @@ class LeasedStore:
         leases: Sequence[_Lease | None],
         now: float,
     ) -> Verdict | None:
-        # What is left of the old leases goes back in the same call (a smaller cost).
+        # What is left of the old leases goes back in the same call, before Redis decides: the
+        # decision is then the local store's on the bucket this instance reports (a cost
+        # above the size is admitted from a bucket full with the lease counted back, and a
+        # refusal's views show the bucket that is short).
         returned = [lease.left if lease is not None else 0.0 for lease in leases]
         for old in leases:
             if old is not None:
                 old.left = 0.0
         # Whole units only: a fraction of a request could never be spent, only held.
         sizes = [math.floor(limit.per_s * self._lease_s) for limit in limits]
-        taken = await self._shared.take_leasing(
-            keys, limits, [c - r for c, r in zip(costs, returned, strict=True)], sizes
-        )
+        taken = await self._shared.take_leasing(keys, limits, costs, sizes, returned)
         if taken is None or not taken[0].allowed:
             # Nothing was taken, nothing given back: the leases keep what they had.
             for old, left in zip(leases, returned, strict=True):
                 if old is not None:
                     old.left += left
-            if taken is None:
-                return None  # Redis down: served (fail open)
-            refused = taken[0]
-            views = tuple(
-                BucketView(seen.limit, seen.remaining + left, seen.reset_s)
-                for seen, left in zip(refused.views, returned, strict=True)
-            )
-            return Verdict(False, refused.buckets, views, refused.retry_after_s)
+            # Redis down: served (fail open). Refused: its views count the leases already.
+            return None if taken is None else taken[0]
         verdict, leased = taken
         # Refunds that reached an old lease while Redis answered move into its successor.
         new = [

@@ -24,6 +24,7 @@ from gateway.http.request_body import Endpoint, ParsedRequest
 from gateway.rate_limit.keys import TenantIndex, bearer
 from gateway.rate_limit.store import BucketStore
 from gateway.routing.resolve import Resolution
+from gateway.routing.routed import CLIENT_CLOSED
 from router_policies.limits_settings import LimitsSettings, TenantLimits
 from router_policies.rate_limit import BucketView, Limit, format_reset, needed
 from router_policies.value import value
@@ -110,6 +111,17 @@ def _headers(kinds: tuple[str, ...], views: tuple[BucketView, ...]) -> dict[str,
         out[remaining] = str(math.floor(seen.remaining))
         out[reset] = format_reset(seen.reset_s)
     return out
+
+
+def _short(views: tuple[BucketView, ...], limits: tuple[Limit, ...], costs: list[float]) -> int:
+    """Which bucket a refusal is for: the first that holds less than the request needs, else
+    the one closest to it (the views come from the store's arithmetic, and a figure rounded
+    on its way, as Redis's replies are, may show a bucket just short as just enough)."""
+    gaps = [
+        seen.remaining - needed(cost, lim)
+        for seen, lim, cost in zip(views, limits, costs, strict=True)
+    ]
+    return next((i for i, gap in enumerate(gaps) if gap < 0), gaps.index(min(gaps)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,11 +235,7 @@ class RateLimiter:
         if verdict.allowed:
             plan.admitted.inc()
             return Admission(tenant.name, out, counted, tokens, token_limit)
-        short = next(
-            i
-            for i, (seen, lim, cost) in enumerate(zip(verdict.views, limits, costs, strict=True))
-            if seen.remaining < needed(cost, lim)
-        )
+        short = _short(verdict.views, limits, costs)
         kind = kinds[short]
         self._limited.labels(tenant.name, kind).inc()
         retry = max(verdict.retry_after_s, 0.001)
@@ -248,10 +256,13 @@ class RateLimiter:
         charged = admission.tokens_charged
         if admission.reported_tokens is not None:
             used = float(admission.reported_tokens)
-        elif status >= 400:
-            used = 0.0  # nothing was generated (or nothing the client got): a refund
+        elif status >= 400 and status != CLIENT_CLOSED:
+            used = 0.0  # nothing was generated: a refund
         else:
-            used = charged  # no usage reported (a stream without include_usage)
+            # No usage reported: a stream without include_usage, or a client that left, whose
+            # tokens may well have been generated: a refund would make leaving just before the
+            # usage event a way round the limit.
+            used = charged
         admission.tokens_counted.inc(used)
         limit = admission.token_limit
         if limit is None or used == charged:

@@ -5,9 +5,10 @@ both) atomically on the server, on the server's clock (TIME), so instances with 
 still agree. A bucket is a hash {used, at} that expires once it would be full again: an
 absent bucket is a full one, and idle tenants cost no memory.
 
-Redis down or slower than the timeout: the request is served (fail open), one warning is
-logged per outage, each failure is counted in gateway_rate_limit_backend_errors_total, and
-Redis is not tried again for ``retry_s`` so that an outage adds no latency to every request.
+Redis down or slower than the timeout (or refusing the password, the certificate, writes):
+the request is served (fail open), one warning saying which is logged per outage, each
+failure is counted in gateway_rate_limit_backend_errors_total, and Redis is not tried again
+for ``retry_s`` so that an outage adds no latency to every request.
 """
 
 from __future__ import annotations
@@ -21,43 +22,48 @@ from prometheus_client import Counter
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 
+from gateway.shared_state.redis_errors import FAILURES, describe
 from router_policies.rate_limit import Bucket, Limit, Verdict, view
 from router_policies.schema import StateSettings
 
 log = logging.getLogger(__name__)
 
-_FAILURES = (RedisError, OSError, TimeoutError)
-
-# KEYS: the buckets. ARGV[1]: "take" or "adjust"; then per bucket: size per minute, cost, and
-# how much more to lease when the cost is admitted (as much of it as the bucket still holds).
-# A bucket is {used, at}, as in router_policies/rate_limit.py. Returns {allowed (1/0),
-# retry_after_s, used of each bucket after, leased of each}, as strings (Redis truncates Lua
-# numbers).
+# KEYS: the buckets. ARGV[1]: "take" or "adjust"; then per bucket: size per minute, cost, how
+# much more to lease when the cost is admitted (as much of it as the bucket still holds), and
+# what the caller returns of its previous lease. A bucket is {used, at}, as in
+# router_policies/rate_limit.py. Returns {allowed (1/0), retry_after_s, used of each bucket
+# after, leased of each}, as strings (Redis truncates Lua numbers).
 _SCRIPT = """
 redis.replicate_commands()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local n = #KEYS
 local sizes, costs, extras, used, leased = {}, {}, {}, {}, {}
-for i = 1, n do
-  sizes[i] = tonumber(ARGV[3 * i - 1])
-  costs[i] = tonumber(ARGV[3 * i])
-  extras[i] = tonumber(ARGV[3 * i + 1])
-  leased[i] = 0
-  local state = redis.call('HMGET', KEYS[i], 'used', 'at')
-  used[i] = 0
-  if state[1] and state[2] then
-    local elapsed = math.max(now - tonumber(state[2]), 0)
-    used[i] = math.max(tonumber(state[1]) - elapsed * sizes[i] / 60, 0)
-  end
-end
 local function store(i)
   redis.call('HSET', KEYS[i], 'used', string.format('%.6f', used[i]),
              'at', string.format('%.6f', now))
   -- Gone once full again: an absent bucket is a full one.
   redis.call('PEXPIRE', KEYS[i], math.ceil(used[i] / (sizes[i] / 60) * 1000) + 1000)
+end
+for i = 1, n do
+  sizes[i] = tonumber(ARGV[4 * i - 2])
+  costs[i] = tonumber(ARGV[4 * i - 1])
+  extras[i] = tonumber(ARGV[4 * i])
+  leased[i] = 0
+  local state = redis.call('HMGET', KEYS[i], 'used', 'at')
+  used[i] = 0
+  if state[1] and state[2] then
+    local elapsed = math.max(now - tonumber(state[2]), 0)
+    local owed = math.max(tonumber(state[1]) - elapsed * sizes[i] / 60, 0)
+    used[i] = math.min(owed, 2 * sizes[i])
+    -- Used under a larger size (a limit lowered since): kept at the bound, and the TTL with
+    -- it, even when this call is refused.
+    if used[i] < owed then store(i) end
+  end
+  -- The unspent lease comes back before the decision, never past a full bucket (as the
+  -- local store's refill): the instance's view and the decision are then the same bucket.
+  used[i] = math.max(used[i] - tonumber(ARGV[4 * i + 1]), 0)
 end
 if ARGV[1] == 'adjust' then
   used[1] = math.min(math.max(used[1] + costs[1], 0), 2 * sizes[1])
@@ -117,7 +123,8 @@ class RedisStore:
     async def take(
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
     ) -> Verdict | None:
-        taken = await self.take_leasing(keys, limits, costs, [0.0] * len(keys))
+        none = [0.0] * len(keys)
+        taken = await self.take_leasing(keys, limits, costs, none, none)
         return taken[0] if taken is not None else None
 
     async def take_leasing(
@@ -126,13 +133,16 @@ class RedisStore:
         limits: Sequence[Limit],
         costs: Sequence[float],
         extras: Sequence[float],
+        returned: Sequence[float],
     ) -> tuple[Verdict, tuple[float, ...]] | None:
         """take(), and when admitted up to ``extras[i]`` more from bucket i, as much as it
         still holds: the verdict (its buckets count what was leased as used) and what each
-        bucket leased."""
+        bucket leased. ``returned[i]``: the unspent part of the caller's previous lease of
+        bucket i, back in the bucket before the decision, and given back only when admitted
+        (when refused, the verdict's views count it, though the caller keeps it)."""
         args: list[str | float] = ["take"]
-        for limit, cost, extra in zip(limits, costs, extras, strict=True):
-            args += [limit.per_minute, cost, extra]
+        for limit, cost, extra, back in zip(limits, costs, extras, returned, strict=True):
+            args += [limit.per_minute, cost, extra, back]
         reply = await self._run(keys, args)
         if reply is None:
             return None
@@ -142,7 +152,7 @@ class RedisStore:
         return Verdict(allowed == 1.0, buckets, views, retry), tuple(figures[len(keys) :])
 
     async def adjust(self, key: str, limit: Limit, delta: float) -> None:
-        await self._run([key], ["adjust", limit.per_minute, delta, 0.0])
+        await self._run([key], ["adjust", limit.per_minute, delta, 0.0, 0.0])
 
     def adjust_now(self, key: str, limit: Limit, delta: float) -> bool:
         return False  # always a round trip
@@ -155,15 +165,17 @@ class RedisStore:
             reply: list[bytes] = await self._script(
                 keys=[self._prefix + k for k in keys], args=args
             )
-        except _FAILURES as exc:
+        except FAILURES as exc:
             self._errors.inc()
             self._down_until = time.monotonic() + self._retry_s
             if not self._down:
                 self._down = True
+                # A wrong password or an untrusted certificate fails open too, until fixed:
+                # the line says which, not "unreachable".
                 log.warning(
-                    "rate limits: Redis unreachable (%s); serving without limits until it "
-                    "answers again", type(exc).__name__,
-                )  # fmt: skip
+                    "rate limits: Redis %s; serving without limits until it answers again",
+                    describe(exc),
+                )
             return None
         if self._down:
             self._down = False

@@ -16,9 +16,9 @@
   are live are the ones whose streams are read.
 - Keys written without the request waiting: stored responses' homes, and the conversations a
   tier model sent large (looked up before a follow-up turn not known as large is scored).
-- Redis away or slow (a timeout of ``timeout_s``): one warning, gateway_state_backend_up 0,
-  routing on local state only, retries with backoff up to ``_MAX_BACKOFF_S``; on return one
-  info line, and what the outbox kept meanwhile is published (resync).
+- Redis away or slow (a timeout of ``timeout_s``), or refusing writes: one warning (saying
+  which: link.py, redis_errors.py), gateway_state_backend_up 0, routing on local state only,
+  retries with backoff; on return one line, and what the outbox kept meanwhile is published.
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 from prometheus_client import Gauge, Histogram
-from redis.exceptions import RedisError
 
 from gateway.background import finish_within, stop_tasks
 from gateway.shared_state import responses
 from gateway.shared_state.base import SharedState
 from gateway.shared_state.figures import RemoteFigures, own_figures
+from gateway.shared_state.link import Link
 from gateway.shared_state.outbox import Outbox
+from gateway.shared_state.redis_errors import FAILURES as _FAILURES
 from gateway.shared_state.replay import MAX_AGE_S, apply_batch, encode_batch
 from router_policies.schema import StateSettings
 
@@ -52,8 +53,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_FIRST_BACKOFF_S = 0.1
-_MAX_BACKOFF_S = 2.0
 _BATCH_LIMIT = 2000
 """Most dispatches in one stream entry."""
 _READ_COUNT = 100
@@ -61,7 +60,6 @@ _READ_COUNT = 100
 _INSTANCES_FORGET_S = 600.0
 _REPLAY_S = 5.0
 """How far back an instance starts reading the stream when another instance appears."""
-_FAILURES = (RedisError, OSError, TimeoutError)
 LARGE_TTL_S = 86_400
 """A conversation resumed within a day keeps its large tier; the keys (~80 bytes) stay bounded."""
 _BLOCK_MS = 100
@@ -88,46 +86,6 @@ def instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-class _Link:
-    """Whether Redis answers: logs the change once each way, and spaces out the retries."""
-
-    def __init__(self, up_gauge: Gauge) -> None:
-        self.up = False
-        self.epoch = 0
-        """Counts the returns of Redis after an outage (and the first connection)."""
-        self._gauge = up_gauge
-        self._backoff = 0.0
-        self._next_try = 0.0
-        self._ever = False
-
-    async def wait_turn(self) -> None:
-        delay = self._next_try - time.monotonic()
-        if not self.up and delay > 0:
-            await asyncio.sleep(delay)
-
-    def ok(self) -> None:
-        if self.up:
-            return
-        self.up = True
-        self.epoch += 1
-        self._backoff = 0.0
-        self._gauge.set(1)
-        if self._ever:
-            log.warning("shared state: Redis is back; sharing again")
-        self._ever = True
-
-    def failed(self, exc: BaseException) -> None:
-        if self.up or (not self._ever and self._backoff == 0.0):
-            log.warning(
-                "shared state: Redis unreachable (%s); serving from local state, retrying",
-                type(exc).__name__,
-            )
-        self.up = False
-        self._gauge.set(0)
-        self._backoff = min(max(self._backoff * 2, _FIRST_BACKOFF_S), _MAX_BACKOFF_S)
-        self._next_try = time.monotonic() + self._backoff
-
-
 class RedisState(SharedState):
     backend = "redis"
 
@@ -136,7 +94,7 @@ class RedisState(SharedState):
         self.outbox = outbox
         self.instance = instance_id()
         self._lag = lag
-        self._link = _Link(up)
+        self._link = Link(up, log)
         prefix = settings.key_prefix
         self._instances = f"{prefix}:instances"
         self._own_key = self._figures_key(self.instance)
@@ -246,7 +204,9 @@ class RedisState(SharedState):
             asyncio.create_task(
                 self._every(s.publish_interval_s, self._publish, fleet), name="shared-state publish"
             ),
-            asyncio.create_task(self._every(0.0, self._read, fleet), name="shared-state read"),
+            asyncio.create_task(
+                self._every(0.0, self._read, fleet, writes=False), name="shared-state read"
+            ),
             asyncio.create_task(
                 self._every(s.sync_interval_s, self._sync, fleet), name="shared-state sync"
             ),
@@ -271,11 +231,16 @@ class RedisState(SharedState):
                 await client.aclose()
 
     async def _every(
-        self, interval: float, step: Callable[[Fleet], Awaitable[bool]], fleet: Callable[[], Fleet]
+        self,
+        interval: float,
+        step: Callable[[Fleet], Awaitable[bool]],
+        fleet: Callable[[], Fleet],
+        writes: bool = True,
     ) -> None:
         """Runs ``step`` forever; a step returns whether it reached Redis, since one that had
         nothing to send proves nothing: counted as an answer, it flipped the link up and down
-        (a log line each way, every retry) while Redis was away."""
+        (a log line each way, every retry) while Redis was away. Nor does a step that only
+        reads (``writes`` False): Redis may answer reads while it refuses every write."""
         while True:
             await self._link.wait_turn()
             try:
@@ -287,7 +252,7 @@ class RedisState(SharedState):
                 log.exception("shared state: round failed")
                 await asyncio.sleep(1.0)
             else:
-                if reached:
+                if reached and writes:
                     self._link.ok()
             if interval > 0:
                 await asyncio.sleep(interval)
@@ -329,7 +294,12 @@ class RedisState(SharedState):
             since_ms = max(seconds * 1000 + micros // 1000 - int(_REPLAY_S * 1000), 0)
             for other in new:
                 self._positions[other] = f"{since_ms}-0".encode()
-        by_stream = {self._stream_key(other).encode(): other for other in live}
+        # The counts round forgets the instances that left the registry, also while this one
+        # awaited: only those still known are read.
+        by_stream = {self._stream_key(o).encode(): o for o in live if o in self._positions}
+        if not by_stream:
+            await asyncio.sleep(_BLOCK_MS / 1000)  # as when alone, until the next counts round
+            return False
         reply: Any = await self._reader.xread(
             {stream: self._positions[other] for stream, other in by_stream.items()},
             count=_READ_COUNT,
@@ -353,7 +323,9 @@ class RedisState(SharedState):
         newest: list[Any] = await pipe.execute() if others else []
         for other, entries in zip(others, newest, strict=True):
             newest_id: bytes = entries[0][0] if entries else b"0-0"
-            if _stream_id(newest_id) < _stream_id(self._positions[other]):
+            # An instance the counts round forgot meanwhile (it left the registry) stays so.
+            read = self._positions.get(other)
+            if read is not None and _stream_id(newest_id) < _stream_id(read):
                 self._positions[other] = b"0-0"
         self._read_epoch = self._link.epoch
 
