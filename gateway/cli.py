@@ -81,6 +81,11 @@ def _epp(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     settings, policy = config
+    if settings.workers > 1:
+        # Workers are forked by `serve` alone: they would run without the picker's gRPC
+        # server, and Envoy would find no picker.
+        print("error: GATEWAY_WORKERS: llm-gateway epp runs one process; unset it", file=sys.stderr)
+        return 2
     from gateway.picker.server import add_picker  # here, so that `serve` never loads gRPC
     from gateway.server import run
 

@@ -165,9 +165,12 @@ def _port_taken(settings: Settings) -> OSError | None:
     """Why the port cannot be had, if something listens on it already. The workers bind it with
     SO_REUSEPORT, which the kernel grants a second server of the same user as well: it would
     start and take a share of this port's connections."""
-    addresses = socket.getaddrinfo(
-        settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )
+    try:
+        addresses = socket.getaddrinfo(
+            settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as exc:  # socket.gaierror: a host that does not resolve
+        return exc
     for family, kind, proto, _, address in addresses:
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -288,7 +291,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _fork_worker(
-    settings: Settings, policy: Policy, mesh: MeshPlace | None, heartbeat: tuple[Heartbeats, int]
+    settings: Settings, policy: Policy, mesh: MeshPlace, heartbeat: tuple[Heartbeats, int]
 ) -> int:
     heartbeat[0].starting(heartbeat[1])
     pid = os.fork()

@@ -98,10 +98,9 @@ class Settings(BaseSettings):
     disabled."""
     log_level: str = "INFO"
     log_prompts: bool = False
-    """Log each completion request's conversation (its messages, prompt, input and
-    instructions; the first 4,096 characters, gateway/http/completions.py) at INFO with its
-    request id, to see what a routing decision read. Off by default: prompts are the users'
-    data."""
+    """Log each proxied request's conversation (its messages, prompt, input and instructions,
+    up to gateway/http/completions.py's PROMPT_LOG_CHARS) at INFO with its request id, to see
+    what a routing decision read. Off by default: prompts are the users' data."""
     otel: bool = False
     """OpenTelemetry traces of proxied requests (gateway/telemetry/tracing.py), sent
     over OTLP/HTTP as the standard OTEL_* variables say."""

@@ -1,14 +1,20 @@
-"""Helpers of the hardening tests (issue 8): raw HTTP on a socket, and the gateway's log."""
+"""Helpers of the hardening tests (issue 8): raw HTTP on a socket, the gateway's log, and fake
+replicas that fail beside good ones."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+from aiohttp import web
 
 from replica.processes import ManagedProcess
+from tests.conftest import fake_replica, running_gateway, running_sims
 
 
 async def raw_http(url: str, data: bytes, timeout_s: float = 5.0) -> tuple[int, bytes, bytes]:
@@ -72,3 +78,32 @@ async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]
     fields = {name.lower(): value for name, value in fields.items()}
     body = await reader.readexactly(int(fields["content-length"]))
     return int(lines[0].split(" ", 2)[1]), fields, body
+
+
+class Counted:
+    """A fake replica's handler, counting the requests it got."""
+
+    def __init__(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
+        self.handler = handler
+        self.hits = 0
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        self.hits += 1
+        return await self.handler(request)
+
+
+FAST: dict[str, Any] = {"prefill_s_per_token": 0, "decode_step_s": 0, "decode_s_per_seq": 0}
+
+
+@contextlib.asynccontextmanager
+async def beside_two_good(
+    bad: Counted, env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[ManagedProcess, str]]:
+    """A round-robin gateway over a fake replica answering with ``bad`` and two good sims:
+    (the gateway, the fake's replica name)."""
+    async with (
+        running_sims(2, **FAST) as good,
+        fake_replica(bad) as bad_url,
+        running_gateway([bad_url, *(g.url for g in good)], "round-robin", env=env) as gateway,
+    ):
+        yield gateway, bad_url.removeprefix("http://")

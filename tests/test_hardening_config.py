@@ -231,6 +231,19 @@ def test_a_bad_value_from_a_flag_names_the_flag_not_a_variable(
     assert "GATEWAY_" not in line
 
 
+def test_the_picker_refuses_workers_it_would_start_without_its_grpc_server(
+    tmp_path: Path,
+) -> None:
+    # Only `serve` forks workers; epp's would serve HTTP with no picker for Envoy to ask.
+    result = llm_gateway(
+        "epp", "--port", "0", "--policy", str(_policy_file(tmp_path)),
+        env={"GATEWAY_WORKERS": "2"},
+    )  # fmt: skip
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: GATEWAY_WORKERS:")
+
+
 def test_a_port_in_use_is_one_clear_line_and_exit_code_2(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -6,6 +6,8 @@ request."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from http import HTTPStatus
 
@@ -23,6 +25,7 @@ from tests.conftest import (
     in_process_gateway,
     in_process_sims,
     metric,
+    pool_policy,
 )
 from tests.test_rate_limit_gateway import ACME_KEY, MESSAGES, limited_policy, tenant
 
@@ -56,6 +59,31 @@ async def test_a_client_that_leaves_mid_stream_is_charged_its_estimate_and_count
 
         assert await eventually(counted)
         assert await _remaining_tokens(gateway) < 6_000  # not refunded
+
+
+async def test_a_client_that_leaves_while_its_request_is_queued_is_refunded() -> None:
+    # Nothing was generated for it: charging would bill tenants for giving up under overload.
+    section = {"tenants": {"acme": tenant(ACME_KEY, tokens_per_minute=10_000)}}
+    async with in_process_sims(1, decode_step_s=0.05) as urls:
+        policy = {**pool_policy(urls, max_inflight_per_replica=1), "limits": section}
+        async with in_process_gateway(policy) as gateway:
+            body = {"model": MODEL, "messages": MESSAGES, "stream": True}
+            busy = await gateway.post(
+                "/v1/chat/completions", json={**body, "max_tokens": 2000}, headers=AUTH
+            )
+            await busy.content.readline()  # holds the replica's one slot
+            queued = asyncio.create_task(
+                gateway.post(
+                    "/v1/chat/completions", json={**body, "max_tokens": 6000}, headers=AUTH
+                )
+            )
+            await asyncio.sleep(0.3)  # in the gateway's queue: the slot is taken
+            queued.cancel()  # the client leaves before a replica was asked
+            with contextlib.suppress(asyncio.CancelledError):
+                await queued
+            busy.close()  # leaves mid-stream: charged its ~2,000
+            # Charged for both, ~1,900 would be left; the queued one refunded, ~7,900.
+            assert await _remaining_tokens(gateway) > 6_000
 
 
 def test_a_settlement_that_fails_is_logged_and_never_raised_over_what_ended_the_request(

@@ -218,12 +218,12 @@ async def test_a_null_stream_is_no_stream_as_in_vllm(serve: Serve) -> None:
                 assert (await response.json())["usage"]["completion_tokens"] == 2
 
 
-# vLLM's StreamOptions: `include_usage: Optional[bool] = True`, read whenever the options are
-# given (vllm/entrypoints/utils.py, should_include_usage).
+# vLLM 0.32's StreamOptions: `include_usage: bool | None = False` (a real replica ends a stream
+# sent `stream_options: {}` with no usage event).
 STREAM_OPTIONS_USAGE = [
     (None, False),
-    ({}, True),
-    ({"continuous_usage_stats": False}, True),
+    ({}, False),
+    ({"continuous_usage_stats": False}, False),
     ({"include_usage": True}, True),
     ({"include_usage": None}, False),
     ({"include_usage": False}, False),

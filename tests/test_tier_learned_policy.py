@@ -127,7 +127,9 @@ def test_two_tiers_on_two_model_files_keep_their_calibration_across_a_reload(
             router.observe(router.classify(chat(text)), sent_large=False)  # the calibration only
     reloaded = Fleet(load_checked_policy(policy_file), previous=first)
 
-    assert reads == [str(mine)]  # read once, for every check and fleet after it
+    # Read once, for every check and fleet after it (the shipped model, path None, may be read
+    # too: other tests' files may have pushed it out of the cache).
+    assert reads.count(str(mine)) == 1
     for name, router in reloaded.tiers.items():
         assert router.classifier is first.tiers[name].classifier
         assert router.threshold == first.tiers[name].threshold != 0.5

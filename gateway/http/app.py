@@ -41,6 +41,7 @@ from gateway.http.exchange import AiohttpExchange
 from gateway.http.models_list import model_card, model_list
 from gateway.http.request_body import Endpoint, UnreadBody, parse_request, read_body
 from gateway.policy.reload import PolicyHolder
+from gateway.rate_limit.keys import bearer
 from gateway.rate_limit.make import make_limiter
 from gateway.relay.proxy import Forwarder
 from gateway.relay.upstream import Upstreams
@@ -186,13 +187,11 @@ def admin(handler: Handler) -> Handler:
                 403, "Admin endpoints are disabled: set GATEWAY_ADMIN_TOKEN to enable them.",
                 type_="permission_error", code="admin_disabled",
             )  # fmt: skip
-        scheme, _, sent = request.headers.get("Authorization", "").strip().partition(" ")
-        # The scheme is case-insensitive (RFC 7235), as for tenant keys. Bytes that are not
-        # UTF-8 reach us as surrogates (aiohttp decodes headers with surrogateescape): encoded
-        # back the same way, they are compared as sent instead of raising.
-        sent_bytes = sent.strip().encode(errors="surrogateescape")
+        sent = bearer(request.headers)  # as tenant keys are read: the scheme in any case
+        # Bytes that are not UTF-8 reach us as surrogates (aiohttp decodes headers with
+        # surrogateescape): encoded back the same way, they are compared as sent, not raised.
         expected = token.get_secret_value().encode(errors="surrogateescape")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(sent_bytes, expected):
+        if sent is None or not hmac.compare_digest(sent.encode(errors="surrogateescape"), expected):
             raise ApiError(
                 401, "A valid admin bearer token is required.", type_="authentication_error",
                 code="invalid_admin_token",

@@ -129,6 +129,7 @@ async def complete(
             started,
             {**resolution.response_headers(), **(admission.headers if admission else {})},
             on_usage=admission.observe if admission is not None else None,
+            on_dispatch=admission.mark_sent if admission is not None else None,
         )
         status = await forward(routed)
     except BaseException as exc:

@@ -75,6 +75,11 @@ class Admission:
     tokens_charged: float = 0.0
     token_limit: Limit | None = None
     reported_tokens: int | None = None
+    sent: bool = False
+    """The request went to a replica (the client may then leave with tokens generated)."""
+
+    def mark_sent(self) -> None:
+        self.sent = True
 
     def observe(self, data: bytes) -> None:
         """Relayed bytes that carry `usage` (the proxy calls this where it finds one)."""
@@ -256,12 +261,12 @@ class RateLimiter:
         charged = admission.tokens_charged
         if admission.reported_tokens is not None:
             used = float(admission.reported_tokens)
-        elif status >= 400 and status != CLIENT_CLOSED:
-            used = 0.0  # nothing was generated: a refund
+        elif status >= 400 and not (status == CLIENT_CLOSED and admission.sent):
+            used = 0.0  # nothing was generated (a client that left while queued too): a refund
         else:
-            # No usage reported: a stream without include_usage, or a client that left, whose
-            # tokens may well have been generated: a refund would make leaving just before the
-            # usage event a way round the limit.
+            # No usage reported: a stream without include_usage, or a client that left once its
+            # request had gone to a replica, whose tokens may well have been generated: a refund
+            # would make leaving just before the usage event a way round the limit.
             used = charged
         admission.tokens_counted.inc(used)
         limit = admission.token_limit

@@ -127,6 +127,8 @@ class Forwarder:
                 return error.status
             if dispatch is None:
                 break
+            if routed.on_dispatch is not None:
+                routed.on_dispatch()
             if attempt:
                 self._metrics.retries.labels(pool.name).inc()
             tried.append(dispatch.replica.name)

@@ -1,7 +1,8 @@
 """Usage for the streams whose client did not ask for it.
 
-A chat or completions stream reports its usage only when the request gives ``stream_options``
-without turning ``include_usage`` off (vLLM's rule), and the OpenAI SDKs leave the options out:
+A chat or completions stream reports its usage only when the request sets
+``stream_options.include_usage`` (vLLM 0.32: ``include_usage: bool | None = False``), which the
+OpenAI SDKs leave out:
 such a stream would teach routing nothing (characters per token, how far the prefix index's
 belief held) and leave a tenant's token charge at its estimate. The gateway asks the replica
 for the usage on the client's behalf and drops that one event from what the client gets, so
@@ -30,18 +31,17 @@ as pydantic reads it)."""
 
 def asking_usage(parsed: ParsedRequest) -> bytes | None:
     """The body to send in place of the client's, asking for the stream's usage; None when
-    the client's goes as it is (not a chat or completions stream, or vLLM would send the usage
-    anyway). `stream_options`, where given, is an object: the body's checks refuse anything
-    else."""
+    the client's goes as it is (not a chat or completions stream, or the client asked itself).
+    `stream_options`, where given, is an object: the body's checks refuse anything else."""
     if not parsed.stream or parsed.endpoint not in _ASKED:
         return None
     options: Mapping[str, Any] | None = parsed.body.get("stream_options")
     if options is None:
         return orjson.dumps({**parsed.body, "stream_options": {"include_usage": True}})
-    # vLLM's rule: `include_usage: Optional[bool] = True`, read whenever stream_options is
-    # given, so `{}` asks for the usage and only null or false (0 alike) leave it out. Anything
-    # else goes as sent: vLLM reads it, or answers the client's own 400.
-    if options.get("include_usage", True) not in _NOT_ASKED:
+    # Left out, null or false (0 alike), vLLM sends no usage (measured on vLLM 0.32: `{}` gets
+    # none; older releases defaulted to true). Anything else goes as sent: vLLM reads it, or
+    # answers the client's own 400.
+    if options.get("include_usage") not in _NOT_ASKED:
         return None
     # Without include_usage vLLM ignores continuous_usage_stats: asked for the usage, it would
     # put one on every chunk, which the client did not ask for and would not be dropped.

@@ -37,6 +37,9 @@ class Routed:
     """Headers the response carries besides the routing ones (e.g. the tier)."""
     on_usage: Callable[[bytes], None] | None = None
     """Sees relayed bytes that carry `usage` (a tenant's token charge is corrected by it)."""
+    on_dispatch: Callable[[], None] | None = None
+    """Told when the request goes to a replica: from then on its tokens may be generated, so a
+    tenant's charge stands if the client leaves."""
 
     @property
     def parsed(self) -> ParsedRequest:

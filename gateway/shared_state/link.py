@@ -2,9 +2,9 @@
 and the retries spaced out while it does not.
 
 Only a round that wrote to Redis proves the link up. A Redis that answers reads but refuses
-writes (out of memory under ``maxmemory``, a replica after a failover) is down for sharing:
-counted up by the reader's rounds, it flipped the gauge and logged both ways many times a
-second while the writing rounds failed.
+writes (out of memory under ``maxmemory``, a replica after a failover) is down for sharing;
+were a read enough, the reader's rounds and the writers' would flip the gauge and log both
+ways many times a second.
 """
 
 from __future__ import annotations

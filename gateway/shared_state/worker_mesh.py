@@ -57,7 +57,10 @@ _HOME_POLL_S = 0.01
 
 @dataclass(frozen=True, slots=True)
 class MeshPlace:
-    """Where one worker sits in the mesh: given by the parent before it forks the worker."""
+    """Where one worker of `serve --workers N` sits: its place among the workers and the run's
+    private directory, given by the parent before it forks the worker. Its sockets there: the
+    mesh's (routing state, when no Redis is configured) and its /metrics for its siblings
+    (gateway/telemetry/pod_metrics.py)."""
 
     directory: Path
     workers: int
@@ -65,6 +68,9 @@ class MeshPlace:
 
     def socket_path(self, index: int) -> Path:
         return self.directory / f"worker-{index}.sock"
+
+    def metrics_socket_path(self, index: int) -> Path:
+        return self.directory / f"metrics-{index}.sock"
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,10 +55,9 @@ def flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
 
 
 def _includes_usage(stream_options: Mapping[str, Any]) -> bool:
-    """Whether a stream with these options ends with its usage. vLLM's StreamOptions has
-    `include_usage: Optional[bool] = True` and reads it whenever the options are given: left
-    out it is true, and null is false."""
-    include = stream_options.get("include_usage", True)
+    """Whether a stream with these options ends with its usage: vLLM 0.32's StreamOptions has
+    `include_usage: bool | None = False`, so only true asks for it."""
+    include = stream_options.get("include_usage")
     if include is not None and not isinstance(include, bool):
         raise _bad("'stream_options.include_usage' must be a boolean", "stream_options")
     return include is True
