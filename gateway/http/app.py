@@ -39,7 +39,13 @@ from gateway.http.completions import complete, count_error, request_id
 from gateway.http.errors import AiohttpError, ApiError, internal_error
 from gateway.http.exchange import AiohttpExchange
 from gateway.http.models_list import model_card, model_list
-from gateway.http.request_body import Endpoint, UnreadBody, parse_request, read_body
+from gateway.http.request_body import (
+    Endpoint,
+    UnreadBody,
+    body_too_large,
+    parse_request,
+    read_body,
+)
 from gateway.policy.reload import PolicyHolder
 from gateway.rate_limit.keys import bearer
 from gateway.rate_limit.make import make_limiter
@@ -104,11 +110,7 @@ async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamRe
     except ApiError as exc:
         error = exc
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app[SETTINGS].max_body_bytes
-        error = ApiError(
-            413, f"The request body is larger than the limit of {limit} bytes.",
-            code="request_too_large",
-        )  # fmt: skip
+        error = body_too_large(request.app[SETTINGS].max_body_bytes)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

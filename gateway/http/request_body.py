@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.compression_utils import BrotliDecompressor, ZLibDecompressor, ZSTDDecompressor
 
 from gateway.http.errors import ApiError, bad_request
 from router_policies.fingerprint import (
@@ -115,13 +116,56 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
     except web.RequestPayloadError:
         # aiohttp decodes per Content-Encoding as it reads: this body is not what its
         # header says (or the connection broke mid-body).
-        encoding = request.headers.get("Content-Encoding", "identity")
-        error = UnreadBody(
-            400, f"The request body could not be read as Content-Encoding {encoding!r}.",
-            code="invalid_content_encoding",
-        )  # fmt: skip
+        error = invalid_encoding(request.headers.get("Content-Encoding", "identity"))
     request.content.feed_eof()
     raise error
+
+
+def invalid_encoding(encoding: str) -> UnreadBody:
+    """A body that is not what its Content-Encoding says."""
+    return UnreadBody(
+        400, f"The request body could not be read as Content-Encoding {encoding!r}.",
+        code="invalid_content_encoding",
+    )  # fmt: skip
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(
+        413, f"The request body is larger than the limit of {limit} bytes.",
+        code="request_too_large",
+    )  # fmt: skip
+
+
+DECODED_ENCODINGS = frozenset(("gzip", "deflate", "br", "zstd"))
+"""The Content-Encodings aiohttp decodes as it reads a body for `serve`; a body under any
+other is read as it came."""
+
+
+def decode_body(raw: bytes, encoding: str, limit: int) -> bytes:
+    """``raw`` decoded per its Content-Encoding as `serve` reads it (aiohttp's decompressors,
+    for a body that arrived whole, as Envoy hands it to the picker); ``limit``: the most bytes
+    it may decode to, as a compressed body must not get round the body limit."""
+    name = encoding.strip().lower() if encoding.isascii() else ""
+    if name not in DECODED_ENCODINGS or not raw:
+        return raw
+    try:
+        decompressor: BrotliDecompressor | ZLibDecompressor | ZSTDDecompressor
+        if name == "br":
+            decompressor = BrotliDecompressor()
+        elif name == "zstd":
+            decompressor = ZSTDDecompressor()
+        else:
+            # aiohttp's leniency: a "deflate" body without its zlib header (raw deflate).
+            bare = name == "deflate" and raw[0] & 0xF != 8
+            decompressor = ZLibDecompressor(encoding=name, suppress_deflate_header=bare)
+        decoded = decompressor.decompress_sync(raw, max_length=limit + 1)
+    except Exception:  # each codec raises its own errors; a codec not installed: RuntimeError
+        raise invalid_encoding(encoding) from None
+    if len(decoded) > limit:
+        raise body_too_large(limit)
+    if isinstance(decompressor, ZLibDecompressor) and name == "deflate" and not decompressor.eof:
+        raise invalid_encoding(encoding)  # a truncated deflate stream, as aiohttp refuses it
+    return decoded
 
 
 def parse_request(endpoint: Endpoint, raw: bytes, max_depth: int = 64) -> ParsedRequest:

@@ -75,6 +75,23 @@ def _assignment(cluster: str, addresses: list[tuple[str, int]]) -> dict[str, Any
     return {"cluster_name": cluster, "endpoints": [{"lb_endpoints": endpoints}]}
 
 
+def _too_large(max_body_bytes: int) -> dict[str, Any]:
+    """Envoy's own 413 (a body over the buffer limit) in `serve`'s OpenAI shape. The picker
+    never answers 413 itself, and a replica's 413 is not a local reply: only Envoy's is
+    rewritten."""
+    error = {
+        "message": f"The request body is larger than the limit of {max_body_bytes} bytes.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "request_too_large",
+    }
+    status = {"default_value": 413, "runtime_key": "llm_gateway.too_large"}
+    return {
+        "filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": status}}},
+        "body_format_override": {"json_format": {"error": error}},
+    }
+
+
 def bootstrap(
     policy: Policy,
     *,
@@ -167,6 +184,7 @@ def bootstrap(
                 }
             ],
         },
+        "local_reply_config": {"mappers": [_too_large(max_body_bytes)]},
         "http_filters": [
             {"name": _EXT_PROC, "typed_config": ext_proc},
             {

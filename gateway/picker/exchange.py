@@ -128,13 +128,16 @@ class PickerExchange:
     itself (an immediate response), or a pick, after which Envoy relays the replica's answer
     and the picker follows it."""
 
-    __slots__ = ("_answer_headers", "_envoy", "picked", "subset")
+    __slots__ = ("_answer_headers", "_envoy", "decoded", "picked", "subset")
 
     def __init__(self, envoy: Envoy, subset: frozenset[str] | None = None) -> None:
         self._envoy = envoy
         self.subset = subset
         """The endpoints (ip:port) the pick must be among, where the proxy named a subset."""
         self.picked = False
+        self.decoded: bytes | None = None
+        """The client's body decoded per its Content-Encoding, where it had one the gateway
+        decodes: what the replica gets, without that header."""
         self._answer_headers: Mapping[str, str] = {}
 
     async def refuse(self, error: ApiError) -> None:
@@ -154,15 +157,18 @@ class PickerExchange:
         self, endpoints: Sequence[str], answer_headers: Mapping[str, str], body: bytes | None
     ) -> None:
         """Sends the request to ``endpoints[0]`` (ip:port), the others its fallbacks in turn,
-        with ``body`` in place of the client's where given; its answer will carry
-        ``answer_headers``."""
+        with ``body`` in place of the client's where given (else the decoded body, where it
+        was encoded); its answer will carry ``answer_headers``."""
         value = ",".join(endpoints)
         metadata = struct_pb2.Struct()
         metadata.update({LB_NAMESPACE: {DESTINATION: value}})
         mutated = {DESTINATION: value}
+        if body is None:
+            body = self.decoded
         if body is not None:
             mutated["content-length"] = str(len(body))
-        common = pb.CommonResponse(header_mutation=_mutation(mutated))
+        removed = ("content-encoding",) if self.decoded is not None else ()
+        common = pb.CommonResponse(header_mutation=_mutation(mutated, removed))
         if body is not None:
             common.body_mutation.body = body
         await self._envoy.write(
@@ -177,13 +183,18 @@ class PickerExchange:
         self,
         on_status: Callable[[int, str, str], Mapping[str, str]],
         on_chunk: Callable[[bytes], None],
+        on_end: Callable[[int], None],
         shown: UsageDropped | None = None,
-    ) -> int:
-        """Answers Envoy's messages about the replica's answer until its end: its status, or
-        CLIENT_CLOSED when the stream ended first (the client left, or Envoy gave up).
-        ``on_status`` gets the status, the content type and the endpoint that served, and
-        returns headers that replace answer headers of the pick; ``shown``, where the gateway
-        asked for the stream's usage, is what of each chunk the client gets."""
+    ) -> None:
+        """Answers Envoy's messages about the replica's answer until its end, then tells
+        ``on_end`` its status, or CLIENT_CLOSED when the stream ended first (the client left,
+        or Envoy gave up). ``on_status`` gets the status, the content type and the endpoint
+        that served, and returns headers that replace answer headers of the pick; ``shown``,
+        where the gateway asked for the stream's usage, is what of each chunk the client gets.
+
+        The last message is taken in (its chunk, the end) before it is answered: once Envoy
+        has the answer to the end of the stream it may close the stream at once, cancelling
+        the write, and the answer's last chunk (its usage) and its status would be lost."""
         envoy = self._envoy
         status = CLIENT_CLOSED
         while (message := await envoy.read()) is not None:
@@ -191,9 +202,11 @@ class PickerExchange:
             if kind == "response_headers":
                 sent = message.response_headers.headers.headers
                 values = {h.key: (h.raw_value or h.value.encode()).decode() for h in sent}
-                answer = int(values.get(":status", "0") or 0)
-                changed = on_status(answer, values.get("content-type", ""), values.get(SERVED, ""))
+                status = int(values.get(":status", "0") or 0)
+                changed = on_status(status, values.get("content-type", ""), values.get(SERVED, ""))
                 mutation = _mutation({**self._answer_headers, **changed}, remove=(SERVED,))
+                if message.response_headers.end_of_stream:
+                    on_end(status)
                 await envoy.write(
                     pb.ProcessingResponse(
                         response_headers=pb.HeadersResponse(
@@ -202,17 +215,19 @@ class PickerExchange:
                     )
                 )
                 if message.response_headers.end_of_stream:
-                    return answer
-                status = answer
+                    return
                 continue
             if kind == "response_body" and shown is not None and status < 400:
-                await envoy.write(_shown_part(message.response_body, shown))
+                answer = _shown_part(message.response_body, shown)
             else:
-                await envoy.write(go_on(message))
+                answer = go_on(message)
+            ended = kind == "response_trailers"
             if kind == "response_body":
                 on_chunk(message.response_body.body)
-                if message.response_body.end_of_stream:
-                    return status
-            elif kind == "response_trailers":
-                return status
-        return CLIENT_CLOSED
+                ended = message.response_body.end_of_stream
+            if ended:
+                on_end(status)
+            await envoy.write(answer)
+            if ended:
+                return
+        on_end(CLIENT_CLOSED)

@@ -70,6 +70,8 @@ class Picker:
             outcome.status = error.status
             await exchange.refuse(error)
             return
+        if routed.on_dispatch is not None:
+            routed.on_dispatch()
         answer = _Answer(self._metrics, self._outliers, routed, dispatch)
         try:
             answer_headers = routed.answer_headers(dispatch.replica.name, dispatch.decision.route)
@@ -83,9 +85,13 @@ class Picker:
             asked = asking_usage(routed.parsed) if self._stream_usage else None
             await exchange.pick(list(answer.by_address), answer_headers, asked)
             shown = UsageDropped() if asked is not None else None
-            outcome.status = await exchange.follow(answer.began, answer.chunk, shown)
-            if 0 < outcome.status < 500:
-                self._outliers.success(answer.dispatch.replica)
+
+            def ended(status: int) -> None:
+                outcome.status = status
+                if 0 < status < 500:
+                    self._outliers.success(answer.dispatch.replica)
+
+            await exchange.follow(answer.began, answer.chunk, ended, shown)
         finally:
             pool.end(answer.dispatch)  # the fallback's, where one served
 
@@ -200,6 +206,7 @@ class _Answer:
         decision = pool.decide(features, others) or Decision(fallback.name, Route.LEAST_LOADED)
         self.dispatch = pool.begin(decision, features, retry=True)
         self._moved = True
+        self._metrics.retries.labels(pool.name).inc()  # as `serve` counts its own retries
 
     def chunk(self, chunk: bytes) -> None:
         routed, dispatch = self._routed, self.dispatch
