@@ -56,6 +56,7 @@ CASES = [
     ("a prompt of the wrong type", COMPLETIONS, b'{"model": "sim-model", "prompt": {"a": 1}}', 400, "prompt"),
     ("unknown model", CHAT, b'{"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}', 404, "model"),
     ("a pool with no healthy replica", CHAT, b'{"model": "nobody-home", "messages": [{"role": "user", "content": "hi"}]}', 503, None),
+    ("max_tokens 0 on chat, which vLLM refuses", CHAT, b'{"model": "sim-model", "max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]}', 400, "max_tokens"),
 ]
 # fmt: on
 
@@ -70,6 +71,20 @@ async def test_bad_requests_get_openai_errors(
     assert body["error"]["message"], case
     assert body["error"]["param"] == param, case
     assert request_id, case
+
+
+async def test_a_completion_of_0_tokens_scoring_its_prompt_is_left_to_the_replica(
+    gateway: GatewayClient,
+) -> None:
+    scoring = {
+        "model": MODEL,
+        "prompt": "hello world",
+        "max_tokens": 0,
+        "echo": True,
+        "logprobs": 1,
+    }
+    async with gateway.post(COMPLETIONS, json=scoring) as response:
+        assert headers.REPLICA in response.headers  # vLLM answers it (200), not the gateway
 
 
 async def test_unknown_model_has_the_model_not_found_code(gateway: GatewayClient) -> None:

@@ -14,12 +14,14 @@ from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.fleet.kv_event_stream import EventStream
-from gateway.fleet.pools import PoolState
+from gateway.fleet.kv_events import KvEventSubscriptions
+from gateway.fleet.pools import Fleet, PoolState
 from gateway.http.request_body import Endpoint, parse_request
 from gateway.routing.tokenize import TokenKeys, believed_held
 from replica.processes import free_port
 from replica.sim.kv_events import block_stored
 from router_policies.decision import Decision, Route
+from router_policies.engine_blocks import token_block_keys
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
 from router_policies.schema import parse_policy
 from tests.conftest import (
@@ -30,7 +32,7 @@ from tests.conftest import (
     metric,
     pool_policy,
 )
-from tests.kv_events import TOKENS, events_config, payload
+from tests.kv_events import ROOT, TOKENS, events_config, payload
 
 
 def held_pool(url: str, **events: Any) -> tuple[PoolState, RequestFeatures]:
@@ -152,3 +154,51 @@ async def test_a_replica_whose_events_never_come_is_routed_on_the_estimate() -> 
     assert len(replicas) == 1  # the estimate still keeps the conversation home
     assert metric(text, "gateway_replica_kv_events_exact", pool="small") == 0.0
     assert metric(text, "gateway_prefix_cached_tokens_error_count", source="events") is None
+
+
+async def test_a_probe_failure_keeps_the_index_of_an_engine_whose_sequence_goes_on() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    endpoints = {url: {"endpoint": f"tcp://127.0.0.1:{free_port()}"}}
+    policy = pool_policy([url], prefix={"source": "events", "events": {"endpoints": endpoints}})
+    fleet = Fleet(parse_policy(policy))
+    subscriptions = KvEventSubscriptions(lambda: fleet)
+    subscriptions.reconcile()
+    try:
+        ((_, replica),) = fleet.replicas()
+        stream = replica.kv_events
+        assert stream is not None
+        stream.apply(0, payload(block_stored([1, 2], None, TOKENS[:32], 16, None)))
+        replica.healthy = False
+        subscriptions.reconcile()
+        replica.healthy = True
+        subscriptions.reconcile()
+        # Back, but maybe restarted: the estimate routes there until its next message says.
+        assert not stream.exact(time.monotonic())
+        stream.apply(1, payload())
+        assert stream.exact(time.monotonic())
+        assert stream.blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 2
+        replica.healthy = False
+        subscriptions.reconcile()
+        stream.apply(0, payload())  # the engine restarted: its sequence starts over
+        assert stream.exact(time.monotonic()) and len(stream.blocks) == 0
+    finally:
+        await subscriptions.stop()
+
+
+async def test_a_prompt_the_replica_refuses_owes_no_events_so_its_stream_stays_exact() -> None:
+    port = free_port()
+    async with in_process_sims(1, max_model_len=256, kv_events_config=events_config(port)) as urls:
+        endpoints = {urls[0]: {"endpoint": f"tcp://127.0.0.1:{port}"}}
+        events = {"endpoints": endpoints, "stall_s": 0.3}
+        policy = pool_policy(urls, prefix={"source": "events", "events": events})
+        async with in_process_gateway(policy) as gateway:
+            client = AsyncOpenAI(base_url=f"{gateway.make_url('/v1')}", api_key="x", max_retries=0)
+            await client.completions.create(model=MODEL, prompt="word " * 100, max_tokens=2)
+            await asyncio.sleep(0.2)  # its events reach the gateway: the stream is exact
+            refused = await gateway.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "long " * 400, "max_tokens": 2}
+            )
+            assert refused.status == 400
+            await asyncio.sleep(1.5)  # past stall_s, and a reconcile
+            text = await (await gateway.get("/metrics")).text()
+    assert metric(text, "gateway_replica_kv_events_exact", pool="small") == 1.0

@@ -55,6 +55,9 @@ class EventStream:
         self.blocks = EngineBlocks()
         self.next_seq: int | None = None
         """The sequence number expected next (None before the first message)."""
+        self.unconfirmed = False
+        """The replica failed its probes since the last message: its next message's sequence
+        tells whether the engine went on (its index holds) or started over (it is cleared)."""
         self.lost_until = 0.0
         """Monotonic time until which a hole's aftermath keeps the stream inexact."""
         self.expect_since: float | None = None
@@ -71,7 +74,7 @@ class EventStream:
         self._decode = msgspec.msgpack.Decoder().decode
 
     def exact(self, now: float) -> bool:
-        if self.next_seq is None or now < self.lost_until:
+        if self.next_seq is None or self.unconfirmed or now < self.lost_until:
             return False
         return self.expect_since is None or now - self.expect_since < self.stall_s
 
@@ -137,17 +140,18 @@ class EventStream:
         if self.expect_since is None:
             self.expect_since = now
 
-    def reset(self) -> None:
-        """The replica went down: it may come back with an empty cache and a new sequence."""
-        self.blocks.clear()
-        self.next_seq = None
-        self.expect_since = None
+    def went_down(self) -> None:
+        """The replica failed its probes: it may come back restarted, with an empty cache, or
+        from a moment's stall with its cache whole. Clearing here would throw the second's
+        index away; until a message tells which, the estimate routes there."""
+        self.unconfirmed = True
 
     def apply(self, seq: int, payload: bytes) -> None:
         if self.next_seq is not None and seq < self.next_seq:
             # The publisher started over (the engine restarted): its cache is new.
             self.blocks.clear()
         self.next_seq = seq + 1
+        self.unconfirmed = False
         self.expect_since = None
         self.last_event_at = time.monotonic()
         _ts, events, *_ = self._decode(payload)

@@ -59,9 +59,12 @@ class KvEventSubscriptions:
                     where.endpoint, where.replay, settings.topic
                 )
             stream.stall_s, stream.resync_s = settings.stall_s, settings.resync_s
-            if not replica.healthy and stream.next_seq is not None:
-                log.info("replica %s is down: its KV-event index starts over", replica.name)
-                stream.reset()
+            if not replica.healthy and not stream.unconfirmed and stream.next_seq is not None:
+                log.info(
+                    "replica %s is down: its KV-event index waits for its next message",
+                    replica.name,
+                )
+                stream.went_down()
             exact = stream.exact(time.monotonic())
             if exact != stream.was_exact:
                 stream.was_exact = exact

@@ -293,7 +293,8 @@ class PoolState:
         held = now - dispatch.at - (dispatch.ttft_s or 0.0)
         replica.service_s += _SERVICE_WEIGHT * (held - replica.service_s)
         self.queue.wake_one()
-        own = dispatch.uncached_tokens
+        # A refused request prefilled nothing: no blocks of it have events due.
+        own = 0.0 if dispatch.refused else dispatch.uncached_tokens
         if own is None:
             own = dispatch.decision.uncached_tokens
         if replica.kv_events is not None:

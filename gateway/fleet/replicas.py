@@ -160,3 +160,5 @@ class Dispatch:
     """Prompt tokens its KV-cache events said the replica holds (None: not known exactly)."""
     estimated_cached: float | None = None
     """Prompt tokens the estimate said it holds (None: the policy keeps no index)."""
+    refused: bool = False
+    """The replica answered 4xx: it judged the request invalid before any prefill."""

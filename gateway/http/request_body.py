@@ -190,8 +190,11 @@ def parse_request(endpoint: Endpoint, raw: bytes, max_depth: int = 64) -> Parsed
     _check_optional(body, "stream_options", dict, "an object")
     _check_optional(body, "cache_salt", str, "a string")
     _check_optional(body, "response_format", dict, "an object")
-    for name in ("max_tokens", "max_completion_tokens"):
-        _check_int(body, name, 1, 2**31)
+    # A completion of 0 tokens scores its prompt (`echo` with `logprobs`): vLLM serves it there,
+    # and judges the rest of the combination itself.
+    least = 0 if endpoint is Endpoint.COMPLETIONS else 1
+    _check_int(body, "max_tokens", least, 2**31)
+    _check_int(body, "max_completion_tokens", 1, 2**31)
     _check_int(body, "n", 1, 128)
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
         value = body.get(name)

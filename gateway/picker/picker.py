@@ -70,8 +70,7 @@ class Picker:
             outcome.status = error.status
             await exchange.refuse(error)
             return
-        if routed.on_dispatch is not None:
-            routed.on_dispatch()
+        routed.dispatched()
         answer = _Answer(self._metrics, self._outliers, routed, dispatch)
         try:
             answer_headers = routed.answer_headers(dispatch.replica.name, dispatch.decision.route)

@@ -127,8 +127,7 @@ class Forwarder:
                 return error.status
             if dispatch is None:
                 break
-            if routed.on_dispatch is not None:
-                routed.on_dispatch()
+            routed.dispatched()
             if attempt:
                 self._metrics.retries.labels(pool.name).inc()
             tried.append(dispatch.replica.name)
@@ -209,6 +208,7 @@ class Forwarder:
                 if body is None:
                     return Failure(upstream.status, answer_too_long(replica.name), answers.JSON)
                 return Failure(upstream.status, body, upstream.content_type)
+        dispatch.refused = 400 <= upstream.status < 500  # no blocks stored, none due (pool.end)
         try:
             return await self._relay(req, dispatch, upstream, first)
         except (UpstreamError, TimeoutError) as exc:

@@ -41,6 +41,11 @@ class Routed:
     """Told when the request goes to a replica: from then on its tokens may be generated, so a
     tenant's charge stands if the client leaves."""
 
+    def dispatched(self) -> None:
+        """The request goes to a replica (``on_dispatch``)."""
+        if self.on_dispatch is not None:
+            self.on_dispatch()
+
     @property
     def parsed(self) -> ParsedRequest:
         return self.resolution.parsed
