@@ -36,7 +36,7 @@ from gateway.fleet.monitor import ProbeSettings, ReplicaMonitor
 from gateway.fleet.outlier import OutlierDetector, OutlierSettings
 from gateway.http import responses_lookup
 from gateway.http.completions import complete, count_error, request_id
-from gateway.http.errors import AiohttpError, ApiError, internal_error
+from gateway.http.errors import ApiError, aiohttp_error, internal_error
 from gateway.http.exchange import AiohttpExchange
 from gateway.http.models_list import model_card, model_list
 from gateway.http.request_body import (
@@ -114,7 +114,7 @@ async def _answer_errors(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        error = AiohttpError(exc)
+        error = aiohttp_error(exc)
     except ConnectionResetError:
         raise  # the client is gone: nothing to answer, aiohttp drops the connection
     except Exception:

@@ -13,18 +13,28 @@ from replica.openai_api import ApiError, error_body
 __all__ = ["ApiError", "error_body"]
 
 
-class AiohttpError(ApiError):
-    """An error aiohttp raised itself (an unknown path, a method the path does not take), in
-    the OpenAI shape; the headers it carried that the client must still get, kept."""
+class WithHeaders(ApiError):
+    """``error`` answered with ``extra`` headers besides its own (a 405's Allow, a limited
+    tenant's x-ratelimit-*)."""
 
-    def __init__(self, exc: web.HTTPException) -> None:
-        super().__init__(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_"))
-        allow = exc.headers.get("Allow")
-        # A 405 must name the methods the path takes (RFC 9110 15.5.6).
-        self.kept: dict[str, str] = {"Allow": allow} if allow is not None else {}
+    def __init__(self, error: ApiError, extra: Mapping[str, str]) -> None:
+        super().__init__(
+            error.status, error.message, type_=error.type, code=error.code, param=error.param
+        )
+        self._error = error
+        self._extra = extra
 
     def answer_headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
-        return super().answer_headers({**self.kept, **(headers or {})})
+        return self._error.answer_headers({**self._extra, **(headers or {})})
+
+
+def aiohttp_error(exc: web.HTTPException) -> ApiError:
+    """An error aiohttp raised itself (an unknown path, a method the path does not take), in
+    the OpenAI shape; a 405 keeps its Allow, as it must name the methods the path takes (RFC
+    9110 15.5.6)."""
+    error = ApiError(exc.status, exc.reason, code=exc.reason.lower().replace(" ", "_"))
+    allow = exc.headers.get("Allow")
+    return error if allow is None else WithHeaders(error, {"Allow": allow})
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:

@@ -12,14 +12,14 @@ responses its own requests stored: another tenant's id is not found, as if it di
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
 
 from gateway import headers
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
-from gateway.http.errors import ApiError
+from gateway.http.errors import ApiError, WithHeaders
 from gateway.rate_limit import RateLimiter
 from gateway.routing.affinity import ReplicaRef, ResponseHomes, RoutingMemory
 from gateway.telemetry.logs import REQUEST_ID
@@ -29,21 +29,6 @@ from router_policies.decision import Route
 SESSION = web.AppKey("responses_lookup_session", aiohttp.ClientSession)
 _TIMEOUT = aiohttp.ClientTimeout(total=None, connect=3.0, sock_read=600.0)
 _FORWARDED = ("Authorization", "traceparent", "tracestate", "Accept")
-
-
-class _ToLimitedTenant(ApiError):
-    """An error answered to a tenant with limits: with its x-ratelimit-* headers, as every
-    answer to it (the 429s carry them already)."""
-
-    def __init__(self, error: ApiError, limits: dict[str, str]) -> None:
-        super().__init__(
-            error.status, error.message, type_=error.type, code=error.code, param=error.param
-        )
-        self._error = error
-        self._limits = limits
-
-    def answer_headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
-        return self._error.answer_headers({**self._limits, **(headers or {})})
 
 
 def not_found(response_id: str, param: str = "response_id") -> ApiError:
@@ -89,7 +74,8 @@ class ResponseLookup:
         try:
             return (*await self._find(fleet, tenant.name, response_id), limits)
         except ApiError as error:
-            raise _ToLimitedTenant(error, limits) from None
+            # With its x-ratelimit-* headers, as every answer to a limited tenant.
+            raise WithHeaders(error, limits) from None
 
     async def _find(
         self, fleet: Fleet, owner: str | None, response_id: str

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from gateway import headers
-from gateway.http.errors import ApiError
+from gateway.http.errors import ApiError, WithHeaders
 from gateway.http.request_body import Endpoint, ParsedRequest
 from gateway.rate_limit.keys import TenantIndex, bearer
 from gateway.rate_limit.store import BucketStore
@@ -52,16 +52,14 @@ class Tenant:
     limits: TenantLimits
 
 
-class RateLimited(ApiError):
+class RateLimited(WithHeaders):
     """A 429 that carries its Retry-After and x-ratelimit-* headers through the error path."""
 
     def __init__(self, message: str, kind: str, extra_headers: dict[str, str]) -> None:
         # OpenAI's own 429s: type "requests" or "tokens", code "rate_limit_exceeded".
-        super().__init__(429, message, type_=kind, code="rate_limit_exceeded")
-        self.extra_headers = extra_headers
-
-    def answer_headers(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
-        return super().answer_headers({**self.extra_headers, **(headers or {})})
+        super().__init__(
+            ApiError(429, message, type_=kind, code="rate_limit_exceeded"), extra_headers
+        )
 
 
 @dataclass(slots=True)
