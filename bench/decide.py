@@ -26,6 +26,7 @@ import uvloop
 from bench import decide_tokens
 from bench.compare.code_state import code_revision
 from bench.microtime import samples_us
+from gateway.cli_types import positive_int
 from replica.vllm_cpu.tiny_model import default_dir
 from router_policies.cost.rates import default_rates
 from router_policies.cost.ttft import ReplicaLoad
@@ -151,7 +152,9 @@ def format_report(timings: list[Timing], repeats: int, command: str = COMMAND) -
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repeats", type=int, default=2000, help="per row (default: %(default)s)")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=2000, help="per row (default: %(default)s)"
+    )
     parser.add_argument(
         "--tokens",
         action="store_true",

@@ -30,6 +30,7 @@ from bench.driver import RunResult, percentile, replica_name, run_conversations
 from bench.fleet_stats import CacheCounters, delta, fleet_counters, reset_prefix_caches, snapshot
 from bench.launcher import start_gateway
 from bench.workloads import Conversation, multi_turn_shared_prefix
+from gateway.cli_types import positive_int
 from replica.processes import ManagedProcess, start_sim_replicas
 
 MODEL = "sim-model"
@@ -201,7 +202,13 @@ def _pct(value: float | None) -> str:
 
 
 def _ms(seconds: float) -> str:
-    return f"{1000 * seconds:.1f} ms"
+    return "-" if math.isnan(seconds) else f"{1000 * seconds:.1f} ms"  # nan: none succeeded
+
+
+def _ratio(result: DemoResult) -> str:
+    # Round-robin hitting nothing (a workload with nothing to reuse) leaves no ratio to show.
+    ratio = result.hit_rate_ratio
+    return f"{ratio:.2f}x" if math.isfinite(ratio) else "-"
 
 
 def format_report(result: DemoResult) -> str:
@@ -254,7 +261,7 @@ def format_report(result: DemoResult) -> str:
         "Fleet prefix-cache hit rate (sum of hits / sum of queries, from the replicas' own "
         "vllm: counters):",
         f"  prefix-aware {_pct(pa.fleet_hit_rate)} vs round-robin {_pct(rr.fleet_hit_rate)}: "
-        f"{result.hit_rate_ratio:.2f}x",
+        f"{_ratio(result)}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -269,15 +276,16 @@ def _routes(run: PolicyRun) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = DemoConfig()
-    for flag, value, text in (
-        ("--replicas", defaults.replicas, "simulated replicas"),
-        ("--groups", defaults.groups, "groups, each with its own system prompt"),
-        ("--users-per-group", defaults.users_per_group, "users (conversations) per group"),
-        ("--rounds", defaults.rounds, "rounds per conversation"),
-        ("--concurrency", defaults.concurrency, "requests in flight at most"),
-        ("--seed", defaults.seed, "seed of the workload's text"),
-    ):
-        parser.add_argument(flag, type=int, default=value, help=f"{text} (default: %(default)s)")
+    for flag, kind, value, text in (
+        ("--replicas", positive_int, defaults.replicas, "simulated replicas"),
+        ("--groups", positive_int, defaults.groups, "groups, each with its own system prompt"),
+        ("--users-per-group", positive_int, defaults.users_per_group,
+         "users (conversations) per group"),
+        ("--rounds", positive_int, defaults.rounds, "rounds per conversation"),
+        ("--concurrency", positive_int, defaults.concurrency, "requests in flight at most"),
+        ("--seed", int, defaults.seed, "seed of the workload's text"),
+    ):  # fmt: skip
+        parser.add_argument(flag, type=kind, default=value, help=f"{text} (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 

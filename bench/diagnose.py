@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import statistics
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from typing import Any
 import orjson
 import uvloop
 import yaml
+from pydantic import ValidationError
 
 from bench.compare.mooncake import (
     LENGTH_SCALE,
@@ -45,6 +47,7 @@ from bench.compare.mooncake import (
     mooncake_workload,
     parse_window,
     trace_path,
+    trace_problem,
 )
 from bench.compare.plan import SIM_MODEL, SIM_REPLICAS, PlannedWorkload
 from bench.compare.results import (
@@ -66,6 +69,7 @@ from bench.workloads_mooncake import (
     reused_blocks,
     reused_tokens,
 )
+from gateway.cli_types import positive_int
 from replica.processes import LOCAL_KV_EVENTS, start_sim_replicas
 from replica.sim.config import SimConfig
 
@@ -80,17 +84,21 @@ peers' cache_aware policies."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--window", required=True, help="TRACE:START-END, as bench compare's")
+    parser.add_argument(
+        "--window", type=parse_window, required=True, help="TRACE:START-END, as bench compare's"
+    )
     parser.add_argument(
         "--traces", default="download", help="folder of the whole traces, or download"
     )
     parser.add_argument(
         "--targets",
+        type=_targets,
         default="prefix-aware",
         help="comma-separated, of: " + ", ".join(TARGETS) + " (default: %(default)s)",
     )
     parser.add_argument(
         "--set",
+        type=_setting,
         action="append",
         default=[],
         metavar="KEY=VALUE",
@@ -98,15 +106,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--sim",
+        type=_setting,
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="a simulated replica setting for the runs (replica/sim/config.py), e.g. "
         "kv_offload_blocks=12288 (a CPU tier twice the GPU cache)",
     )
-    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--runs", type=positive_int, default=1)
     parser.add_argument("--seed", type=int, default=0, help="block texts (the tuning seeds)")
     parser.add_argument("--dump", type=Path, default=None, help="write each run's requests")
+
+
+def _targets(text: str) -> list[Target]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in TARGETS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown target {', '.join(unknown) or repr(text)}; choose from {', '.join(TARGETS)}"
+        )
+    return [TARGETS[name] for name in names]
+
+
+def _setting(text: str) -> str:
+    key, sep, _ = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return text
 
 
 def overrides(settings: Iterable[str]) -> dict[str, Any]:
@@ -272,17 +298,27 @@ def describe(label: str, measurement: Measurement, run: RunResult, model: CacheM
 
 
 def run(args: argparse.Namespace) -> int:
+    # Before the eight replicas start: a trace not there, or a misspelt --sim setting.
+    problem = trace_problem([args.window], args.traces)
+    try:
+        SimConfig.model_validate({**MOONCAKE_SIM, **overrides(args.sim)})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        problem = problem or f"--sim: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     uvloop.run(_diagnose(args))
     return 0
 
 
 async def _diagnose(args: argparse.Namespace) -> None:
-    window = parse_window(args.window)
+    window = args.window
     path = trace_path(window, args.traces)
     workload = mooncake_workload(window, traces=args.traces, seed=args.seed)
     pool = overrides(args.set)
     workload = dataclasses.replace(workload, gateway_pool=pool)
-    targets = [TARGETS[name.strip()] for name in args.targets.split(",")]
+    targets: list[Target] = args.targets
     records = records_by_id(path, workload)
     capacity = capacity_blocks()
     print(f"{window}: {len(records)} requests; cache model {capacity} trace blocks per replica")
@@ -290,7 +326,6 @@ async def _diagnose(args: argparse.Namespace) -> None:
         print(f"gateway pool settings: {json.dumps(pool)}")
     sim_settings = overrides(args.sim)
     sim = {**MOONCAKE_SIM, **sim_settings}
-    SimConfig.model_validate(sim)  # a misspelt setting fails here, not in eight replicas
     if sim_settings:
         print(f"replica settings: {json.dumps(sim_settings)}")
     replicas = await start_sim_replicas(

@@ -24,6 +24,7 @@ import uvloop
 
 from bench.host import children
 from bench.launcher import start_gateway
+from gateway.cli_types import positive_float, positive_int
 from replica.processes import ManagedProcess, start_sim_replicas
 
 MODEL = "hang-model"
@@ -34,10 +35,11 @@ RECOVERED_SHARE = 0.8
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--clients", type=int, default=8, help="(default: %(default)s)")
-    parser.add_argument("--before-s", type=float, default=3.0, help="(default: %(default)s)")
-    parser.add_argument("--after-s", type=float, default=10.0, help="(default: %(default)s)")
-    parser.add_argument("--client-timeout-s", type=float, default=1.0)
+    add = parser.add_argument
+    add("--clients", type=positive_int, default=8, help="(default: %(default)s)")
+    add("--before-s", type=positive_float, default=3.0, help="(default: %(default)s)")
+    add("--after-s", type=positive_float, default=10.0, help="(default: %(default)s)")
+    add("--client-timeout-s", type=positive_float, default=1.0, help="(default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ import argparse
 import functools
 import random
 import statistics
+import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from bench.compare.mooncake import (
     mooncake_workload,
     parse_window,
     trace_path,
+    trace_problem,
 )
 from bench.compare.plan import SIM_REPLICAS
 from bench.diagnose import capacity_blocks, records_by_id
@@ -51,6 +53,7 @@ from bench.workloads_mooncake import (
     reused_tokens,
     summarise,
 )
+from gateway.cli_types import positive_int, share
 from router_policies.cost.rates import default_rates
 from router_policies.decay import DecayedCount
 from router_policies.decision import Candidate, Decision, PoolSnapshot
@@ -62,14 +65,16 @@ MODEL = "m"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--window", required=True, help="TRACE:START-END, as bench compare's")
+    parser.add_argument(
+        "--window", type=parse_window, required=True, help="TRACE:START-END, as bench compare's"
+    )
     parser.add_argument(
         "--traces", default="download", help="folder of the whole traces, or download"
     )
     parser.add_argument(
-        "--jitter", type=float, default=0.0, help="share of new prompts sent at random"
+        "--jitter", type=share, default=0.0, help="share of new prompts sent at random"
     )
-    parser.add_argument("--seeds", type=int, default=5, help="jittered replays")
+    parser.add_argument("--seeds", type=positive_int, default=5, help="jittered replays")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +189,11 @@ def capacity_tokens() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    window = parse_window(args.window)
+    window = args.window
+    problem = trace_problem([window], args.traces)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     path = trace_path(window, args.traces)
     workload = mooncake_workload(window, traces=args.traces)
     lines = records_by_id(path, workload)

@@ -29,6 +29,7 @@ from bench.driver import RequestResult, percentile, send
 from bench.launcher import start_gateway
 from bench.workloads_overload import Phase, phase_arrivals
 from gateway import headers
+from gateway.cli_types import positive_float
 from replica.processes import start_sim_replicas
 
 MODEL = "sim-model"
@@ -64,9 +65,13 @@ class Row:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--load", type=float, default=1.5, help="x capacity (default 1.5)")
-    parser.add_argument("--seconds", type=float, default=40.0, help="of arrivals (default 40)")
-    parser.add_argument("--objective-s", type=float, default=2.0, help="goodput's TTFT bound")
+    parser.add_argument("--load", type=positive_float, default=1.5, help="x capacity (default 1.5)")
+    parser.add_argument(
+        "--seconds", type=positive_float, default=40.0, help="of arrivals (default 40)"
+    )
+    parser.add_argument(
+        "--objective-s", type=positive_float, default=2.0, help="goodput's TTFT bound"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("docs/priority.md"))
     parser.add_argument("--no-out", action="store_true", help="print only")

@@ -34,6 +34,7 @@ from bench.host import process_cpu_s
 from bench.launcher import start_gateway
 from bench.overhead.config import MODEL, ZERO_DELAY, OverheadConfig
 from bench.overhead.runner import one_pool
+from gateway.cli_types import positive_int
 from replica.processes import ManagedProcess, start_sim_replicas
 
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -66,9 +67,9 @@ LOOP = "event loop and system calls"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=10000, help="requests per mode")
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
+    parser.add_argument("--requests", type=positive_int, default=10000, help="requests per mode")
+    parser.add_argument("--concurrency", type=positive_int, default=32)
+    parser.add_argument("--rate", type=positive_int, default=500, help="py-spy samples per second")
     parser.add_argument(
         "--out", type=Path, default=Path("docs/overhead-profile.png"), help="flame graph PNG"
     )
@@ -144,7 +145,8 @@ async def _profile(args: argparse.Namespace, py_spy: str, folder: Path) -> list[
             sampler.send_signal(signal.SIGINT)
             _, err = await sampler.communicate()
             if not out.exists():
-                raise RuntimeError(f"py-spy wrote no profile: {err.decode().strip()[-300:]}")
+                said = err.decode().strip()[-300:] or "it said nothing"
+                raise RuntimeError(f"py-spy wrote no profile: {said}")
             failed = sum(1 for r in run.results if not r.ok)
             if failed:
                 raise RuntimeError(f"{failed} of the profiled requests failed")

@@ -38,6 +38,7 @@ import uvloop
 
 from bench.host import machine_description, rss_mib
 from bench.launcher import start_gateway
+from gateway.cli_types import non_negative_int, positive_float, positive_int
 from gateway.rate_limit import hash_key
 from replica.processes import ManagedProcess, free_port, start_sim_replicas
 
@@ -98,11 +99,12 @@ class Tally:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration-s", type=float, default=180.0, help="(default: %(default)s)")
-    parser.add_argument("--concurrency", type=int, default=16, help="(default: %(default)s)")
-    parser.add_argument("--replicas", type=int, default=2, help="(default: %(default)s)")
-    parser.add_argument("--tenants", type=int, default=400, help="distinct system prompts")
-    parser.add_argument("--sample-every-s", type=float, default=5.0)
+    add = parser.add_argument
+    add("--duration-s", type=positive_float, default=180.0, help="(default: %(default)s)")
+    add("--concurrency", type=positive_int, default=16, help="(default: %(default)s)")
+    add("--replicas", type=positive_int, default=2, help="(default: %(default)s)")
+    add("--tenants", type=positive_int, default=400, help="distinct system prompts")
+    add("--sample-every-s", type=positive_float, default=5.0, help="(default: %(default)s)")
     parser.add_argument("--out", type=Path, default=Path("docs/soak.md"))
     parser.add_argument("--plot", type=Path, default=Path("docs/soak.png"))
     parser.add_argument("--seed", type=int, default=8)
@@ -113,7 +115,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "searched for in the DEBUG log",
     )
     parser.add_argument(
-        "--requests", type=int, default=0, help="stop after this many requests (0: no bound)"
+        "--requests",
+        type=non_negative_int,
+        default=0,
+        help="stop after this many requests (0: no bound)",
     )
     parser.add_argument(
         "--policy",

@@ -44,6 +44,7 @@ from bench.close_calls import (
     sim_pools,
 )
 from bench.driver import percentile
+from gateway.cli_types import positive_float, positive_int
 
 ROUTE_OVERFLOW = "overflow"
 AT_SATURATION = {"enabled": True, "predicted": False}
@@ -114,11 +115,16 @@ def table(targets: Sequence[Target]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--conversations", type=int, default=240, help="per seed")
-    parser.add_argument("--rate", type=float, default=4.5, help="conversations per second")
-    parser.add_argument("--small-replicas", type=int, default=2, help="the small pool's sims")
+    parser.add_argument("--conversations", type=positive_int, default=240, help="per seed")
+    parser.add_argument("--rate", type=positive_float, default=4.5, help="conversations per second")
     parser.add_argument(
-        "--large-replicas", type=int, default=2, help=f"the large pool's, {SLOWER:g}x slower"
+        "--small-replicas", type=positive_int, default=2, help="the small pool's sims"
+    )
+    parser.add_argument(
+        "--large-replicas",
+        type=positive_int,
+        default=2,
+        help=f"the large pool's, {SLOWER:g}x slower",
     )
     add_report_arguments(parser)
 

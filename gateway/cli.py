@@ -9,13 +9,15 @@ A command's module is imported only when that command runs.
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
+from gateway.cli_types import listen_port, port
 from router_policies.schema import InvalidPolicy, Policy, effective_policy_yaml
 
 if TYPE_CHECKING:
@@ -65,9 +67,12 @@ def _serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if config is None:
         return 2
+    settings, policy = config
+    if not _listenable(settings.host, settings.port, "--port" if args.port is not None else None):
+        return 2
     from gateway.server import run
 
-    return run(*config)
+    return run(settings, policy)
 
 
 def _epp(args: argparse.Namespace) -> int:
@@ -86,10 +91,42 @@ def _epp(args: argparse.Namespace) -> int:
         # server, and Envoy would find no picker.
         print("error: GATEWAY_WORKERS: llm-gateway epp runs one process; unset it", file=sys.stderr)
         return 2
+    http_flag = "--http-port" if args.http_port is not None else None
+    if args.port == settings.port != 0:  # the second bind would fail after the probes started
+        print(f"error: --port: {args.port} is the HTTP port too ({http_flag or 'GATEWAY_PORT'})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not (
+        _listenable(settings.host, settings.port, http_flag)
+        and _listenable(settings.host, args.port, "--port")
+    ):
+        return 2
     from gateway.picker.server import add_picker  # here, so that `serve` never loads gRPC
     from gateway.server import run
 
     return run(settings, policy, lambda app: add_picker(app, settings.host, args.port))
+
+
+def _listenable(host: str, port: int, flag: str | None) -> bool:
+    """Whether ``port`` can be had (``flag`` gave it, or else GATEWAY_PORT), checked before the
+    fleet's probes start: their warnings would come before the one line that matters, and for
+    the picker's port gRPC's C core would log its own line first. A process that takes the port
+    in the instant between is still refused by the bind itself, later."""
+    if port == 0:
+        return True
+    from gateway.server import port_taken
+
+    problem = port_taken(host, port)
+    if problem is None:
+        return True
+    where = f"{host}:{port}"
+    if problem.errno == errno.EADDRINUSE:
+        # "address already in use": what replica/processes.py looks for to pick another port.
+        name = flag or "GATEWAY_PORT"
+        print(f"error: {name}: cannot listen on {where}: address already in use", file=sys.stderr)
+    else:  # a host that does not resolve, or is not this machine's
+        print(f"error: cannot listen on {where}: {problem.strerror or problem}", file=sys.stderr)
+    return False
 
 
 def _envoy_config(args: argparse.Namespace) -> int:
@@ -125,7 +162,11 @@ def _envoy_config(args: argparse.Namespace) -> int:
 def _check_policy(args: argparse.Namespace) -> int:
     from gateway.settings_errors import load_settings
 
-    policy = _load_or_explain(args.path)
+    if not args.path.strip():
+        # As a Path, "" is the current directory: "cannot read policy file .: Is a directory".
+        print("error: the policy file path is empty", file=sys.stderr)
+        return 2
+    policy = _load_or_explain(Path(args.path))
     if policy is None:
         return 2
     # With the environment `serve` would see: GATEWAY_REDIS_URL can supply the URL a
@@ -185,6 +226,20 @@ def _hash_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key_as_argument(args: Sequence[str]) -> bool:
+    """Refuses `hash-key` with an argument, which may be the key, without printing it: argparse
+    would answer "unrecognized arguments: <the key>" (in the terminal, and in any log of it)."""
+    if args[:1] != ["hash-key"] or all(arg in ("-h", "--help") for arg in args[1:]):
+        return False
+    print(
+        "error: hash-key takes no argument: it reads the key from stdin, so that the key is "
+        'not in `ps` or the shell\'s history (printf %s "$KEY" | llm-gateway hash-key); '
+        "what was given is not shown",
+        file=sys.stderr,
+    )
+    return True
+
+
 def _sim_replica(args: argparse.Namespace) -> int:
     from replica.sim.cli import run
 
@@ -209,8 +264,19 @@ def _run_tool(entry: EntryPoint, argv: Sequence[str]) -> int:
     return main(argv)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Refuses a bad argument in one line, `error: --port: ...`, as every other mistake at
+    start-up is refused (a setting, the policy, a port in use), exit status 2. Its subcommands'
+    parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        if not message.startswith("argument "):  # an argument missing or unknown: show them all
+            self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message.removeprefix('argument ')}\n")
+
+
 def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="llm-gateway", description="OpenAI-compatible routing gateway for vLLM pools."
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -220,7 +286,11 @@ def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
         "--policy", type=Path, help="routing policy YAML file (default from GATEWAY_POLICY)"
     )
     serve.add_argument("--host", help="bind address (default from GATEWAY_HOST: 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default from GATEWAY_PORT: 8080)")
+    serve.add_argument(
+        "--port",
+        type=listen_port,
+        help="port, 0 for any free one (default from GATEWAY_PORT: 8080)",
+    )
     serve.add_argument(
         "--workers",
         help="processes serving the port (SO_REUSEPORT; default from GATEWAY_WORKERS: 1), or "
@@ -234,10 +304,12 @@ def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
         "--policy", type=Path, help="routing policy YAML file (default from GATEWAY_POLICY)"
     )
     epp.add_argument("--host", help="bind address (default from GATEWAY_HOST: 127.0.0.1)")
-    epp.add_argument("--port", type=int, default=9002, help="the picker's gRPC port (9002)")
+    epp.add_argument(
+        "--port", type=listen_port, default=9002, help="the picker's gRPC port (9002; 0: any free)"
+    )
     epp.add_argument(
         "--http-port",
-        type=int,
+        type=listen_port,
         help="/metrics, /health, /ready and the admin API (default from GATEWAY_PORT: 8080)",
     )
     epp.set_defaults(func=_epp)
@@ -245,12 +317,12 @@ def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
     envoy = sub.add_parser(
         "envoy-config", help="print an Envoy bootstrap that asks the picker (llm-gateway epp)"
     )
-    envoy.add_argument("--listen-port", type=int, required=True, help="Envoy's port for clients")
-    envoy.add_argument("--picker-port", type=int, required=True, help="the picker's gRPC port")
+    envoy.add_argument("--listen-port", type=port, required=True, help="Envoy's port for clients")
+    envoy.add_argument("--picker-port", type=port, required=True, help="the picker's gRPC port")
     envoy.add_argument(
         "--policy", type=Path, help="the picker's policy, for the replicas (GATEWAY_POLICY)"
     )
-    envoy.add_argument("--admin-port", type=int, help="Envoy's admin port (none by default)")
+    envoy.add_argument("--admin-port", type=port, help="Envoy's admin port (none by default)")
     envoy.add_argument(
         "--fail-closed",
         action="store_true",
@@ -259,18 +331,17 @@ def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
     envoy.set_defaults(func=_envoy_config)
 
     check = sub.add_parser("check-policy", help="validate a policy file, print it with defaults")
-    check.add_argument("path", type=Path)
+    check.add_argument("path", help="the policy YAML file")
     check.set_defaults(func=_check_policy)
 
-    hashed = sub.add_parser(
-        "hash-key", help="print the sha256 of an API key read from stdin, for limits.tenants"
-    )
+    hash_help = "print the sha256 of an API key read from stdin, for limits.tenants"
+    hashed = sub.add_parser("hash-key", help=hash_help, description=hash_help)
     hashed.set_defaults(func=_hash_key)
 
     from replica.sim.config import add_arguments as add_sim_arguments
 
     sim = sub.add_parser("sim-replica", help="run one simulated vLLM replica")
-    add_sim_arguments(sim)
+    add_sim_arguments(sim, types={"port": listen_port})
     sim.set_defaults(func=_sim_replica)
 
     for name in tools:
@@ -281,6 +352,8 @@ def build_parser(tools: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if _key_as_argument(args_list):
+        return 2
     tools = _tools()
     if args_list and args_list[0] in tools:
         return _run_tool(tools[args_list[0]], args_list[1:])

@@ -143,7 +143,7 @@ async def serve(
     signalled = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled.set)
-    loop.add_signal_handler(signal.SIGHUP, app[POLICY].reload)
+    loop.add_signal_handler(signal.SIGHUP, app[POLICY].reload_soon)
     try:
         await signalled.wait()
         await _drain(app, runner, front, listener, settings, signalled)
@@ -161,14 +161,13 @@ def _cannot_listen(settings: Settings, exc: OSError) -> str:
     return f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
 
 
-def _port_taken(settings: Settings) -> OSError | None:
-    """Why the port cannot be had, if something listens on it already. The workers bind it with
-    SO_REUSEPORT, which the kernel grants a second server of the same user as well: it would
-    start and take a share of this port's connections."""
+def port_taken(host: str, port: int) -> OSError | None:
+    """Why ``host:port`` cannot be had, if something listens on it already (or the host is not
+    this machine's). The workers bind it with SO_REUSEPORT, which the kernel grants a second
+    server of the same user as well: it would start and take a share of this port's
+    connections. The CLI asks first, before any probe starts."""
     try:
-        addresses = socket.getaddrinfo(
-            settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as exc:  # socket.gaierror: a host that does not resolve
         return exc
     for family, kind, proto, _, address in addresses:
@@ -203,21 +202,20 @@ async def _drain(
     listener.close()
     assert runner.server is not None
     runner.server.pre_shutdown()  # keep-alive connections close after their current response
-    front.pre_shutdown()
+    uploads = front.pre_shutdown()  # requests whose body is still arriving: in flight too
     deadline = time.monotonic() + settings.drain_timeout_s
     second_signal = asyncio.ensure_future(signalled.wait())
     try:
-        while lifecycle.inflight and not signalled.is_set():
+        while (lifecycle.inflight or uploads) and not signalled.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            await asyncio.wait(
-                {*lifecycle.inflight, second_signal},
-                timeout=remaining,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            pending: set[asyncio.Future[Any]] = {*lifecycle.inflight, *uploads, second_signal}
+            await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            uploads = [ended for ended in uploads if not ended.done()]
     finally:
         second_signal.cancel()
+    front.refuse_uploads()
     left = [task for task in lifecycle.inflight if not task.done()]
     if not left:
         log.info("stopping: no request in flight")
@@ -243,6 +241,7 @@ def client_side(
         functools.partial(count_error, app),
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
+        send_timeout_s=settings.send_timeout_s,
         max_body_bytes=settings.max_body_bytes,
         on_open=gate.count,
     )
@@ -317,7 +316,7 @@ def _run_workers(settings: Settings, policy: Policy) -> int:
     if settings.port == 0:
         log.error("--workers > 1 needs a fixed --port: each worker binds it with SO_REUSEPORT")
         return 2
-    taken = _port_taken(settings)
+    taken = port_taken(settings.host, settings.port)
     if taken is not None:
         log.error("%s", _cannot_listen(settings, taken))
         return 2

@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from router_policies.redis_url import checked as checked_redis_url
+from router_policies.yaml_locations import error_at
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -63,6 +64,11 @@ class Settings(BaseSettings):
     (counted from its opening, or from the end of its previous response) is closed."""
     body_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """Longest time to receive a request body once its headers are in."""
+    send_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """Longest a client may leave its answer unread (its socket full) before it counts as gone:
+    its request then ends at the replica, freeing the batch slot and KV cache it held. As long
+    as a replica's longest silence (first_byte_timeout_s), the bound a stalled stream had when
+    the replica's silence was what ended it."""
     max_connections: Annotated[int, Field(ge=1)] = 2048
     """Open client connections; one more is answered 503 and closed. Also capped by the
     process's open-file limit (each request needs a client and a replica socket)."""
@@ -140,6 +146,14 @@ class Settings(BaseSettings):
             return usable_cpus()
         return value
 
+    @field_validator("port", mode="before")
+    @classmethod
+    def _empty_port_is_default(cls, port: object) -> object:
+        # As for GATEWAY_HOST below: a compose file or chart passes GATEWAY_PORT="" for unset.
+        if isinstance(port, str) and not port.strip():
+            return cls.model_fields["port"].default
+        return port
+
     @field_validator("host", mode="after")
     @classmethod
     def _empty_host_is_default(cls, host: str) -> str:
@@ -173,9 +187,21 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _timeouts_agree(self) -> Settings:
+        # At a field, and naming the other by its variable: an error at the model itself
+        # named no variable ("settings: ..."), and the operator sets both as variables.
         if self.outlier_max_ejection_s < self.outlier_base_ejection_s:
-            raise ValueError("outlier_max_ejection_s must be >= outlier_base_ejection_s")
+            raise error_at(
+                ("outlier_max_ejection_s",),
+                f"must be at least {variable('outlier_base_ejection_s')}, which is "
+                f"{self.outlier_base_ejection_s}",
+                self.outlier_max_ejection_s,
+            )
         return self
+
+
+def variable(field: str) -> str:
+    """The environment variable that sets ``field``."""
+    return f"{Settings.model_config['env_prefix']}{field.upper()}"
 
 
 def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:

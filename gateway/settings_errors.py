@@ -9,7 +9,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from gateway.settings import Settings
+from gateway.settings import Settings, variable
+from router_policies.yaml_locations import message
 
 _SECRET_FIELDS = frozenset({"admin_token", "redis_url"})
 
@@ -20,13 +21,13 @@ def describe(exc: ValidationError, flags: Mapping[str, str] | None = None) -> li
     lines = []
     for error in exc.errors():
         field = str(error["loc"][0]) if error["loc"] else ""
-        name = f"GATEWAY_{field.upper()}" if field else "settings"
+        name = variable(field) if field else "settings"
         if flags and field in flags:
             name = flags[field]
         value = "" if field in _SECRET_FIELDS else f" (got {error['input']!r})"
         if not field:
             value = ""
-        lines.append(f"error: {name}: {error['msg']}{value}")
+        lines.append(f"error: {name}: {message(error)}{value}")
     return lines
 
 

@@ -9,6 +9,7 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from router_policies.strict_model import StrictModel
+from router_policies.yaml_locations import error_at
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _MOST_PER_MINUTE = 10**12
@@ -57,8 +58,9 @@ class LimitsSettings(StrictModel):
     def _one_tenant_per_key(self) -> LimitsSettings:
         owner: dict[str, str] = {}
         for name, tenant in self.tenants.items():
-            for digest in tenant.api_key_sha256:
+            for i, digest in enumerate(tenant.api_key_sha256):
                 if digest in owner:
-                    raise ValueError(f"tenants {owner[digest]!r} and {name!r} share a key hash")
+                    why = f"tenants {owner[digest]!r} and {name!r} share a key hash"
+                    raise error_at(("tenants", name, "api_key_sha256", i), why, digest)
                 owner[digest] = name
         return self

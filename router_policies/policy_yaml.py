@@ -5,15 +5,19 @@ or a setting written twice, would replace the first without a word. And YAML 1.1
 reads a plain ``on``, ``off``, ``yes`` or ``no`` as a boolean and ``70`` as a number, so a pool
 named ``on`` would become ``True`` and fail validation as a "valid string" it never looked like.
 Every key in a policy file is a name, so both are refused here, one line per key, with the line
-it is on and what to write instead.
+it is on and what to write instead. The document is then validated against the schema, and each
+mistake named with the line of its key from the same parse (router_policies/yaml_locations.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from pydantic import BaseModel, ValidationError
+
+from router_policies.yaml_locations import Locations, capped, describe_errors
 
 _MERGE = "tag:yaml.org,2002:merge"
 _NOT_NAMES = {
@@ -49,14 +53,17 @@ class PolicyLoader(yaml.SafeLoader):
         return node
 
 
-def read_policy_yaml(text: str) -> Any:
-    """The document in ``text``; raises KeyProblems, or another yaml.YAMLError."""
-    return yaml.load(text, Loader=PolicyLoader)
-
-
-def compose_policy_yaml(text: str) -> yaml.Node | None:
-    """The node tree of ``text`` (line numbers), read as ``read_policy_yaml`` reads it."""
-    return yaml.compose(text, Loader=PolicyLoader)
+def read_policy_yaml(text: str) -> tuple[Any, yaml.Node | None]:
+    """The document in ``text`` and its node tree (the line of every key), from one parse: a
+    file is parsed once however many mistakes are looked up in it. Raises KeyProblems, or
+    another yaml.YAMLError."""
+    loader = PolicyLoader(text)
+    try:
+        node = loader.get_single_node()
+        # Built from the tree, which building changes only by expanding merge keys (`<<`).
+        return (None if node is None else loader.construct_document(node)), node
+    finally:
+        loader.dispose()
 
 
 def _key_problems(node: yaml.Node, path: tuple[str, ...], visited: set[int]) -> Iterator[str]:
@@ -98,3 +105,34 @@ def _key_problems(node: yaml.Node, path: tuple[str, ...], visited: set[int]) -> 
             else:
                 first_line[identity] = line
         yield from _key_problems(value, (*path, name), visited)
+
+
+class InvalidPolicy(ValueError):
+    """A policy file that does not validate; `problems` name the line, the field and the issue."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+EMPTY_FILE = "the file is empty (no settings, at most comments): a policy needs a `pools:` mapping"
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def read_validated(text: str, model: type[Model]) -> tuple[Model, Locations]:
+    """``model`` validated from the YAML in ``text``, and where each of its keys is, from one
+    parse; raises InvalidPolicy, naming the line and the field of each mistake."""
+    try:
+        data, root = read_policy_yaml(text)
+    except KeyProblems as exc:
+        raise InvalidPolicy(capped(exc.problems)) from None
+    except yaml.YAMLError as exc:
+        raise InvalidPolicy([f"not valid YAML: {exc}"]) from None
+    if data is None:
+        raise InvalidPolicy([EMPTY_FILE])
+    locations = Locations(root)
+    try:
+        return model.model_validate(data), locations
+    except ValidationError as exc:
+        raise InvalidPolicy(describe_errors(exc, locations, model)) from None

@@ -15,7 +15,6 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     field_serializer,
     field_validator,
     model_validator,
@@ -25,13 +24,14 @@ from router_policies.adapter_placement import AdapterSettings
 from router_policies.block_layout import BlockLayout
 from router_policies.kv_events_settings import EventEndpoint, KvEventsSettings, PrefixSource
 from router_policies.limits_settings import LimitsSettings
-from router_policies.policy_yaml import KeyProblems, read_policy_yaml
+from router_policies.policy_yaml import InvalidPolicy as InvalidPolicy
+from router_policies.policy_yaml import read_validated
 from router_policies.redis_url import checked as checked_redis_url
 from router_policies.redis_url import mask as mask_url
 from router_policies.session_settings import SessionSettings
 from router_policies.strict_model import StrictModel
 from router_policies.tier_settings import TierSettings
-from router_policies.yaml_locations import line_of
+from router_policies.yaml_locations import FieldPath, Locations, error_at, errors_at
 
 
 class PolicyName(StrEnum):
@@ -200,7 +200,11 @@ class AutoscaleSettings(StrictModel):
     @model_validator(mode="after")
     def _bounds(self) -> AutoscaleSettings:
         if self.min_replicas > self.max_replicas:
-            raise ValueError("min_replicas is above max_replicas")
+            raise error_at(
+                ("min_replicas",),
+                f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})",
+                self.min_replicas,
+            )
         return self
 
 
@@ -251,13 +255,19 @@ class PoolPolicy(StrictModel):
         if self.prefix.source is PrefixSource.EVENTS:
             silent = [url for url in self.replicas if events.endpoint_for(url) is None]
             if silent:
-                raise ValueError(
+                raise error_at(
+                    ("prefix", "source"),
                     f"prefix.source is events, but no KV-event endpoint is set for {silent}: "
-                    "set prefix.events.port or prefix.events.endpoints"
+                    "set prefix.events.port or prefix.events.endpoints",
+                    self.prefix.source.value,
                 )
         unknown = sorted(set(events.endpoints) - set(self.replicas))
         if unknown:
-            raise ValueError(f"prefix.events.endpoints names replicas not in the pool: {unknown}")
+            raise error_at(
+                ("prefix", "events", "endpoints", unknown[0]),
+                f"prefix.events.endpoints names replicas not in the pool: {unknown}",
+                unknown[0],
+            )
         return self
 
     def events_endpoint(self, url: str) -> EventEndpoint | None:
@@ -330,29 +340,31 @@ class Policy(StrictModel):
 
     @model_validator(mode="after")
     def _one_pool_per_model(self) -> Policy:
-        seen: dict[str, str] = {}
+        # Each at the key it is about, and all at once: the operator fixes them in one edit.
+        problems: list[tuple[FieldPath, str, str]] = []
+        owner: dict[str, str] = {}
         for name, pool in self.pools.items():
-            if pool.model in seen:
-                raise ValueError(
-                    f"pools {seen[pool.model]!r} and {name!r} both serve model {pool.model!r}"
-                )
-            seen[pool.model] = name
+            if pool.model in owner:
+                why = f"pool {owner[pool.model]!r} already serves model {pool.model!r}"
+                why += ": a model has one pool (list every replica of it there)"
+                problems.append((("pools", name, "model"), why, pool.model))
+            owner.setdefault(pool.model, name)
         for name, pool in self.pools.items():
-            for adapter in pool.adapters:
-                if adapter in seen:
-                    raise ValueError(
-                        f"pool {name!r} adapter {adapter!r} is also pool {seen[adapter]!r}'s "
-                        "model or adapter"
-                    )
-                seen[adapter] = name
+            for i, adapter in enumerate(pool.adapters):
+                if adapter in owner:
+                    why = f"adapter {adapter!r} is also pool {owner[adapter]!r}'s model or adapter"
+                    problems.append((("pools", name, "adapters", i), why, adapter))
+                owner.setdefault(adapter, name)
         for virtual, tier in self.tiers.items():
-            if virtual in seen:
-                raise ValueError(f"tier model {virtual!r} is also pool {seen[virtual]!r}'s model")
-            for role in ("small", "large"):
-                if getattr(tier, role) not in self.pools:
-                    raise ValueError(
-                        f"tiers.{virtual}.{role}: no pool named {getattr(tier, role)!r}"
-                    )
+            if virtual in owner:
+                why = f"tier model {virtual!r} is also pool {owner[virtual]!r}'s model"
+                problems.append((("tiers", virtual), why, virtual))
+            for role, pool_name in (("small", tier.small), ("large", tier.large)):
+                if pool_name not in self.pools:
+                    why = f"no pool named {pool_name!r}"
+                    problems.append((("tiers", virtual, role), why, pool_name))
+        if problems:
+            raise errors_at(problems)
         return self
 
 
@@ -360,36 +372,15 @@ def parse_policy(data: Any) -> Policy:
     return Policy.model_validate(data)
 
 
+def read_policy(text: str) -> tuple[Policy, Locations]:
+    """The policy in a file's ``text``, and where its keys are (for the checks beyond the
+    schema to name lines without parsing it again); raises InvalidPolicy."""
+    return read_validated(text, Policy)
+
+
 def load_policy(path: str | Path) -> Policy:
-    """Reads and validates a policy file; raises OSError, InvalidPolicy."""
-    text = Path(path).read_text(encoding="utf-8")
-    try:
-        return parse_policy(read_policy_yaml(text))
-    except KeyProblems as exc:
-        raise InvalidPolicy(exc.problems) from None
-    except yaml.YAMLError as exc:
-        raise InvalidPolicy([f"not valid YAML: {exc}"]) from None
-    except ValidationError as exc:
-        raise InvalidPolicy(describe_errors(exc, text)) from None
-
-
-class InvalidPolicy(ValueError):
-    """A policy file that does not validate; `problems` name the line, the field and the issue."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = problems
-
-
-def describe_errors(exc: ValidationError, text: str) -> list[str]:
-    problems = []
-    for err in exc.errors():
-        loc = err["loc"]
-        field = ".".join(str(p) for p in loc) or "(top level)"
-        line = line_of(text, loc)
-        where = f"line {line}: " if line is not None else ""
-        problems.append(f"{where}{field}: {err['msg']}")
-    return problems
+    """Reads and validates a policy file; raises OSError, UnicodeDecodeError, InvalidPolicy."""
+    return read_policy(Path(path).read_text(encoding="utf-8"))[0]
 
 
 def effective_policy_yaml(policy: Policy) -> str:

@@ -14,12 +14,13 @@ from collections import OrderedDict
 
 
 class Sessions:
-    """The replica each recent session last went to, least recently used forgotten first."""
+    """The replica each recent session last went to, least recently used forgotten first.
+    Their number is bounded by the policy of the moment (``bind``'s ``capacity``), so that a
+    reload refused after this pool's policy was built leaves the running bound as it was."""
 
-    __slots__ = ("_homes", "capacity")
+    __slots__ = ("_homes",)
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+    def __init__(self) -> None:
         self._homes: OrderedDict[str, str] = OrderedDict()
 
     def __len__(self) -> int:
@@ -28,9 +29,9 @@ class Sessions:
     def home(self, session: str) -> str | None:
         return self._homes.get(session)
 
-    def bind(self, session: str, replica: str) -> None:
+    def bind(self, session: str, replica: str, capacity: int) -> None:
         homes = self._homes
         homes[session] = replica
         homes.move_to_end(session)
-        while len(homes) > self.capacity:
+        while len(homes) > capacity:
             homes.popitem(last=False)

@@ -62,10 +62,11 @@ def follow_up(body: Mapping[str, Any]) -> bool:
 
 
 class ConversationTiers:
-    """The conversations that went large, most recently used last."""
+    """The conversations that went large, most recently used last. Their number is bounded by
+    the tier settings of the moment (``remember``'s ``capacity``), so that a reload which
+    fails leaves the running bound as it was."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+    def __init__(self) -> None:
         self._large: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
@@ -77,8 +78,8 @@ class ConversationTiers:
         self._large.move_to_end(key)
         return True
 
-    def remember(self, key: int) -> None:
+    def remember(self, key: int, capacity: int) -> None:
         self._large[key] = None
         self._large.move_to_end(key)
-        while len(self._large) > self.capacity:
+        while len(self._large) > capacity:
             self._large.popitem(last=False)

@@ -34,9 +34,8 @@ class TierRouter:
         self.model = model
         self.settings = settings
         self.conversations: ConversationTiers = (
-            previous.conversations if previous is not None else ConversationTiers(0)
+            previous.conversations if previous is not None else ConversationTiers()
         )
-        self.conversations.capacity = settings.conversation_memory
         try:
             self.classifier: TierClassifier = build_classifier(settings)
         except (OSError, ValueError) as exc:
@@ -77,7 +76,7 @@ class TierRouter:
         if forced is not None:
             return TierVerdict(forced, result, threshold, forced=True)
         tier = tier_for(result.score, threshold)
-        key = conversation_key(body) if self.conversations.capacity else None
+        key = conversation_key(body) if self.settings.conversation_memory else None
         kept = tier is Tier.SMALL and key is not None and self.conversations.went_large(key)
         if kept:
             tier = Tier.LARGE
@@ -92,9 +91,14 @@ class TierRouter:
         if self._calibrator is not None:
             self._calibrator.observe(verdict.score.score)
         if verdict.tier is Tier.LARGE and sent_large and verdict.conversation is not None:
-            self.conversations.remember(verdict.conversation)
+            self.remember(verdict.conversation)
             return verdict.conversation
         return None
+
+    def remember(self, conversation: int) -> None:
+        """``conversation`` went large (here, or in another instance that shares it)."""
+        if self.settings.conversation_memory:
+            self.conversations.remember(conversation, self.settings.conversation_memory)
 
 
 def _same_scores(old: TierRouter, new: TierRouter) -> bool:

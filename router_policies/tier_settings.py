@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from router_policies.strict_model import StrictModel
+from router_policies.yaml_locations import error_at
 
 
 class TierClassifierName(StrEnum):
@@ -46,9 +47,11 @@ class Calibration(StrictModel):
         if self.min_samples > self.window:
             # The window never holds more than `window` scores: the fixed threshold would
             # apply forever, with nothing to say so.
-            raise ValueError(
+            raise error_at(
+                ("min_samples",),
                 f"min_samples ({self.min_samples}) is above window ({self.window}): "
-                "calibration would never start; lower min_samples or raise window"
+                "calibration would never start; lower min_samples or raise window",
+                self.min_samples,
             )
         return self
 
@@ -110,17 +113,20 @@ class TierSettings(StrictModel):
     @model_validator(mode="after")
     def _two_pools(self) -> TierSettings:
         if self.small == self.large:
-            raise ValueError(
+            raise error_at(
+                ("large",),
                 f"small and large are both pool {self.small!r}: a tier needs two pools (a "
-                "client that wants one pool names its model)"
+                "client that wants one pool names its model)",
+                self.large,
             )
         return self
 
     @model_validator(mode="after")
     def _model_needs_learned(self) -> TierSettings:
         if self.model is not None and self.classifier is not TierClassifierName.LEARNED:
-            raise ValueError("`model` is the learned classifier's file: set `classifier: learned`")
+            why = "`model` is the learned classifier's file: set `classifier: learned`"
+            raise error_at(("model",), why, self.model)
         if self.model is not None and not Path(self.model).is_file():
             # Caught here so that check-policy names it; its content is checked at load.
-            raise ValueError(f"model: no file {self.model!r}")
+            raise error_at(("model",), f"no file {self.model!r}", self.model)
         return self

@@ -1,12 +1,17 @@
 """Helpers of the KV-cache event tests (tests/test_kv_events*.py): a prompt's tokens and the
-chain an engine stores of them, vLLM's wire format, and a sim's events config."""
+chain an engine stores of them, vLLM's wire format, a sim's events config, and a publisher that
+sends whatever a test gives it to a running stream."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
+import zmq
 
 from gateway.fleet.kv_event_stream import EventStream
 from replica.processes import free_port
@@ -48,3 +53,57 @@ def replaying_pair(buffer_steps: int = 10_000) -> tuple[EventPublisher, EventStr
         buffer_steps=buffer_steps,
     )
     return EventPublisher(config), EventStream(pub, replay)
+
+
+class RawPublisher:
+    """A PUB socket on loopback sending any payload in vLLM's framing, ``(topic, seq,
+    payload)``, numbered on from the last message sent."""
+
+    def __init__(self) -> None:
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.next_seq = 0
+        self._ctx = zmq.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.set_hwm(100_000)  # a test's burst is never dropped on this side
+        self._pub.bind(self.endpoint)
+
+    def publish(self, body: bytes, skip: int = 0) -> None:
+        """Sends ``body``, ``skip`` sequence numbers after the last (a hole where skip > 0)."""
+        self.next_seq += skip
+        self._pub.send_multipart((b"", self.next_seq.to_bytes(8, "big", signed=True), body))
+        self.next_seq += 1
+
+    def close(self) -> None:
+        self._pub.close(linger=0)
+        self._ctx.term()
+
+
+@contextlib.asynccontextmanager
+async def running_stream(resync_s: float = 30.0) -> AsyncIterator[tuple[RawPublisher, EventStream]]:
+    """A raw publisher and a gateway's stream subscribed to it, running and joined: its first
+    messages are lost to ZeroMQ's slow joiner, so empty ones go out until one is read."""
+    publisher = RawPublisher()
+    stream = EventStream(publisher.endpoint, resync_s=resync_s)
+    task = asyncio.create_task(stream.run("replica"))
+    try:
+        deadline = time.monotonic() + 10
+        while stream.next_seq is None:
+            assert time.monotonic() < deadline, "the stream never joined"
+            publisher.publish(payload())
+            await asyncio.sleep(0.05)
+        # Joining copies still in flight arrive in order: no hole, but let them land first.
+        await eventually(lambda: stream.next_seq == publisher.next_seq, "joined")
+        yield publisher, stream
+        assert not task.done(), task  # the subscription outlived whatever the test sent
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        publisher.close()
+
+
+async def eventually(condition: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never {what}"
+        await asyncio.sleep(0.01)

@@ -1,5 +1,6 @@
-"""Shared helpers of the simulated-replica tests: token runs, the zero-delay timing, and the
-`serve` fixture that starts simulated replicas in-process, with URLs and OpenAI clients for them."""
+"""Shared helpers of the simulated-replica tests: token runs, the zero-delay timing, the
+`serve` fixture that starts simulated replicas in-process, with URLs and OpenAI clients for them,
+and the `stream_options` a stream may be sent with, each with whether vLLM ends it with usage."""
 
 from __future__ import annotations
 
@@ -44,3 +45,15 @@ def base_url(server: TestServer) -> str:
 
 def client_for(server: TestServer) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=base_url(server) + "/v1", api_key="x", max_retries=0)
+
+
+# vLLM 0.32's StreamOptions: `include_usage: bool | None = False` (a real replica ends a stream
+# sent `stream_options: {}` with no usage event).
+STREAM_OPTIONS_USAGE = [
+    (None, False),
+    ({}, False),
+    ({"continuous_usage_stats": False}, False),
+    ({"include_usage": True}, True),
+    ({"include_usage": None}, False),
+    ({"include_usage": False}, False),
+]

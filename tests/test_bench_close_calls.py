@@ -25,7 +25,7 @@ def test_the_report_folder_is_made_before_the_seeds_run(tmp_path: Path) -> None:
         made_first.append(out.parent.is_dir())
         return f"seed {seed}\n"
 
-    args = argparse.Namespace(seeds="1,2", out=out)
+    args = argparse.Namespace(seeds=(1, 2), out=out)  # as --seeds 1,2 parses
     assert report_over_seeds(args, "Title", "llm-gateway bench x", "Lead.\n\nBody.", section) == 0
     assert made_first == [True, True]  # a bad --out fails before minutes of work, not after
     assert out.read_text().count("seed ") == 2 and "Body." in out.read_text()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -11,10 +13,14 @@ import pytest
 EXAMPLES = sorted((Path(__file__).parent.parent / "router_policies" / "examples").glob("*.yaml"))
 
 
-def llm_gateway(*args: str) -> subprocess.CompletedProcess[str]:
+ROOT = Path(__file__).parent.parent
+
+
+def llm_gateway(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, timeout=60
-    )
+        [sys.executable, "-m", "gateway.cli", *args],
+        capture_output=True, text=True, timeout=60, input=stdin,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
@@ -72,3 +78,46 @@ def test_the_contract_names_every_benchmark() -> None:
     contract = (Path(__file__).parents[1] / "docs" / "contract.md").read_text()
     line = next(line for line in contract.splitlines() if "`llm-gateway bench " in line)
     assert set(line.split("`llm-gateway bench ")[1].split(" ")[0].split("|")) == set(BENCHMARKS)
+
+
+def test_check_policy_of_an_empty_path_says_the_path_is_empty() -> None:
+    # Before: "cannot read policy file .: Is a directory" (Path("") is the current directory).
+    result = llm_gateway("check-policy", "")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: the policy file path is empty"]
+
+
+def test_hash_key_hashes_the_key_read_from_stdin() -> None:
+    result = llm_gateway("hash-key", stdin="sk-secret\n")
+    assert result.returncode == 0
+    # sha256("sk-secret"): the final newline is not part of the key.
+    assert result.stdout.strip() == hashlib.sha256(b"sk-secret").hexdigest()
+
+
+@pytest.mark.parametrize(
+    "given", [["sk-secret"], ["--key=sk-secret"], ["--key", "sk-secret"], ["--", "sk-secret"]]
+)
+def test_hash_key_refuses_a_key_given_as_an_argument_without_printing_it(
+    given: list[str],
+) -> None:
+    # Before, argparse answered "unrecognized arguments: sk-secret": the key in the output
+    # (and in any log of it), besides the shell history the argument already reached.
+    result = llm_gateway("hash-key", *given, stdin="sk-other\n")
+    assert result.returncode == 2
+    assert "sk-secret" not in result.stdout + result.stderr
+    assert result.stdout == ""
+    assert "stdin" in result.stderr
+
+
+def test_hash_key_help_still_works() -> None:
+    result = llm_gateway("hash-key", "--help")
+    assert result.returncode == 0 and "stdin" in result.stdout
+
+
+def test_the_contract_asks_for_no_extra_the_plain_install_holds() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("grpcio") for d in project["dependencies"])
+    assert project["optional-dependencies"]["epp"] == []
+    contract = (ROOT / "docs" / "contract.md").read_text()
+    commands = contract.split("### Command line", 1)[1].split("###", 1)[0]
+    assert "need the `epp` extra" not in commands

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import pytest_asyncio
 
-from bench.demo import DemoConfig, DemoResult, format_report, run_demo
+from bench.demo import DemoConfig, DemoResult, PolicyRun, add_arguments, format_report, run_demo
+from bench.driver import RequestResult, RunResult
+from bench.fleet_stats import CacheCounters
+from tests.command_line import parsed
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -52,3 +57,33 @@ def test_the_kv_cache_cannot_hold_every_system_prompt_on_one_replica() -> None:
     config = DemoConfig()
     assert config.kv_tokens < config.groups * config.system_tokens
     assert config.replicas * config.kv_tokens >= config.working_set_tokens
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--replicas", "0"),
+        ("--groups", "0"),
+        ("--users-per-group", "0"),
+        ("--rounds", "-1"),
+        ("--concurrency", "0"),
+        ("--replicas", "two"),
+    ],
+)
+def test_counts_below_1_are_refused_before_anything_starts(flag: str, value: str) -> None:
+    parser = argparse.ArgumentParser(prog="llm-gateway demo")
+    add_arguments(parser)
+    assert parsed(parser, flag, value).refused(f"argument {flag}", value)
+
+
+def test_a_baseline_with_no_hits_gives_no_infinite_ratio() -> None:
+    # One round per user: nothing to reuse, round-robin hits nothing (and here neither does
+    # prefix-aware, and no request succeeded: no TTFT either).
+    config = DemoConfig(replicas=1, groups=1, users_per_group=1, rounds=1)
+    run = RunResult((RequestResult(status=0, latency_s=1.0, error="refused"),), 1.0, 1)
+    cold = {"r1": CacheCounters(queries=100.0, hits=0.0)}
+    result = DemoResult(config, ("r1",), PolicyRun("prefix-aware", run, cold),
+                        PolicyRun("round-robin", run, cold))  # fmt: skip
+    report = format_report(result)
+    assert "inf" not in report and "nan" not in report, report
+    assert report.rstrip().endswith("0.0% vs round-robin 0.0%: -")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
-from gateway.fleet.pools import EngineStats, Fleet, PoolState
+import pytest
+
+from gateway.fleet.pools import Dispatch, EngineStats, Fleet, PoolState
 from router_policies.fingerprint import RequestFeatures, canonical_chat, fingerprint
-from router_policies.schema import parse_policy
+from router_policies.schema import InvalidPolicy, parse_policy
 
 MODEL = "sim-model"
 A, B, C = (f"http://127.0.0.1:{port}" for port in (9101, 9102, 9103))
@@ -36,12 +39,12 @@ def features(
     return fingerprint(MODEL, prompt, prefix.layout, prefix.max_blocks)
 
 
-def send_to(pool: PoolState, url: str, request: RequestFeatures) -> None:
+def send_to(pool: PoolState, url: str, request: RequestFeatures) -> Dispatch:
     """Dispatch one request to ``url`` (the others excluded), leaving it in flight."""
     others = [r for r in pool.replicas if r != name(url)]
     decision = pool.decide(request, exclude=others)
     assert decision is not None and decision.replica == name(url)
-    pool.begin(decision, request)
+    return pool.begin(decision, request)
 
 
 def test_a_surviving_replica_keeps_its_state_object_health_and_in_flight_count() -> None:
@@ -129,6 +132,67 @@ async def test_requests_waiting_for_a_slot_stay_first_in_line_across_a_reload() 
     got_second = await asyncio.wait_for(second, 1.0)
     assert got_second is not None and got_second.replica is new.replicas[name(A)]
     assert new.replicas[name(A)].inflight == 1
+
+
+def test_a_replica_removed_then_added_back_starts_with_an_empty_index() -> None:
+    # The same address back (a StatefulSet scaled down and up again) is a new engine with
+    # an empty cache: the index of the one removed must not claim its blocks.
+    old = fleet([A, B])
+    request = features(small(old))
+    send_to(small(old), B, request)
+
+    back = small(fleet([A, B], previous=fleet([A], previous=old)))
+
+    assert back.router.estimated_cached_bytes(name(B), request) == 0
+
+
+async def test_a_request_waiting_for_a_slot_goes_to_a_replica_a_reload_adds() -> None:
+    old = fleet([A], max_inflight_per_replica=1, queue_timeout_s=5)
+    pool = small(old)
+    send_to(pool, A, features(pool))
+    waiting = asyncio.create_task(pool.acquire(features(pool, "tenant one " * 30)))
+    await asyncio.sleep(0.05)
+
+    new = small(fleet([A, B], previous=old, max_inflight_per_replica=1, queue_timeout_s=5))
+
+    got = await asyncio.wait_for(waiting, 1.0)  # within a recheck, not at the queue timeout
+    assert got is not None and got.replica is new.replicas[name(B)]
+
+
+async def test_a_request_waiting_for_a_slot_never_goes_to_a_replica_a_reload_removed() -> None:
+    old = fleet([A, B], max_inflight_per_replica=1, queue_timeout_s=5)
+    pool = small(old)
+    on_a = send_to(pool, A, features(pool))
+    on_b = send_to(pool, B, features(pool, "tenant two " * 30))
+    waiting = asyncio.create_task(pool.acquire(features(pool, "tenant one " * 30)))
+    await asyncio.sleep(0.05)
+
+    new = small(fleet([A], previous=old, max_inflight_per_replica=1, queue_timeout_s=5))
+    pool.end(on_b)  # the removed replica's slot frees up
+    await asyncio.sleep(0.4)  # longer than a recheck
+
+    assert not waiting.done()
+    pool.end(on_a)
+    got = await asyncio.wait_for(waiting, 1.0)
+    assert got is not None and got.replica is new.replicas[name(A)]
+
+
+async def test_an_attempt_after_a_reload_never_goes_to_a_replica_it_removed() -> None:
+    old = fleet([A, B])
+    small(fleet([A], previous=old))
+    # A retry of a request routed before the reload, its first attempt on A.
+    assert await small(old).acquire(features(small(old)), exclude=[name(A)]) is None
+
+
+def test_a_reload_refused_midway_leaves_waiting_requests_with_the_running_pool(
+    tmp_path: Path,
+) -> None:
+    not_a_model = tmp_path / "tiers.json.gz"
+    not_a_model.write_bytes(b"not gzip")
+    old = tiered()
+    with pytest.raises(InvalidPolicy):
+        tiered(previous=old, classifier="learned", model=str(not_a_model))
+    assert small(old).latest() is small(old)
 
 
 def _scale_up_then_calm(pool: PoolState) -> None:

@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 
 from gateway import headers
+from gateway.http import front
 from tests.conftest import MODEL, GatewayClient, in_process_gateway, in_process_sims
 from tests.hardening import read_answer
 
@@ -171,3 +172,133 @@ async def test_a_client_asking_to_close_gets_its_answer_then_the_close(
     async with asyncio.timeout(5):
         assert await reader.read() == b""  # closed by the gateway
     writer.close()
+
+
+UPGRADE = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+
+
+async def answer_within(
+    reader: asyncio.StreamReader, seconds: float = 3
+) -> tuple[int, dict[str, str], bytes]:
+    async with asyncio.timeout(seconds):
+        return await read_answer(reader)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (POST.replace(b"Host: x\r\n", b"Host: x\r\n" + UPGRADE), 200),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\n" + UPGRADE + b"\r\n", 200),
+        (
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+            200,
+        ),
+        (b"CONNECT api.openai.com:443 HTTP/1.1\r\nHost: api.openai.com:443\r\n\r\n", 404),
+    ],
+    ids=["h2c-completion", "h2c-health", "websocket", "connect"],
+)
+async def test_requests_to_upgrade_or_connect_are_answered_by_aiohttp_as_it_would(
+    gateway: GatewayClient, request_bytes: bytes, status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # curl --http2 asks for h2c on http://; an HTTPS_PROXY pointed at the gateway sends CONNECT.
+    reader, writer = await connect(gateway)
+    writer.write(request_bytes)
+    got, _, _ = await answer_within(reader)
+    writer.close()
+    assert got == status
+    assert "could not frame" not in caplog.text  # an upgrade is no failure of the front
+
+
+async def test_a_request_to_upgrade_pipelined_behind_a_completion_is_answered_too(
+    gateway: GatewayClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    reader, writer = await connect(gateway)
+    writer.write(POST + POST.replace(b"Host: x\r\n", b"Host: x\r\n" + UPGRADE))
+    answers = [await answer_within(reader) for _ in range(2)]
+    writer.close()
+    assert [status for status, _, _ in answers] == [200, 200]
+    assert "could not frame" not in caplog.text
+
+
+async def test_a_failure_of_the_front_itself_hands_the_connection_to_aiohttp(
+    gateway: GatewayClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_: object) -> int:
+        raise RuntimeError("a bug in framing")
+
+    monkeypatch.setattr(front, "framed_body_length", broken)
+    reader, writer = await connect(gateway)
+    writer.write(POST + POST)  # the first framed in data_received, the second after an answer
+    answers = [await answer_within(reader) for _ in range(2)]
+    writer.close()
+    assert [status for status, _, _ in answers] == [200, 200]
+    assert "a bug in framing" in caplog.text
+
+
+async def test_a_content_length_too_long_to_be_a_number_is_aiohttps_to_refuse(
+    gateway: GatewayClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # llhttp reads leading zeros, int() refuses 4,300 digits and more: no failure of the front.
+    reader, writer = await connect(gateway)
+    writer.write(
+        POST.replace(b"Content-Length: %d" % len(BODY), b"Content-Length: " + b"0" * 5000 + b"2")
+    )
+    status, _, _ = await answer_within(reader)
+    writer.close()
+    assert status in (400, 413)
+    assert "could not frame" not in caplog.text
+
+
+TLS_CLIENT_HELLO = bytes.fromhex("160301020001") + b"\x03\x03" + bytes(32)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        TLS_CLIENT_HELLO,
+        b"GET /health HTTP/1.1\nHost: x\n\n",
+        b"POST /v1/chat/completions HTTP/1.1\nHost: x\nContent-Length: 2\n\n{}",
+        b"GARBAGE",
+    ],
+    ids=["https-client", "bare-lf-get", "bare-lf-post", "garbage"],
+)
+async def test_bytes_that_cannot_be_a_completion_are_answered_at_once_not_at_the_timeout(
+    gateway: GatewayClient, request_bytes: bytes
+) -> None:
+    reader, writer = await connect(gateway)
+    writer.write(request_bytes)
+    async with asyncio.timeout(3):  # the header timeout is 30 s
+        answer = await reader.read()
+    writer.close()
+    assert answer.startswith((b"HTTP/1.0 400 ", b"HTTP/1.1 400 "))
+
+
+def with_fields(fields: bytes) -> bytes:
+    return POST.replace(b"Host: x\r\n", b"Host: x\r\n" + fields)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (with_fields(b"X-Big: " + b"a" * 9000 + b"\r\n"), 400),
+        (with_fields(b"Authorization: Bearer " + b"a" * 100_000 + b"\r\n"), 400),
+        (with_fields(b"".join(b"X-H%d: v\r\n" % i for i in range(200))), 400),
+        (with_fields(b"".join(b"X-H%d: %s\r\n" % (i, b"a" * 7000) for i in range(3))), 200),
+    ],
+    ids=["9-kb-field", "100-kb-field", "200-fields", "20-kb-head-of-small-fields"],
+)
+@pytest.mark.parametrize("served_by", ["front", "aiohttp"])
+async def test_a_head_gets_aiohttps_limits_whoever_frames_it_and_however_it_arrives(
+    gateway: GatewayClient, request_bytes: bytes, status: int, served_by: str
+) -> None:
+    reader, writer = await connect(gateway)
+    if served_by == "aiohttp":
+        writer.write(GET_MODELS)  # handed over: aiohttp frames the rest of the connection
+        await read_answer(reader)
+    writer.write(request_bytes)  # in one write: the front sees the whole head at once
+    got, _, body = await answer_within(reader)
+    writer.close()
+    assert got == status
+    if status != 200:
+        assert orjson.loads(body)["error"]["type"] == "invalid_request_error"

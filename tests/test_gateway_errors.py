@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest_asyncio
 from gateway import headers
 from replica.processes import free_port
 from tests.conftest import MODEL, GatewayClient, in_process_gateway, in_process_sims
+from tests.hardening import openai_error, read_answer
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -97,6 +99,32 @@ async def test_a_body_over_the_limit_is_413(gateway: GatewayClient) -> None:
     status, body, _ = await post(gateway, COMPLETIONS, big)
     assert status == 413
     assert body["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize(
+    ("expect", "length", "status", "code"),
+    [
+        (b"100-continue", BODY_LIMIT + 1, 413, "request_too_large"),
+        (b"tea", 2, 417, "expectation_failed"),
+    ],
+    ids=["continue-over-the-limit", "unsupported"],
+)
+async def test_an_expectation_refused_is_answered_at_once_with_an_openai_error(
+    gateway: GatewayClient, expect: bytes, length: int, status: int, code: str
+) -> None:
+    # A body over the limit is refused before the client sends it, not invited by a 100.
+    reader, writer = await asyncio.open_connection(gateway.host, gateway.port)
+    writer.write(
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nExpect: %s\r\nX-Request-Id: expecting-1\r\n\r\n"
+        % (CHAT.encode(), length, expect)
+    )
+    async with asyncio.timeout(5):
+        got, fields, body = await read_answer(reader)
+    writer.close()
+    assert got == status
+    assert openai_error(body)["code"] == code
+    assert fields[headers.REQUEST_ID.lower()] == "expecting-1"
 
 
 async def test_unknown_paths_and_methods_are_openai_errors(gateway: GatewayClient) -> None:

@@ -24,6 +24,7 @@ from tests.conftest import (
     official_client,
     running_sims,
 )
+from tests.tiers import tiered_policy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -53,25 +54,6 @@ async def pools() -> AsyncIterator[dict[str, ManagedProcess]]:
         running_sims(1, "large-model", decode_step_s=0.01) as [large],
     ):
         yield {"small": small, "large": large}
-
-
-def tiered_policy(pools: dict[str, ManagedProcess], **tier: Any) -> dict[str, Any]:
-    return {
-        "pools": {
-            "small": {
-                "model": "small-model",
-                "replicas": [pools["small"].url],
-                "max_inflight_per_replica": 1,
-                "saturation_queue_per_replica": 1,
-            },
-            "large": {
-                "model": "large-model",
-                "replicas": [pools["large"].url],
-                "tensor_parallel_size": 2,
-            },
-        },
-        "tiers": {"auto": {"small": "small", "large": "large", **tier}},
-    }
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

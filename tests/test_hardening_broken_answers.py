@@ -102,3 +102,27 @@ async def test_a_json_answer_too_long_to_hold_that_breaks_midway_counts_towards_
         _, text = await get_text(f"{gw.url}/metrics")
     assert cut == bad.hits == 2
     assert metric(text, "gateway_replica_ejected", replica=bad_name) == 1.0
+
+
+async def hangs_up(request: web.Request) -> web.StreamResponse:
+    """A replica's handler that closes the connection without a byte of answer."""
+    assert request.transport is not None
+    request.transport.close()
+    return web.Response()
+
+
+async def test_a_request_whose_last_attempt_failed_is_counted_under_the_route_it_took() -> None:
+    # The 502 went through the routing like any other request: its series must sit beside the
+    # pool's round-robin answers, not under the label of requests no pool was chosen for.
+    bad = Counted(hangs_up)
+    async with beside_two_good(bad, {"GATEWAY_RETRIES": "0"}) as (gw, _):
+        async with aiohttp.ClientSession() as session:
+            for i in range(3):
+                async with session.post(
+                    f"{gw.url}/v1/chat/completions", data=orjson.dumps(chat("s", f"q{i}"))
+                ) as response:
+                    await response.read()
+        _, text = await get_text(f"{gw.url}/metrics")
+    assert bad.hits == 1
+    assert metric(text, "gateway_requests_total", route="round-robin", code="502") == 1.0
+    assert metric(text, "gateway_requests_total", route="none", code="502") is None

@@ -338,3 +338,36 @@ async def test_prompts_are_logged_only_when_the_operator_turns_it_on(log_prompts
             assert "[prompt-log-1]" in logged[0] and "a system prompt" in logged[0]
         else:
             assert logged == []
+
+
+def test_a_rule_between_two_settings_names_both_variables(tmp_path: Path) -> None:
+    result = llm_gateway(
+        "serve", "--policy", str(_policy_file(tmp_path)),
+        env={"GATEWAY_OUTLIER_BASE_EJECTION_S": "100", "GATEWAY_OUTLIER_MAX_EJECTION_S": "10"},
+    )  # fmt: skip
+    assert result.returncode == 2
+    # Before: "error: settings: Value error, outlier_max_ejection_s must be >= ...", which
+    # named two fields and no variable.
+    assert result.stderr.strip().splitlines() == [
+        "error: GATEWAY_OUTLIER_MAX_EJECTION_S: must be at least "
+        "GATEWAY_OUTLIER_BASE_EJECTION_S, which is 100.0 (got 10.0)"
+    ]
+
+
+def test_a_settings_error_says_only_what_is_wrong(tmp_path: Path) -> None:
+    result = llm_gateway(
+        "serve", "--policy", str(_policy_file(tmp_path)), env={"GATEWAY_WORKERS": "many"}
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: GATEWAY_WORKERS: a number of processes, or 'auto' (one per usable CPU) (got 'many')"
+    ]
+
+
+@pytest.mark.parametrize("port", ["", " "])
+def test_an_empty_port_means_the_default_port(monkeypatch: pytest.MonkeyPatch, port: str) -> None:
+    # As GATEWAY_HOST="" means loopback: a compose file or chart passes "" for "unset".
+    monkeypatch.setenv("GATEWAY_PORT", port)
+    assert Settings().port == 8080
+    monkeypatch.setenv("GATEWAY_PORT", "9000")
+    assert Settings().port == 9000

@@ -199,3 +199,24 @@ async def test_log_lines_carry_the_request_id_and_never_the_credentials(
     [line] = [line for line in log.splitlines() if "[rid-4242]" in line]
     assert "answered 200" in line
     assert SECRET not in log and long_bad_id not in log
+
+
+async def test_a_request_handed_to_aiohttp_after_a_completion_logs_under_its_own_id(
+    gateway: ManagedProcess,
+) -> None:
+    parts = urlsplit(gateway.url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    body = orjson.dumps(chat("s", "q"))
+    completion = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: rid-before\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    # Handed over behind the completion: a request aiohttp answers, then one it logs as bad.
+    writer.write(completion + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nBAD\x01 / HTTP/1.1\r\n\r\n")
+    async with asyncio.timeout(5):
+        while await reader.read(65536):
+            pass
+    writer.close()
+    log = await wait_for_log(gateway, "(BadHttpMethod)")
+    malformed = [line for line in log.splitlines() if "(BadHttpMethod)" in line]
+    assert malformed and not [line for line in malformed if "[rid-before]" in line]

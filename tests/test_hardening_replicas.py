@@ -206,6 +206,9 @@ async def test_a_client_that_leaves_a_non_streaming_request_is_counted_499() -> 
             return metric(text, "gateway_requests_total", pool="small", code="499") == 1.0
 
         await eventually(counted)
+        # It was routed before its client left: counted under its route, not "none".
+        _, text = await get_text(f"{gw.url}/metrics")
+        assert metric(text, "gateway_requests_total", route="none", code="499") is None
 
 
 async def test_a_stream_that_ends_in_an_error_event_is_counted_502() -> None:

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+import pytest
 import yaml
 
 from bench.launcher import GatewayProcess, gateway_argv, start_gateway
-from replica.processes import free_port
+from replica.processes import ManagedProcess, free_port
 from tests.conftest import chat, pool_policy, running_gateway, running_sims
+from tests.hardening import openai_error, read_answer
 
 
 async def test_sigterm_readiness_first_then_a_bounded_drain() -> None:
@@ -90,3 +92,62 @@ async def test_a_sighup_while_it_starts_is_not_the_end_of_it(tmp_path: Path) -> 
     finally:
         assert await gateway.stop() == 0
         replica.close()
+
+
+BODY = orjson.dumps(chat("s", "q", max_tokens=2))
+FRAMINGS = {
+    # Content-Length: the front frames it; chunked: aiohttp does.
+    "front": (b"Content-Length: %d\r\n\r\n" % len(BODY), BODY[:20], BODY[20:]),
+    "aiohttp": (
+        b"Transfer-Encoding: chunked\r\n\r\n",
+        b"14\r\n" + BODY[:20] + b"\r\n",
+        b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY) - 20, BODY[20:]),
+    ),
+}
+
+
+async def upload_across_sigterm(
+    gw: ManagedProcess, framing: str, rest_after_s: float | None
+) -> tuple[int, bytes]:
+    """A request whose head and first bytes of body arrive before SIGTERM, the rest of the body
+    ``rest_after_s`` after it (never if None): the status and body of its answer."""
+    head, first, rest = FRAMINGS[framing]
+    host, port = gw.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + head + first)
+    await writer.drain()
+    await asyncio.sleep(0.2)
+    os.kill(gw.pid, signal.SIGTERM)
+    if rest_after_s is not None:
+        await asyncio.sleep(rest_after_s)
+        writer.write(rest)
+    async with asyncio.timeout(5):
+        status, _, body = await read_answer(reader)
+    writer.close()
+    return status, body
+
+
+@pytest.mark.parametrize("framing", list(FRAMINGS))
+async def test_a_request_whose_body_is_still_arriving_when_the_drain_begins_is_served(
+    framing: str,
+) -> None:
+    env = {"GATEWAY_SHUTDOWN_DELAY_S": "0.2", "GATEWAY_DRAIN_TIMEOUT_S": "5"}
+    async with (
+        running_sims(1, prefill_s_per_token=0, decode_step_s=0) as [replica],
+        running_gateway([replica.url], env=env) as gw,
+    ):
+        # The rest comes after the shutdown delay: the listener has closed, the drain runs.
+        status, body = await upload_across_sigterm(gw, framing, rest_after_s=0.5)
+    assert status == 200, body
+    assert orjson.loads(body)["object"] == "chat.completion"
+
+
+async def test_a_body_still_missing_at_the_drain_deadline_gets_503_shutting_down() -> None:
+    env = {"GATEWAY_SHUTDOWN_DELAY_S": "0", "GATEWAY_DRAIN_TIMEOUT_S": "0.5"}
+    async with (
+        running_sims(1) as [replica],
+        running_gateway([replica.url], env=env) as gw,  # the body timeout is 30 s
+    ):
+        status, body = await upload_across_sigterm(gw, "front", rest_after_s=None)
+    assert status == 503
+    assert openai_error(body)["code"] == "shutting_down"

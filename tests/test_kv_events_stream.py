@@ -2,25 +2,39 @@
 decoder reads as the sim writes it) building the index, CPU-tier blocks and cache salts, when
 the stream is exact and when it falls back to the estimate (a lost message, a restart, a replica
 that owes events for blocks it computed), the replay that a late subscriber is given, the
-requests in flight counted as held where they went until their blocks are stored, and events
-within two blocks of the estimate read as the estimate."""
+requests in flight counted as held where they went until their blocks are stored, events
+within two blocks of the estimate read as the estimate, and a publisher that sends what cannot be
+read, or more than any engine step could, or faster than it is read: each such message lost and
+the subscription going on, the event loop free meanwhile, one log line per inexact period."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from itertools import pairwise
 
+import msgspec
 import pytest
 
-from gateway.fleet.kv_event_stream import EventStream
+from gateway.fleet.kv_event_stream import MAX_STEP_BLOCKS, MAX_STEP_BYTES, EventStream
 from replica.sim.kv_events import ALL_BLOCKS_CLEARED, block_removed, block_stored
 from replica.vllm_cpu.fleet import venv_python
 from router_policies.block_layout import BlockLayout
 from router_policies.engine_blocks import root_key, token_block_keys
 from router_policies.fingerprint import fingerprint
-from tests.kv_events import ROOT, TOKENS, payload, replaying_pair, stored_chain
+from tests.kv_events import (
+    ROOT,
+    TOKENS,
+    eventually,
+    payload,
+    replaying_pair,
+    running_stream,
+    stored_chain,
+)
 
 
 class TestEventStream:
@@ -132,6 +146,94 @@ async def test_a_subscriber_joining_an_old_engine_takes_what_its_replay_still_bu
     finally:
         task.cancel()
         await publisher.close()
+
+
+def test_messages_lost_in_one_inexact_period_are_logged_once_and_each_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stream = EventStream("tcp://unused", resync_s=2.0)
+    stream.apply(0, payload())
+    now = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="gateway.fleet.kv_event_stream"):
+        for i in range(200):  # a hole every 5 ms, each extending the period
+            stream.lost(now + i * 0.005, "replica")
+        assert stream.gaps == 200 and len(caplog.records) == 1
+        stream.lost(now + 1 + 2.0 + 0.1, "replica")  # after the stream was exact again
+        assert stream.gaps == 201 and len(caplog.records) == 2
+
+
+_ENCODE = msgspec.msgpack.encode
+UNREADABLE: dict[str, Callable[[], bytes]] = {  # built when used: the last three are large
+    "not msgpack": lambda: b"\xc1\xc1not msgpack",
+    "not a batch": lambda: _ENCODE(42),
+    "a batch too short": lambda: _ENCODE([time.time()]),
+    "an event not a map": lambda: _ENCODE([time.time(), [1, 2, 3], 0]),
+    "an event missing its keys": lambda: _ENCODE([time.time(), [{"type": "BlockStored"}], 0]),
+    "a token id past 64 bits": lambda: payload(block_stored([9], None, [2**63] * 16, 16, None)),
+    "a block hash not hashable": lambda: payload({"type": "BlockRemoved", "block_hashes": [[1]]}),
+    "more block hashes than an engine step has": lambda: payload(
+        block_removed(range(MAX_STEP_BLOCKS + 1))
+    ),
+    "more events than an engine step has": lambda: payload(
+        *[ALL_BLOCKS_CLEARED] * (MAX_STEP_BLOCKS + 1)
+    ),
+    "more bytes than an engine step has": lambda: payload(
+        block_stored([9], None, TOKENS[:16], 16, "x" * MAX_STEP_BYTES)
+    ),
+}
+
+
+@pytest.mark.parametrize("body", UNREADABLE.values(), ids=UNREADABLE.keys())
+async def test_a_message_that_cannot_be_read_is_lost_and_the_subscription_goes_on(
+    body: Callable[[], bytes],
+) -> None:
+    async with running_stream(resync_s=0.5) as (publisher, stream):
+        publisher.publish(payload(block_stored([1, 2], None, TOKENS[:32], 16, None)))
+        publisher.publish(body())
+        await eventually(lambda: stream.gaps == 1, "counted the unreadable message as lost")
+        assert len(stream.blocks) == 0  # what it half applied, if anything, went with the rest
+        assert not stream.exact(time.monotonic())
+        publisher.publish(payload(block_stored([3], None, TOKENS[32:48], 16, None)))
+        publisher.publish(payload(), skip=1)  # a hole after it: still seen and counted
+        await eventually(lambda: stream.gaps == 2, "counted the hole after it")
+        await eventually(lambda: stream.exact(time.monotonic()), "exact again after resync_s")
+
+
+async def test_a_large_message_is_applied_in_slices_so_the_event_loop_runs_meanwhile() -> None:
+    async with running_stream() as (publisher, stream):
+        n, seen = 20_000, []
+
+        async def watch() -> None:
+            while True:
+                seen.append(len(stream.blocks))
+                await asyncio.sleep(0)
+
+        watcher = asyncio.create_task(watch())
+        publisher.publish(payload(*(block_stored([h], None, [h] * 16, 16, None) for h in range(n))))
+        await eventually(lambda: len(stream.blocks) == n, "applied")
+        watcher.cancel()
+    assert any(0 < held < n for held in seen)
+
+
+async def test_a_burst_of_messages_is_read_in_slices_so_the_event_loop_runs_meanwhile() -> None:
+    async with running_stream() as (publisher, stream):
+        seen: list[int] = []
+
+        async def watch() -> None:
+            while True:
+                seen.append(stream.next_seq or 0)
+                await asyncio.sleep(0)
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.sleep(0)
+        for _ in range(900):  # fewer than the subscription's high-water mark: none dropped
+            publisher.publish(payload(block_removed([1])))
+        # The loop held on purpose: the whole burst is queued when the stream reads again.
+        time.sleep(0.3)  # noqa: ASYNC251
+        await eventually(lambda: stream.next_seq == publisher.next_seq, "read the burst")
+        watcher.cancel()
+        assert stream.gaps == 0
+    assert max(b - a for a, b in pairwise(seen)) < 900 // 2
 
 
 def test_a_request_in_flight_counts_as_held_where_it_went_until_its_blocks_are_stored() -> None:

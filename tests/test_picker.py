@@ -9,23 +9,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, cast
+from typing import cast
 
 import aiohttp
 import openai
 import pytest
 import yaml
-from aiohttp import web
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.envoy import EnvoyProcess, envoy_binary, start_envoy
-from bench.launcher import GatewayProcess, start_picker
+from bench.envoy import envoy_binary
+from bench.launcher import start_picker
 from bench.replica_counters import delta, fleet_cache, reset_and_verify, snapshot, wait_quiet
 from bench.workloads import generated_shared_prefix
-from gateway.picker.envoy_config import DESTINATION, SERVED, SUBSET, SUBSET_NAMESPACE, bootstrap
+from gateway.picker.envoy_config import DESTINATION, SERVED, bootstrap
 from router_policies.schema import parse_policy
 from tests.conftest import (
     FAST_PROBES,
@@ -37,75 +35,10 @@ from tests.conftest import (
     metric,
     pool_policy,
     running_gateway,
-    running_sims,
 )
+from tests.picker import SYSTEM, Unavailable, behind_envoy, client
 
 pytestmark = pytest.mark.envoy
-
-SYSTEM = "You are the support assistant of a bicycle shop. " * 80
-
-
-@contextlib.asynccontextmanager
-async def behind_envoy(
-    replicas: int = 2,
-    *,
-    fail_open: bool = True,
-    more: Sequence[str] = (),
-    sim: dict[str, Any] | None = None,
-    subset: Callable[[list[str]], list[str]] | None = None,
-    env: dict[str, str] | None = None,
-) -> AsyncIterator[tuple[GatewayProcess, EnvoyProcess, dict[str, Any]]]:
-    """Simulated replicas, the picker and Envoy, all real processes; ``more``: the URLs of
-    other replicas the pool lists; ``sim``: the simulated replicas' settings; ``subset``: from
-    the replicas' ip:port, the subset of endpoints a filter ahead of the picker names; ``env``:
-    the picker's settings."""
-    async with running_sims(replicas, **(sim or {})) as sims:
-        policy = pool_policy([*(sim.url for sim in sims), *more])
-        picker = await start_picker(policy, env={**FAST_PROBES, **(env or {})})
-        try:
-            assert picker.picker_port is not None
-            endpoints = [
-                url.removeprefix("http://") for url in policy["pools"]["small"]["replicas"]
-            ]
-            filters = [subset_filter(subset(endpoints))] if subset is not None else []
-            envoy = await start_envoy(
-                policy, picker.picker_port, fail_open=fail_open, filters_first=filters
-            )
-            try:
-                yield picker, envoy, policy
-            finally:
-                await envoy.stop()
-        finally:
-            await picker.stop()
-
-
-def subset_filter(endpoints: list[str]) -> dict[str, Any]:
-    """Envoy's set_metadata filter naming ``endpoints`` as the request's subset, as a gateway
-    implementation in front of the picker would (the endpoint-picker protocol's subset)."""
-    return {
-        "name": "envoy.filters.http.set_metadata",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config",
-            "metadata": [{"metadata_namespace": SUBSET_NAMESPACE, "value": {SUBSET: endpoints}}],
-        },
-    }
-
-
-class Unavailable:
-    """A replica's completions handler that answers 503 every time (its health checks pass),
-    counting the requests it got."""
-
-    def __init__(self) -> None:
-        self.tried = 0
-
-    async def __call__(self, request: web.Request) -> web.Response:
-        self.tried += 1
-        error = {"error": {"message": "engine dead", "type": "InternalServerError", "code": 503}}
-        return web.json_response(error, status=503)
-
-
-def client(envoy: EnvoyProcess) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=f"{envoy.listen_url}/v1", api_key="unused", max_retries=0)
 
 
 def test_envoy_accepts_the_printed_bootstrap() -> None:

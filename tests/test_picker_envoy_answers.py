@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import MODEL, chat, fake_replica, get_text, metric
-from tests.test_picker import SYSTEM, Unavailable, behind_envoy, client
+from tests.picker import SYSTEM, Unavailable, behind_envoy, client
 
 pytestmark = pytest.mark.envoy
 

@@ -1,16 +1,20 @@
 """Specification of what a policy file cannot get past check-policy, start-up or a reload, though
 YAML or a loose schema would let it through: a number that is infinite, NaN or too large to
 count with, a key given twice, a key YAML reads as a boolean or a number, a tier model file that
-is not a model; and of the errors themselves, which never show a replica URL's password."""
+is not a model; and of the errors themselves: each at the line of the key it names, in words
+that say what to do, at most 50 of them, found from one parse of the file (off the event loop
+when the file watch reloads it), and never showing a replica URL's password."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
@@ -19,10 +23,11 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ValidationError
 
-from gateway.policy.check import load_checked_policy
+from gateway.policy.check import load_checked_policy, read_policy_file
 from gateway.policy.reload import PolicyHolder
 from router_policies.autoscale import desired_replicas
 from router_policies.hot_prefixes import spread
+from router_policies.policy_yaml import PolicyLoader
 from router_policies.schema import AutoscaleSettings, InvalidPolicy, Policy, parse_policy
 from router_policies.tier_classifier_learned import MODEL_FORMAT, LearnedTierModel
 
@@ -132,11 +137,11 @@ def test_check_policy_names_the_line_of_an_infinite_number(tmp_path: Path) -> No
     ]
 
 
-def test_a_reload_to_an_infinite_number_keeps_the_current_policy(tmp_path: Path) -> None:
+async def test_a_reload_to_an_infinite_number_keeps_the_current_policy(tmp_path: Path) -> None:
     holder = holder_of(tmp_path)
     assert holder.path is not None
     holder.path.write_text(POOL + "    hot: {spread_factor: .inf}\n")
-    result = holder.reload()
+    result = await holder.reload()
     assert not result.ok
     assert result.problems == (
         "line 5: pools.small.hot.spread_factor: Input should be a finite number",
@@ -251,11 +256,11 @@ def test_overriding_a_merge_key_is_not_a_key_given_twice(tmp_path: Path) -> None
     assert load_checked_policy(path).pools["large"].model == "big"
 
 
-def test_a_reload_with_a_key_given_twice_keeps_the_current_policy(tmp_path: Path) -> None:
+async def test_a_reload_with_a_key_given_twice_keeps_the_current_policy(tmp_path: Path) -> None:
     holder = holder_of(tmp_path)
     assert holder.path is not None
     holder.path.write_text(POOL + "    policy: round-robin\n    policy: least-loaded\n")
-    result = holder.reload()
+    result = await holder.reload()
     assert not result.ok and "line 6: pools.small.policy: given twice" in result.problems[0]
     assert holder.fleet.policy.pools["small"].policy == "prefix-aware"
 
@@ -340,13 +345,190 @@ def test_a_replica_url_with_credentials_is_refused_with_its_password_masked(
     assert "S3cret" not in problem
 
 
-def test_a_reload_logs_a_replica_url_with_its_password_masked(
+async def test_a_reload_logs_a_replica_url_with_its_password_masked(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     holder = holder_of(tmp_path)
     assert holder.path is not None
     holder.path.write_text(POOL.replace("http://127.0.0.1", "http://admin:S3cretPW@127.0.0.1"))
     with caplog.at_level(logging.ERROR, logger="gateway.policy.reload"):
-        assert not holder.reload().ok
+        assert not (await holder.reload()).ok
     assert "admin:***@127.0.0.1:9001" in caplog.text
     assert "S3cretPW" not in caplog.text
+
+
+# --- rules across fields: at the key they name, in plain words ----------------------------------
+
+KEY_HASH = "a" * 64
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (TIERED.replace("large: large", "large: larg"),
+         "line 11: tiers.auto.large: no pool named 'larg'"),
+        (TIERED.replace("large: large", "large: small"),
+         "line 11: tiers.auto.large: small and large are both pool 'small': a tier needs two "
+         "pools (a client that wants one pool names its model)"),
+        (TIERED.replace("model: big", "model: m"),
+         "line 6: pools.large.model: pool 'small' already serves model 'm': a model has one "
+         "pool (list every replica of it there)"),
+        (TIERED.replace("  auto:", "  big:"),
+         "line 9: tiers.big: tier model 'big' is also pool 'large''s model"),
+        (TIERED.replace("    model: big\n", "    model: big\n    adapters: [x, m]\n"),
+         "line 7: pools.large.adapters.1: adapter 'm' is also pool 'small''s model or adapter"),
+        (POOL + "    autoscale:\n      max_replicas: 3\n      min_replicas: 5\n",
+         "line 7: pools.small.autoscale.min_replicas: min_replicas (5) is above max_replicas (3)"),
+        (POOL + f"limits:\n  tenants:\n    a: {{api_key_sha256: ['{KEY_HASH}']}}\n"
+         f"    b: {{api_key_sha256: ['{KEY_HASH}']}}\n",
+         "line 8: limits.tenants.b.api_key_sha256.0: tenants 'a' and 'b' share a key hash"),
+        (POOL.replace("http://127.0.0.1:9001", "127.0.0.1:9001"),
+         "line 4: pools.small.replicas: '127.0.0.1:9001' is not a base URL like http://host:port"),
+    ],
+    ids=["tier-names-a-missing-pool", "tier-names-one-pool-twice", "two-pools-one-model",
+         "tier-named-as-a-model", "adapter-named-as-a-model", "autoscale-bounds",
+         "tenants-share-a-key", "url-without-scheme"],
+)  # fmt: skip
+def test_a_rule_across_fields_names_the_key_it_is_about_and_its_line(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    # Before, such rules named no field ("(top level)") and the line of the file's first key,
+    # and every message raised by a validator began with pydantic's "Value error, ".
+    assert problems_of(tmp_path, text) == [problem]
+
+
+# --- files that are not a policy's shape: say what to write -------------------------------------
+
+EMPTY = "the file is empty (no settings, at most comments): a policy needs a `pools:` mapping"
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# the pools go here\n# later\n", "---\n"])
+def test_an_empty_file_says_a_policy_needs_pools(tmp_path: Path, text: str) -> None:
+    assert problems_of(tmp_path, text) == [EMPTY]
+
+
+def test_check_policy_of_dev_null_says_the_file_is_empty() -> None:
+    result = llm_gateway("check-policy", os.devnull)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[1:] == [f"  {EMPTY}"]
+
+
+@pytest.mark.parametrize(
+    ("text", "problems"),
+    [
+        ("pools:\n  small:\n    model: m\n  replicas: [http://127.0.0.1:9001]\n",
+         ["line 2: pools.small.replicas: Field required",
+          "line 4: pools.replicas: expected a mapping (a pool's settings), got a list: is it "
+          "indented under its pool?"]),
+        ("pools:\n  small:\n", ["line 2: pools.small: expected a mapping (a pool's settings), "
+                                "got nothing"]),
+        ("pools:\n  - small\n", ["line 1: pools: expected a mapping (pool names, each with its "
+                                 "settings), got a list"]),
+        ("- pools\n", ["line 1: (top level): expected a mapping (`pools:` and the policy's "
+                       "other sections), got a list"]),
+        (TIERED + "    calibration: 0.3\n",
+         ["line 12: tiers.auto.calibration: expected a mapping of settings, got a number"]),
+    ],
+    ids=["replicas-beside-its-pool", "pool-with-nothing", "pools-as-a-list", "top-level-list",
+         "section-as-a-number"],
+)  # fmt: skip
+def test_a_value_that_should_be_a_mapping_says_so_in_plain_words(
+    tmp_path: Path, text: str, problems: list[str]
+) -> None:
+    # Before: "Input should be a valid dictionary or instance of PoolPolicy".
+    assert problems_of(tmp_path, text) == problems
+
+
+# --- many mistakes: one parse, a screenful listed, and the event loop free ----------------------
+
+
+def _pools(n: int, replica: str = "replicas: [http://10.0.0.{i}:8000]") -> str:
+    return "pools:\n" + "".join(
+        f"  p{i}:\n    model: m{i}\n    {replica.format(i=i)}\n" for i in range(n)
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "first", "more"),
+    [
+        # `replica:` for `replicas:` in each of 60 pools: two problems a pool.
+        (_pools(60, "replica: [http://10.0.0.{i}:8000]"),
+         "line 2: pools.p0.replicas: Field required", 70),
+        # A port out of range in each of 60 pools: found by the checks beyond the schema.
+        (_pools(60, "replicas: [http://10.0.0.{i}:99999]"),
+         "line 4: pools.p0.replicas.0: 'http://10.0.0.0:99999' is not a valid URL: Port out of "
+         "range 0-65535", 10),
+    ],
+    ids=["schema", "replica-urls"],
+)  # fmt: skip
+def test_a_file_with_many_mistakes_is_parsed_once_and_lists_the_first_50(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, first: str, more: int
+) -> None:
+    # Each problem's line was found by parsing the whole file again: a reload of a file with
+    # 200 mistakes held the event loop for 13 s. Counted rather than timed: one parse, however
+    # many mistakes.
+    parses = []
+    parse = PolicyLoader.__init__
+
+    def counted(self: PolicyLoader, stream: str) -> None:
+        parses.append(stream)
+        parse(self, stream)
+
+    monkeypatch.setattr(PolicyLoader, "__init__", counted)
+    problems = problems_of(tmp_path, text)
+    assert len(parses) == 1
+    assert problems[0] == first
+    assert len(problems) == 51 and problems[-1] == f"... and {more} more problems"
+
+
+async def test_the_file_watch_reads_and_validates_the_file_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = holder_of(tmp_path)
+    assert holder.path is not None
+    read_in: list[threading.Thread] = []
+
+    def recorded(path: Path) -> Any:
+        read_in.append(threading.current_thread())
+        return read_policy_file(path)
+
+    monkeypatch.setattr("gateway.policy.reload.read_policy_file", recorded)
+    holder.path.write_text(POOL + "    load: {balance_eps: 0.5}\n")
+    watch = asyncio.create_task(holder.watch(0.01))
+    try:
+        for _ in range(500):
+            if holder.fleet.policy.pools["small"].load.balance_eps == 0.5:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        watch.cancel()
+    assert holder.fleet.policy.pools["small"].load.balance_eps == 0.5
+    assert read_in and threading.current_thread() not in read_in
+
+
+async def test_reloads_run_one_at_a_time_and_the_later_file_is_the_one_that_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = holder_of(tmp_path)
+    assert holder.path is not None
+    reading, release = threading.Event(), threading.Event()
+
+    def held(path: Path) -> Any:
+        file = read_policy_file(path)
+        if not reading.is_set():  # the first read, the watch's, is held until released
+            reading.set()
+            release.wait(timeout=30)
+        return file
+
+    monkeypatch.setattr("gateway.policy.reload.read_policy_file", held)
+    holder.path.write_text(POOL + "    load: {balance_eps: 0.5}\n")
+    watched = asyncio.create_task(holder.reload())
+    assert await asyncio.to_thread(reading.wait, 30)
+    # Another reload (SIGHUP, the admin API) while that read is under way: it reads after it,
+    # and each caller gets its own file's result (an admin call is never told "failed").
+    holder.path.write_text(POOL + "    load: {balance_eps: 0.75}\n")
+    later = asyncio.create_task(holder.reload())
+    await asyncio.sleep(0.05)
+    release.set()
+    assert (await watched).ok and (await later).ok
+    assert holder.fleet.policy.pools["small"].load.balance_eps == 0.75

@@ -55,7 +55,7 @@ def test_invalid_pools_name_the_field(pool: dict[str, object], field: str) -> No
 
 def test_two_pools_cannot_serve_one_model() -> None:
     pool = {"model": "m", "replicas": ["http://a:1"]}
-    assert _error_fields({"pools": {"a": pool, "b": pool}}) == [""]
+    assert _error_fields({"pools": {"a": pool, "b": pool}}) == ["pools.b.model"]
 
 
 def test_a_policy_needs_a_pool() -> None:
@@ -77,17 +77,18 @@ tiers:
     [
         (
             "    large: large\n    calibration: {target_large_share: 0.3, window: 50, min_samples: 1000}\n",
-            "line 8: tiers.auto.calibration: Value error, min_samples (1000) is above window (50): "
+            "line 8: tiers.auto.calibration.min_samples: min_samples (1000) is above window (50): "
             "calibration would never start; lower min_samples or raise window",
         ),
         (
             "    large: large\n    calibration: {target_large_share: 0.3, min_samples: 2000}\n",
-            "line 8: tiers.auto.calibration: Value error, min_samples (2000) is above window (1000): "
+            "line 8: tiers.auto.calibration.min_samples: min_samples (2000) is above window "
+            "(1000): "
             "calibration would never start; lower min_samples or raise window",
         ),
         (
             "    large: small\n",
-            "line 6: tiers.auto: Value error, small and large are both pool 'small': a tier needs "
+            "line 7: tiers.auto.large: small and large are both pool 'small': a tier needs "
             "two pools (a client that wants one pool names its model)",
         ),
     ],

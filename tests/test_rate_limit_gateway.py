@@ -15,7 +15,6 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway import headers
@@ -34,26 +33,15 @@ from tests.conftest import (
     GatewayClient,
     in_process_gateway,
     in_process_sims,
-    pool_policy,
 )
+from tests.rate_limits import ACME_KEY, GLOBEX_KEY, MESSAGES, limited_policy, tenant
 from tests.redis_server import running_redis, script_calls
 
-ACME_KEY = "sk-acme-0123456789"
-GLOBEX_KEY = "sk-globex-9876543210"
-MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Where is my parcel?"}]
 RATELIMIT_HEADERS = (
     headers.RATELIMIT_LIMIT_REQUESTS, headers.RATELIMIT_REMAINING_REQUESTS,
     headers.RATELIMIT_RESET_REQUESTS, headers.RATELIMIT_LIMIT_TOKENS,
     headers.RATELIMIT_REMAINING_TOKENS, headers.RATELIMIT_RESET_TOKENS,
 )  # fmt: skip
-
-
-def tenant(key: str, **limits: int) -> dict[str, Any]:
-    return {"api_key_sha256": [hash_key(key)], **limits}
-
-
-def limited_policy(urls: list[str], **limits_section: Any) -> dict[str, Any]:
-    return {**pool_policy(urls), "limits": limits_section}
 
 
 _open_clients: list[AsyncOpenAI] = []

@@ -27,7 +27,7 @@ from tests.conftest import (
     metric,
     pool_policy,
 )
-from tests.test_rate_limit_gateway import ACME_KEY, MESSAGES, limited_policy, tenant
+from tests.rate_limits import ACME_KEY, MESSAGES, limited_policy, tenant
 
 AUTH = {"Authorization": f"Bearer {ACME_KEY}"}
 

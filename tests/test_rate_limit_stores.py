@@ -123,7 +123,7 @@ async def test_a_leased_bucket_admits_a_cost_above_its_size_once_full_with_the_l
             # 4 used: not a full bucket yet, and the refusal shows which bucket is short.
             assert early is not None and not early.allowed
             assert early.views[0].remaining < 1200
-            await asyncio.sleep(0.3)  # 6 refilled at 20 a second: full, the lease counted back
+            await asyncio.sleep(0.4)  # 8 back at 20 a second (6 short): full, the lease returned
             late = await store.take(["{t}:tokens"], [tokens], [1300])
             assert late is not None and late.allowed, late
         finally:

@@ -14,6 +14,7 @@ from gateway.http.errors import ApiError
 from gateway.routing.client_hints import session_key, ttft_objective_s
 from router_policies.decision import Route
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
+from router_policies.policies.prefix_aware import PrefixAware
 from router_policies.schema import PoolPolicy
 from router_policies.session_settings import SessionSettings
 from router_policies.sessions import Sessions
@@ -56,15 +57,24 @@ class TestTheDecision:
 
     def test_a_session_whose_replica_left_is_routed_as_any_request(self) -> None:
         policy = holding()
-        policy.sessions.bind("conv-1", "gone")
+        policy.sessions.bind("conv-1", "gone", capacity=10)
         decision = choose(policy, snapshot(), in_session())
         assert decision.route is not Route.SESSION
 
     def test_sessions_are_forgotten_least_recently_used_first(self) -> None:
-        sessions = Sessions(capacity=2)
+        sessions = Sessions()
         for name in ("x", "y", "z"):
-            sessions.bind(name, "a")
+            sessions.bind(name, "a", capacity=2)
         assert (sessions.home("x"), sessions.home("z"), len(sessions)) == (None, "a", 2)
+
+    def test_a_reload_built_and_then_refused_leaves_the_running_bound_as_it_was(self) -> None:
+        running = holding()
+        # A reload builds the pool's new policy before all of the file is known to load.
+        one = PoolPolicy(model="m", replicas=POOL.replicas, session=SessionSettings(max_sessions=1))
+        PrefixAware(one, previous=running)
+        for name in ("x", "y"):
+            running.record(in_session(name), choose(running, snapshot(), in_session(name)), 0.0)
+        assert len(running.sessions) == 2
 
     def test_max_sessions_zero_remembers_none(self) -> None:
         pool = PoolPolicy(

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
 
 import pytest
 from prometheus_client import Histogram
 from pydantic import SecretStr
 
 from gateway.cli import main
-from gateway.fleet.pools import Fleet, PoolState
+from gateway.fleet.pools import Fleet
 from gateway.routing.affinity import AdapterHomes
 from gateway.settings import Settings
 from gateway.shared_state import LocalState, Outbox, codec
@@ -21,55 +20,8 @@ from gateway.shared_state.figures import RemoteFigures, own_figures
 from gateway.shared_state.replay import apply_batch, encode_batch
 from router_policies.decision import Route
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
-from router_policies.schema import parse_policy
-from tests.conftest import MODEL, pool_policy
-
-URLS = [f"http://127.0.0.1:{port}" for port in (9101, 9102, 9103, 9104)]
-NAMES = [url.removeprefix("http://") for url in URLS]
-
-
-def fleet() -> Fleet:
-    return Fleet(parse_policy(pool_policy(URLS)))
-
-
-def pool_of(f: Fleet) -> PoolState:
-    return f.pools["small"]
-
-
-def features(pool: PoolState, system: str) -> RequestFeatures:
-    text = system.encode()
-    return pool.router.features(MODEL, lambda: CanonicalPrompt(text, lead_bytes=len(text)))
-
-
-SYSTEM = "You are a careful assistant. " * 200
-
-
-def dispatch_to(pool: PoolState, replica: str, request: RequestFeatures) -> None:
-    decision = pool.decide(request)
-    assert decision is not None
-    pool.begin(dataclasses.replace(decision, replica=replica), request)
-
-
-def dispatch_away_from_home(pool: PoolState) -> tuple[RequestFeatures, str]:
-    """SYSTEM's request dispatched to a replica that is not its cold-start home (which any
-    instance would find by itself): (the request, that replica)."""
-    request = features(pool, SYSTEM)
-    home = pool.decide(request)
-    assert home is not None
-    chosen = next(n for n in NAMES if n != home.replica)
-    dispatch_to(pool, chosen, request)
-    return request, chosen
-
-
-def routes_to(
-    pool: PoolState, request: RequestFeatures, replica: str
-) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        decision = pool.decide(request)
-        return decision is not None and decision.replica == replica
-
-    return check
-
+from tests.conftest import MODEL
+from tests.shared_state import NAMES, SYSTEM, dispatch_to, features, fleet, pool_of
 
 # -- what travels --------------------------------------------------------------------------------
 

@@ -25,8 +25,8 @@ from gateway.shared_state.redis_state import RedisState
 from router_policies.rate_limit import Limit
 from tests.conftest import eventually
 from tests.redis_server import running_redis
-from tests.test_shared_state import fleet as routing_fleet
-from tests.test_shared_state_redis import redis_state, returns, started
+from tests.shared_state import fleet as routing_fleet
+from tests.shared_state import redis_state, returns, started
 
 _SHARED = "gateway.shared_state.redis_state"
 _LIMITS = "gateway.rate_limit.redis_store"

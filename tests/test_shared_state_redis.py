@@ -12,29 +12,34 @@ import os
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from bench.launcher import start_gateway
 from gateway import headers
 from gateway.fleet.pools import Fleet as RoutingFleet
-from gateway.shared_state import Outbox
-from gateway.shared_state.redis_state import RedisSettings, RedisState
+from gateway.shared_state.redis_state import RedisState
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, chat, eventually, metric_sum, pool_policy, running_sims
 from tests.redis_server import RedisServer, running_redis
-from tests.test_shared_state import dispatch_away_from_home, pool_of, routes_to
-from tests.test_shared_state import fleet as routing_fleet
-
-ADMIN_TOKEN = "test-admin"
-_WAIT_S = 10.0
-"""Longest wait for a background effect (a replay, a reconnect): a bound, not a measurement."""
+from tests.shared_state import (
+    ADMIN_TOKEN,
+    WAIT_S,
+    backend_up_is,
+    dispatch_away_from_home,
+    pool_of,
+    redis_state,
+    returns,
+    routes_to,
+    started,
+    system,
+)
+from tests.shared_state import fleet as routing_fleet
 
 
 @dataclass
@@ -86,10 +91,6 @@ async def would_route(gateway: ManagedProcess, body: dict[str, object]) -> tuple
 
 async def replayed(gateway: ManagedProcess, at_least: float) -> bool:
     return await metric_sum(gateway.url, "gateway_state_apply_lag_seconds_count") >= at_least
-
-
-def system(i: int) -> str:
-    return f"You are assistant number {i}. " + "Follow the house style guide closely. " * 60
 
 
 async def test_a_prefix_learned_through_one_instance_is_a_hit_through_another() -> None:
@@ -158,15 +159,6 @@ async def test_redis_killed_mid_run_fails_no_request_and_sharing_resumes_on_its_
         assert await eventually(b_learned_it)
 
 
-def backend_up_is(
-    gateway: ManagedProcess, value: float, backend: str = "redis"
-) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        return await metric_sum(gateway.url, "gateway_state_backend_up", backend=backend) == value
-
-    return check
-
-
 # -- publishing ------------------------------------------------------------------------------------
 
 
@@ -192,33 +184,6 @@ async def test_a_quiet_instance_publishes_a_dispatch_at_once_not_at_its_next_int
 
 
 # -- stopping the backend ------------------------------------------------------------------------
-
-
-def redis_state(url: str, kind: type[RedisState] = RedisState, **settings: Any) -> RedisState:
-    registry = CollectorRegistry()
-    up = Gauge("up", "Redis answers", registry=registry)
-    lag = Histogram("lag", "dispatch age on arrival", registry=registry)
-    return kind(replace(RedisSettings(url), **settings), Outbox(), up, lag)
-
-
-async def started(state: RedisState, fleet: RoutingFleet) -> set[asyncio.Task[object]]:
-    """Start ``state``; the background tasks that started."""
-    before = asyncio.all_tasks()
-    await state.start(lambda: fleet)
-    return asyncio.all_tasks() - before
-
-
-async def returns(step: Awaitable[None]) -> bool:
-    """Whether ``step`` completes within ``_WAIT_S``: a bound on a hang, not a measurement. Run
-    as a task of its own, since a step that swallows cancellations would also swallow the one
-    ``asyncio.timeout`` sends and hide its hang."""
-    task = asyncio.ensure_future(step)
-    done, _ = await asyncio.wait({task}, timeout=_WAIT_S)
-    if not done:
-        task.cancel()
-        return False
-    task.result()
-    return True
 
 
 class LosesOneCancellation(RedisState):
@@ -248,7 +213,7 @@ async def test_stop_ends_every_round_even_one_that_lost_its_cancellation() -> No
         state = redis_state(redis.url, LosesOneCancellation)
         assert isinstance(state, LosesOneCancellation)
         rounds = await started(state, routing_fleet())
-        async with asyncio.timeout(_WAIT_S):  # a bound on a hang, not a measurement
+        async with asyncio.timeout(WAIT_S):  # a bound on a hang, not a measurement
             await state.in_round.wait()
         assert await returns(state.stop())
         assert state.lost == 1

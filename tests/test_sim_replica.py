@@ -11,7 +11,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.sim import Serve, base_url, client_for
+from tests.sim import STREAM_OPTIONS_USAGE, Serve, base_url, client_for
 
 LONG_SYSTEM_PROMPT = "You are a careful assistant for the routing gateway docs. " * 40
 
@@ -216,18 +216,6 @@ async def test_a_null_stream_is_no_stream_as_in_vllm(serve: Serve) -> None:
                 assert response.status == 200, await response.text()
                 assert response.content_type == "application/json"
                 assert (await response.json())["usage"]["completion_tokens"] == 2
-
-
-# vLLM 0.32's StreamOptions: `include_usage: bool | None = False` (a real replica ends a stream
-# sent `stream_options: {}` with no usage event).
-STREAM_OPTIONS_USAGE = [
-    (None, False),
-    ({}, False),
-    ({"continuous_usage_stats": False}, False),
-    ({"include_usage": True}, True),
-    ({"include_usage": None}, False),
-    ({"include_usage": False}, False),
-]
 
 
 @pytest.mark.parametrize(("options", "usage"), STREAM_OPTIONS_USAGE)

@@ -4,6 +4,7 @@ variables win), that a Redis password is never shown, and that a reload cannot s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -285,22 +286,24 @@ def test_serve_refuses_a_state_it_cannot_run_in_one_line(
 # -- a reload cannot switch the backend ----------------------------------------------------------
 
 
-def test_a_reload_keeps_the_state_section_and_applies_the_rest(tmp_path: Path) -> None:
+async def test_a_reload_keeps_the_state_section_and_applies_the_rest(tmp_path: Path) -> None:
     path = Path(policy_file(tmp_path, redis_url=FILE_URL))
     holder = PolicyHolder(
         load_policy(path), path, Counter("reloads", "", ["result"], registry=CollectorRegistry())
     )
     changed = pool_policy(["http://127.0.0.1:9101"], load={"balance_eps": 0.75})
-    path.write_text(yaml.safe_dump({**changed, "state": {"backend": "local"}}))
-    result = holder.reload()
+    await asyncio.to_thread(
+        path.write_text, yaml.safe_dump({**changed, "state": {"backend": "local"}})
+    )
+    result = await holder.reload()
     assert (result.ok, result.warnings) == (True, (STATE_NEEDS_RESTART,))
     assert url_of(holder.fleet.policy.state.redis_url) == FILE_URL
     assert holder.fleet.policy.pools["small"].load.balance_eps == 0.75
     # The same file again: still not applied, still said.
-    assert holder.reload().warnings == (STATE_NEEDS_RESTART,)
+    assert (await holder.reload()).warnings == (STATE_NEEDS_RESTART,)
 
 
-def test_a_reload_that_adds_per_key_limits_under_workers_without_redis_fails(
+async def test_a_reload_that_adds_per_key_limits_under_workers_without_redis_fails(
     tmp_path: Path,
 ) -> None:
     path = Path(policy_file(tmp_path, backend="local"))
@@ -311,18 +314,18 @@ def test_a_reload_that_adds_per_key_limits_under_workers_without_redis_fails(
         Counter("reloads", "", ["result"], registry=CollectorRegistry()),
         refuse=lambda new: limits_problem(choose_backend(settings, new), new),
     )
-    path.write_text(yaml.safe_dump({**POOLS, "limits": LIMITED}))
-    result = holder.reload()
+    await asyncio.to_thread(path.write_text, yaml.safe_dump({**POOLS, "limits": LIMITED}))
+    result = await holder.reload()
     assert not result.ok and "per-key limits with 2 workers" in result.problems[0]
     assert not holder.fleet.policy.limits.tenants  # the current policy stays
 
 
-def test_a_reload_with_the_same_state_section_warns_of_nothing(tmp_path: Path) -> None:
+async def test_a_reload_with_the_same_state_section_warns_of_nothing(tmp_path: Path) -> None:
     path = Path(policy_file(tmp_path, redis_url=FILE_URL))
     holder = PolicyHolder(
         load_policy(path), path, Counter("reloads", "", ["result"], registry=CollectorRegistry())
     )
-    result = holder.reload()
+    result = await holder.reload()
     assert (result.ok, result.warnings) == (True, ())
 
 

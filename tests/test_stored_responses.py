@@ -21,9 +21,9 @@ from gateway.routing.affinity import ReplicaRef
 from gateway.shared_state import responses
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, MODEL, eventually, pool_policy, running_sims
+from tests.rate_limits import ACME_KEY, GLOBEX_KEY, tenant
 from tests.redis_server import running_redis
-from tests.test_rate_limit_gateway import ACME_KEY, GLOBEX_KEY, tenant
-from tests.test_workers import _every_worker_up
+from tests.shared_state import every_worker_up
 
 ROUNDS = 12
 
@@ -69,7 +69,7 @@ async def test_through_two_workers_every_stored_response_is_found_by_either() ->
         env = {**FAST_PROBES, "GATEWAY_WORKERS": "2"}
         gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
         try:
-            assert await eventually(_every_worker_up(gateway))
+            assert await eventually(every_worker_up(gateway))
             async with fresh_connections(gateway.url) as client:
                 stored = [await store(client, i) for i in range(ROUNDS)]
                 served = await found_everywhere(stored, client)

@@ -5,13 +5,14 @@ it as ever, and with `GATEWAY_STREAM_USAGE=false` nothing is asked."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import orjson
 import pytest
 
 from gateway.http.request_body import Endpoint, parse_request
-from gateway.relay.stream_usage import UsageDropped, asking_usage
+from gateway.relay.stream_usage import USAGE_EVENT_MAX_BYTES, UsageDropped, asking_usage
 from tests.conftest import (
     MODEL,
     in_process_gateway,
@@ -22,12 +23,12 @@ from tests.conftest import (
     running_gateway,
     running_sims,
 )
-from tests.sim import ZERO_DELAY
-from tests.test_sim_replica import STREAM_OPTIONS_USAGE
+from tests.sim import STREAM_OPTIONS_USAGE, ZERO_DELAY
 
 ADMIN_TOKEN = "test-admin-token"
 CHUNK = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
 USAGE = b'data: {"id":"c1","choices":[],"usage":{"prompt_tokens":9,"total_tokens":11}}\n\n'
+NULL_USAGE = CHUNK.replace(b"}]}", b'}],"usage":null}')
 DONE = b"data: [DONE]\n\n"
 ASKED = {"include_usage": True}
 CONTINUOUS = {"continuous_usage_stats": True}
@@ -101,6 +102,8 @@ async def test_the_client_gets_the_usage_event_exactly_when_vllm_would_send_it(
         events = (await response.read()).split(b"\n\n")
     chunks = [orjson.loads(e.removeprefix(b"data: ")) for e in events if e.startswith(b"data: {")]
     assert [c["usage"]["completion_tokens"] for c in chunks if c.get("usage")] == [2] * usage
+    # Asked for the usage, vLLM puts `"usage": null` on every other chunk: only then.
+    assert all(("usage" in c) == usage for c in chunks)
     assert events[-2] == b"data: [DONE]"
 
 
@@ -118,6 +121,62 @@ def test_an_event_split_between_chunks_waits_for_its_end() -> None:
     assert b"".join(parts) == CHUNK + DONE
     client(b"data: {")
     assert client.rest() == b"data: {"  # a stream cut there: what came goes on
+
+
+def reads_of(stream: bytes, size: int) -> list[bytes]:
+    return [stream[i : i + size] for i in range(0, len(stream), size)]
+
+
+@pytest.mark.parametrize("line_end", [b"\r\n", b"\r", b"\n"], ids=["CRLF", "CR", "LF"])
+def test_events_end_at_any_blank_line_sse_allows_however_the_reads_split_them(
+    line_end: bytes,
+) -> None:
+    def ends(stream: bytes) -> bytes:
+        return stream.replace(b"\n", line_end)
+
+    stream = ends(CHUNK + USAGE + CHUNK + DONE)
+    client = UsageDropped()
+    assert client(ends(CHUNK)) == ends(CHUNK)  # whole events go on at once
+    for size in (1, 2, 3, 5, 7, len(stream)):
+        client = UsageDropped()
+        shown = b"".join(client(read) for read in reads_of(stream, size)) + client.rest()
+        assert shown == ends(CHUNK + CHUNK + DONE), size
+
+
+def test_an_event_too_long_to_be_the_usage_goes_on_as_it_comes_and_little_is_held() -> None:
+    long = b'data: {"id":"c1","choices":[{"delta":{"content":"' + b"x" * (1 << 20) + b'"}}]}\n\n'
+    stream = CHUNK + long + USAGE + DONE
+    client = UsageDropped()
+    shown = []
+    for read in reads_of(stream, 64 * 1024):
+        shown.append(client(read))
+        assert len(client._held) <= USAGE_EVENT_MAX_BYTES
+    assert sum(map(len, shown[1:-1])) > len(long) - 2 * 64 * 1024  # not held to its end
+    assert b"".join(shown) + client.rest() == CHUNK + long + DONE
+
+
+def test_a_huge_event_costs_time_in_proportion_to_its_size() -> None:
+    # 16 MiB in 16 KiB reads: copying what came before on every read is gigabytes.
+    stream = CHUNK + b'data: {"choices":[{"text":"' + b"x" * (16 << 20) + b'"}]}\n\n' + DONE
+    client = UsageDropped()
+    started = time.perf_counter()
+    shown = b"".join(client(read) for read in reads_of(stream, 16 * 1024))
+    assert time.perf_counter() - started < 1.0
+    assert shown == stream
+
+
+def test_the_usage_null_vllm_adds_once_asked_is_not_shown_however_the_reads_split_it() -> None:
+    stream = NULL_USAGE + NULL_USAGE + USAGE + DONE
+    for size in (1, 5, 13, len(stream)):
+        client = UsageDropped()
+        shown = b"".join(client(read) for read in reads_of(stream, size)) + client.rest()
+        assert shown == CHUNK + CHUNK + DONE, size
+    # An event too long to be held back loses it all the same.
+    long = NULL_USAGE.replace(b'"Hi"', b'"' + b"x" * USAGE_EVENT_MAX_BYTES + b'"')
+    for size in (1000, 4099):
+        client = UsageDropped()
+        shown = b"".join(client(read) for read in reads_of(long + DONE, size)) + client.rest()
+        assert shown == long.replace(b',"usage":null', b"") + DONE, size
 
 
 async def test_a_stream_without_usage_teaches_the_pool_and_its_client_never_sees_the_event() -> (

@@ -20,9 +20,10 @@ import pytest
 
 from bench.tier_eval.conversations import EVAL_FOLLOW_UPS, TRAIN_FOLLOW_UPS, conversations
 from bench.tier_eval.evaluation import Example
-from bench.tier_eval.tiers_cli import SPLITS, category_report
+from bench.tier_eval.tiers_cli import SPLITS, build_parser, category_report
 from bench.tier_eval.train import TrainConfig, train
 from router_policies.tier_classifier_learned import LearnedTierModel
+from tests.command_line import parsed
 from tests.tier_learning import SHIPPED, TINY, tiny_examples
 
 # --- training -----------------------------------------------------------------------------------
@@ -155,6 +156,28 @@ def test_tiers_train_reports_a_bad_file(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "label must be one of" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--iterations", "0"),
+        ("--iterations", "-3"),
+        ("--max-features", "-1"),
+        ("--max-features", "0"),
+        ("--min-df", "0"),
+        ("--l2", "-1"),
+        ("--l2-request", "nan"),
+        ("--conversation-share", "5"),
+        ("--conversation-share", "-0.1"),
+    ],
+)
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_tiers_refuses_options_that_train_nothing(command: str, flag: str, value: str) -> None:
+    # Before: --iterations 0 or --max-features -1 wrote a model of 0 weights, with exit 0.
+    data = ["data.jsonl", "--out", "m.json.gz"] if command == "train" else []
+    ran = parsed(build_parser(), command, *data, flag, value)
+    assert ran.refused(f"argument {flag}", value), ran.err
 
 
 # --- the data build script ------------------------------------------------------------------

@@ -4,20 +4,18 @@ upgrade is always allowed); a dry run remembers nothing."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from router_policies.schema import InvalidPolicy
 from router_policies.tier_memory import conversation_key, follow_up
 from router_policies.tier_router import TierRouter
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import Tier
-from tests.tiers import as_responses, dialogue
-
-HARD = (
-    "Prove step by step that the integral of $e^{-x^2}$ over the real line is $\\sqrt{\\pi}$, "
-    "then compare two derivations and justify which is more rigorous."
-)
-EASY = "Thanks! And what is the capital of France?"
-OPENING = "Hi! I have a few questions for you today."
+from tests.tiers import EASY_FOLLOW_UP as EASY
+from tests.tiers import HARD, OPENING, as_responses, dialogue
 
 
 def router(**settings: Any) -> TierRouter:
@@ -122,3 +120,20 @@ def test_a_first_message_sent_as_one_text_part_is_the_same_conversation() -> Non
     tiers.observe(tiers.classify(dialogue(OPENING, HARD)), sent_large=True)
     later = tiers.classify(as_text_part(dialogue(OPENING, HARD, EASY)))
     assert later.tier is Tier.LARGE and later.kept
+
+
+def test_a_reload_that_fails_leaves_the_running_tiers_memory_as_it_was(tmp_path: Path) -> None:
+    not_a_model = tmp_path / "tiers.json.gz"
+    not_a_model.write_bytes(b"not gzip")
+    running = router()
+    went = running.classify(dialogue(OPENING, HARD))
+    running.observe(went, sent_large=True)
+    with pytest.raises(InvalidPolicy):
+        TierRouter(
+            "auto",
+            TierSettings(
+                small="small", large="large", conversation_memory=0, model=str(not_a_model)
+            ),
+            previous=running,
+        )
+    assert running.classify(dialogue(OPENING, HARD, EASY)).kept

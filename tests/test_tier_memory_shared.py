@@ -13,9 +13,8 @@ from bench.launcher import start_gateway
 from gateway import headers
 from tests.conftest import FAST_PROBES, running_sims
 from tests.redis_server import running_redis
-from tests.test_gateway_tiers import tiered_policy
-from tests.test_tier_memory import EASY, HARD, OPENING
-from tests.tiers import dialogue
+from tests.tiers import EASY_FOLLOW_UP as EASY
+from tests.tiers import HARD, OPENING, dialogue, tiered_policy
 
 
 async def tier_of(url: str, body: dict[str, Any]) -> str:

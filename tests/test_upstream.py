@@ -253,3 +253,50 @@ async def test_a_relay_ends_with_what_its_sink_raised_and_closes_the_connection(
         with pytest.raises(ConnectionResetError):
             await response.relay(gone)
         assert response._conn.lost
+
+
+def held_by_the_client_for(response: UpstreamResponse, pause_s: float) -> Callable[[bytes], None]:
+    """A sink whose client's socket fills on the first piece and drains ``pause_s`` later, as
+    a client that stops reading for a while."""
+    loop = asyncio.get_running_loop()
+    pieces: list[bytes] = []
+
+    def sink(piece: bytes) -> None:
+        if not pieces:
+            response.pause()
+            loop.call_later(pause_s, response.resume)
+        pieces.append(piece)
+
+    return sink
+
+
+async def test_a_client_holding_the_replica_back_longer_than_the_read_timeout_is_no_timeout() -> (
+    None
+):
+    # The rest of the stream is sent at once: it waits in the socket while the client holds
+    # the replica's reads, which is no silence of the replica's.
+    first = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n"
+    rest = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(first)
+        await asyncio.sleep(0.1)  # the rest comes once the client is holding the reads
+        writer.write(rest)
+        await reader.read()
+
+    async with raw_server(stream) as (url, _):
+        response = await post(Upstreams(1.0, 0.2), url)
+        await response.relay(held_by_the_client_for(response, 0.6))
+        assert response._done
+
+
+async def test_the_read_timeout_counts_the_replicas_silence_from_the_clients_resume() -> None:
+    stalls = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n"
+    async with raw_server(answering(stalls)) as (url, _):
+        response = await post(Upstreams(1.0, 0.2), url)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(ReadTimeout):
+            await response.relay(held_by_the_client_for(response, 0.5))
+        assert loop.time() - started >= 0.5 + 0.2

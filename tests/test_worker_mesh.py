@@ -24,16 +24,16 @@ from gateway.routing.affinity import RoutingMemory
 from gateway.shared_state import Outbox
 from gateway.shared_state.worker_mesh import _BACKLOG_BYTES, MeshPlace, MeshSettings, WorkerMesh
 from tests.conftest import eventually
-from tests.test_shared_state import (
+from tests.shared_state import (
     NAMES,
     SYSTEM,
     dispatch_away_from_home,
     features,
     fleet,
     pool_of,
+    returns,
     routes_to,
 )
-from tests.test_shared_state_redis import returns
 from tests.tiers import fleet as tiered_fleet
 
 

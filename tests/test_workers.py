@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -29,7 +28,7 @@ from tests.conftest import (
     running_sims,
 )
 from tests.redis_server import running_redis
-from tests.test_shared_state_redis import ADMIN_TOKEN, backend_up_is, system
+from tests.shared_state import ADMIN_TOKEN, backend_up_is, every_worker_up, system
 
 
 @pytest.mark.parametrize(
@@ -86,7 +85,7 @@ async def test_without_redis_a_prefix_learned_through_one_worker_is_a_hit_throug
         try:
             # Ready is one worker's answer: wait until both are connected to the other (a
             # dispatch before that is not shared).
-            assert await eventually(_every_worker_up(gateway))
+            assert await eventually(every_worker_up(gateway))
             first, home, route = await fresh_connection_send(gateway, chat(system(1), "q0"))
             assert route == "prefix-home"
             await asyncio.sleep(0.3)  # well past the other worker's replay (a few ms)
@@ -103,11 +102,6 @@ async def test_without_redis_a_prefix_learned_through_one_worker_is_a_hit_throug
                 pytest.fail("the kernel sent 40 new connections to the same worker")
         finally:
             assert await gateway.stop() == 0
-
-
-def _every_worker_up(gateway: ManagedProcess) -> Callable[[], Awaitable[bool]]:
-    """Whether every worker is connected to every other (/metrics answers for both)."""
-    return backend_up_is(gateway, 2.0, "workers")
 
 
 async def test_every_scrape_answers_for_every_worker_whichever_one_it_reaches() -> None:
@@ -162,13 +156,13 @@ async def test_without_redis_a_crashed_worker_is_replaced_in_its_place_and_rejoi
         env = {**FAST_PROBES, "GATEWAY_WORKERS": "2"}
         gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
         try:
-            assert await eventually(_every_worker_up(gateway))
+            assert await eventually(every_worker_up(gateway))
             assert gateway.pid is not None
             os.kill(children(gateway.pid)[0], signal.SIGKILL)
             # The replacement listens where its predecessor did; the survivor reconnects to it
             # and it to the survivor (a replacement in another place would never be reached).
             await asyncio.sleep(1.5)  # the parent waits 1 s before replacing a worker
-            assert await eventually(_every_worker_up(gateway), within_s=15)
+            assert await eventually(every_worker_up(gateway), within_s=15)
         finally:
             assert await gateway.stop() == 0
 
@@ -184,7 +178,7 @@ async def test_a_stopped_worker_is_killed_and_replaced_and_every_request_is_serv
         parent = gateway.pid
         stopped = None
         try:
-            assert await eventually(_every_worker_up(gateway))
+            assert await eventually(every_worker_up(gateway))
             stopped, survivor = children(parent)
             os.kill(stopped, signal.SIGSTOP)  # holds its socket, answers nothing
 

@@ -1,5 +1,6 @@
 """Shared helpers of the tier tests: a fleet of a small and a large pool of one replica each
-behind the tier model `auto`, requests to it, conversations, and load on a pool."""
+behind the tier model `auto`, requests to it, conversations and their turns, load on a pool, and
+the policy of a running small and large pool behind `auto`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import orjson
 from gateway.fleet.pools import Fleet
 from gateway.http.request_body import Endpoint, parse_request
 from gateway.routing.resolve import Resolution, resolve
+from replica.processes import ManagedProcess
 from router_policies.decision import Route
 from router_policies.schema import parse_policy
 
@@ -18,6 +20,9 @@ HARD = (
     "Prove step by step that the integral of $e^{-x^2}$ over the real line is $\\sqrt{\\pi}$, "
     "then compare two derivations and justify which is more rigorous."
 )
+# A conversation's turns: an opening with no task yet, and a follow-up that, read alone, is easy.
+OPENING = "Hi! I have a few questions for you today."
+EASY_FOLLOW_UP = "Thanks! And what is the capital of France?"
 SLOW = {"prefill_tokens_per_s": 2000.0, "step_s": 0.04}
 """A large model's starting rates: slower at everything than the default small one's."""
 
@@ -88,3 +93,22 @@ def busy(built: Fleet, pool: str, pending: int = 40) -> None:
         replica.inflight = 40
         replica.pending_requests = pending
         replica.pending_prefill_tokens = pending * 500  # their prompts, not yet prefilled
+
+
+def tiered_policy(pools: dict[str, ManagedProcess], **tier: Any) -> dict[str, Any]:
+    return {
+        "pools": {
+            "small": {
+                "model": "small-model",
+                "replicas": [pools["small"].url],
+                "max_inflight_per_replica": 1,
+                "saturation_queue_per_replica": 1,
+            },
+            "large": {
+                "model": "large-model",
+                "replicas": [pools["large"].url],
+                "tensor_parallel_size": 2,
+            },
+        },
+        "tiers": {"auto": {"small": "small", "large": "large", **tier}},
+    }

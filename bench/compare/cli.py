@@ -22,6 +22,7 @@ from bench.compare.mooncake import (
     TUNING_WINDOWS,
     WINDOW_SETS,
     parse_window,
+    trace_problem,
 )
 from bench.compare.notes import METHOD, notes
 from bench.compare.plan import DEFAULT_SEEDS, MOONCAKE, SIM_FLEET_WORKLOADS, TUNING_SEEDS
@@ -234,6 +235,14 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         progress=not args.no_progress,
         workloads=args.workloads,
     )
+    # Before anything starts (installing the peers included), in one line.
+    replays = config.fleet == "mooncake" or (
+        config.fleet in ("sim", "all") and config.runs(MOONCAKE)
+    )
+    problem = trace_problem(config.windows, config.traces) if replays else None
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         result = uvloop.run(run_compare(config))
     except KeyboardInterrupt:

@@ -157,6 +157,23 @@ def trace_path(window: TraceWindow, traces: str | None) -> Path:
     return path
 
 
+def trace_problem(windows: Sequence[TraceWindow], traces: str | None) -> str | None:
+    """Why a window cannot be replayed (None: every one can), for a command to say in one line
+    before it starts anything; fetches the traces ``--traces download`` asks for."""
+    for window in windows:
+        try:
+            path = trace_path(window, traces)
+            if not window_records(window, path):
+                return f"window {window} of {path} holds no request"
+        except FileNotFoundError as exc:
+            return str(exc)
+        except OSError as exc:  # urllib's URLError: no network, or the file moved
+            return f"cannot fetch the {window.trace} trace: {exc}"
+        except ValueError as exc:  # a line that is not the trace's
+            return str(exc)
+    return None
+
+
 def window_records(window: TraceWindow, path: Path, quick: bool = False) -> list[TraceRecord]:
     """The records the window replays, in file order."""
     start_s, end_s = _span_s(window, quick)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from dataclasses import replace
 
+from bench.compare.cli import parse_seeds
 from bench.compare.plan import GSP, LOW, MRQA, ZIPF, SimScale, sim_workloads
 from bench.instances.outage import outage_markdown, run_outage
 from bench.instances.report import markdown
 from bench.instances.runner import Layout, run_all
 from bench.instances.sharing_cpu import sharing_cpu
+from gateway.cli_types import positive_int
 
 SCALE = SimScale(groups=16, prompts_per_group=16, users=24, rounds=5, rate=16.0, user_rate=2.0)
 """``bench compare``'s workloads at half its fleet's size (4 replicas, not 8): half the groups
@@ -26,11 +29,11 @@ than the balance bound (+0.05) it is held to; the low-sharing control stays on o
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--instances", default="2,4",
+        "--instances", type=_counts, default="2,4",
         help="gateway instance counts to compare with one instance, comma-separated (2,4)",
     )  # fmt: skip
     parser.add_argument(
-        "--unshared", default="2",
+        "--unshared", type=_counts, default="2",
         help="instance counts also run without shared state, as the control ('' for none)",
     )  # fmt: skip
     parser.add_argument(
@@ -38,16 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bench compare's sim workloads to run (gsp,mrqa,low,zipf)",
     )  # fmt: skip
     parser.add_argument(
-        "--seeds", default="0",
+        "--seeds", type=parse_seeds, default="0",
         help="workload seeds, comma-separated; gsp, mrqa and zipf run on each, low on the "
         "first; hit rates are over all seeds, max/mean the mean of each seed's (0)",
     )  # fmt: skip
     parser.add_argument(
-        "--workers", default="2",
+        "--workers", type=_counts, default="2",
         help="worker counts of one instance (`serve --workers N`), each run twice: the "
         "workers sharing with each other, and through Redis; comma-separated ('' for none)",
     )  # fmt: skip
-    parser.add_argument("--replicas", type=int, default=4, help="simulated replicas (4)")
+    parser.add_argument("--replicas", type=positive_int, default=4, help="simulated replicas (4)")
     parser.add_argument("--quick", action="store_true", help="small workloads (a smoke run)")
     parser.add_argument(
         "--sharing-cpu", action="store_true",
@@ -60,8 +63,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _counts(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
+def _counts(text: str) -> tuple[int, ...]:
+    """``2,4`` -> (2, 4): counts of instances or workers, each compared with the one instance
+    every run has; so each is 2 or more (a 1 or a 0 would be dropped unseen)."""
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"counts are integers separated by commas: {text!r}"
+        ) from None
+    if any(count < 2 for count in counts):
+        raise argparse.ArgumentTypeError(
+            f"each count is 2 or more (one instance is the baseline every run has): {text!r}"
+        )
+    return counts
+
+
+def _listed(counts: tuple[int, ...]) -> str:
+    return ",".join(map(str, counts))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,23 +99,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     scale = QUICK if args.quick else SCALE
     wanted = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    seeds = _counts(args.seeds) or [0]
+    seeds = list(args.seeds)
     workloads = [w for w in sim_workloads(scale, seeds, SEEDED) if w.info.key in wanted]
     if not workloads:
-        print(f"error: no known workload in {args.workloads!r}")
+        print(f"error: --workloads: no known workload in {args.workloads!r}", file=sys.stderr)
         return 2
     layouts = [Layout(1, False)]
-    layouts += [Layout(n, True) for n in _counts(args.instances) if n > 1]
-    layouts += [Layout(n, False) for n in _counts(args.unshared) if n > 1]
-    layouts += [
-        Layout(1, redis, workers=n)
-        for n in _counts(args.workers)
-        if n > 1
-        for redis in (False, True)
-    ]
+    layouts += [Layout(n, True) for n in args.instances]
+    layouts += [Layout(n, False) for n in args.unshared]
+    layouts += [Layout(1, redis, workers=n) for n in args.workers for redis in (False, True)]
     command = (
-        f"llm-gateway bench instances --instances {args.instances} --unshared '{args.unshared}' "
-        f"--workers '{args.workers}' --workloads {','.join(wanted)} "
+        f"llm-gateway bench instances --instances {_listed(args.instances)} --unshared "
+        f"'{_listed(args.unshared)}' --workers '{_listed(args.workers)}' "
+        f"--workloads {','.join(wanted)} "
         f"--seeds {','.join(map(str, seeds))} --replicas {args.replicas}"
         + (" --quick" if args.quick else "")
     )

@@ -15,38 +15,39 @@ from bench.overhead.config import (
 )
 from bench.overhead.report import format_report, keep_notes
 from bench.overhead.runner import run_overhead
+from gateway.cli_types import non_negative_int, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = OverheadConfig()
     parser.add_argument(
         "--requests",
-        type=int,
+        type=positive_int,
         default=defaults.requests,
         help="measured requests per target, mode and concurrency (default: %(default)s)",
     )
     parser.add_argument(
         "--concurrency",
-        type=int,
+        type=positive_int,
         default=defaults.concurrency,
         help="requests in flight (default: %(default)s)",
     )
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=positive_int,
         default=defaults.rounds,
         help="interleaved batches per target and cell (default: %(default)s)",
     )
     parser.add_argument(
         "--unloaded-requests",
-        type=int,
+        type=non_negative_int,
         default=defaults.unloaded_requests,
         help="measured requests per target and mode at concurrency 1; 0 skips that pass "
         "(default: %(default)s)",
     )
     parser.add_argument(
         "--max-tokens",
-        type=int,
+        type=positive_int,
         default=defaults.max_tokens,
         help="completion tokens per request (default: %(default)s)",
     )
@@ -65,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=defaults.workers,
         help="also measure the gateway with `serve --workers N` (N > 1) beside the "
         "one-process gateway, its workers sharing with each other and, as a second target, "
@@ -105,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--chunk-tokens",
-        type=int,
+        type=non_negative_int,
         default=defaults.chunk_tokens,
         help="streamed tokens per request in the per-chunk cells, from a replica pacing its "
         "tokens; 0 leaves them out (default: %(default)s)",
@@ -125,13 +126,6 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``llm-gateway bench overhead``; 0 when every request succeeded and every
     installed peer started."""
     few = FEW_TOKENS + 1
-    if min(args.requests, args.concurrency, args.rounds) < 1 or args.unloaded_requests < 0:
-        print(
-            "error: --requests, --concurrency and --rounds must be at least 1, "
-            "--unloaded-requests at least 0",
-            file=sys.stderr,
-        )
-        return 2
     if args.chunk_tokens and args.chunk_tokens < few:
         print(f"error: --chunk-tokens must be 0 or at least {few}", file=sys.stderr)
         return 2

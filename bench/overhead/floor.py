@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import httptools
 import uvloop
 
-from gateway.http.front import RequestHead
+from gateway.http.connections import RequestHead
 from replica.processes import ManagedProcess, start_on_free_port
 
 

@@ -27,7 +27,8 @@ from bench.scaling.results import (
     max_direction_changes,
     worst_lag,
 )
-from gateway.fleet.pools import Dispatch, EngineStats, PoolQueue, PoolState
+from gateway.fleet.pool_queue import PoolQueue
+from gateway.fleet.pools import Dispatch, EngineStats, PoolState
 from router_policies.decision import Decision, Route
 from router_policies.fingerprint import RequestFeatures
 from router_policies.schema import PolicyName, PoolPolicy

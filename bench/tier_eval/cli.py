@@ -12,19 +12,13 @@ from bench.tier_eval.evaluation import (
     evaluate,
 )
 from bench.tier_eval.report import format_report, write_roc_plot
-
-
-def _share(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
+from gateway.cli_types import share
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target-share",
-        type=_share,
+        type=share,
         default=0.4,
         help="target share of traffic for the large pool, for the calibrated threshold "
         "(default 0.4)",

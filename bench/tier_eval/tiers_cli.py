@@ -40,6 +40,7 @@ from bench.tier_eval.length import LengthAlone, length_class
 from bench.tier_eval.roc import auc_standard_error, roc_auc, stratified_auc
 from bench.tier_eval.timing import timing_report
 from bench.tier_eval.train import TrainConfig, train
+from gateway.cli_types import non_negative_float, positive_int, share
 from router_policies.tier_classifiers import CueClassifier, TierClassifier, load_learned
 from router_policies.tier_settings import TierWeights
 
@@ -296,28 +297,30 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     parser.add_argument(
         "--min-df",
-        type=int,
+        type=positive_int,
         default=d.min_df,
         help=f"prompts a feature must occur in (default {d.min_df})",
     )
-    parser.add_argument("--l2", type=float, default=d.l2, help=f"weight decay (default {d.l2})")
+    parser.add_argument(
+        "--l2", type=non_negative_float, default=d.l2, help=f"weight decay (default {d.l2})"
+    )
     parser.add_argument(
         "--l2-request",
-        type=float,
+        type=non_negative_float,
         default=d.l2_request,
         help=f"weight decay of the request features (default {d.l2_request})",
     )
     parser.add_argument(
         "--iterations",
-        type=int,
+        type=positive_int,
         default=d.iterations,
         help=f"optimiser steps (default {d.iterations})",
     )
-    parser.add_argument("--max-features", type=int, default=d.max_features,
+    parser.add_argument("--max-features", type=positive_int, default=d.max_features,
                         help=f"weights kept in the file (default {d.max_features})")  # fmt: skip
     parser.add_argument(
         "--conversation-share",
-        type=float,
+        type=share,
         default=d.conversation_share,
         help="share of prompts also trained on as two-turn conversations with a neutral "
         f"follow-up (default {d.conversation_share})",

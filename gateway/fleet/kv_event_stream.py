@@ -7,7 +7,10 @@ it too): ``(topic, seq, payload)`` messages, ``seq`` 8 bytes big-endian, ``paylo
 exact while its sequence has no hole. A hole the replay endpoint cannot fill, or a replica
 that computed new blocks without reporting them for ``stall_s``, sends routing back to the
 estimate for that replica (one log line, a metric); a hole clears what was built, and after
-``resync_s`` of a clean stream it is exact again.
+``resync_s`` of a clean stream it is exact again. A message that cannot be read (not vLLM's
+format, or more than any engine step sends) is skipped and lost as a hole is; the subscription
+goes on. Messages are applied a slice at a time, so that a large or fast publisher does not hold
+up the requests the event loop is serving.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -34,6 +37,34 @@ _REPLAY_TIMEOUT_S = 1.0
 _GPU_MEDIA = frozenset((None, "GPU", "gpu"))
 """Blocks in the engine's own cache; the events of any other medium are another tier's (vLLM's
 CPU offloading), whose blocks the engine loads back rather than computes."""
+_BLOCK_EVENTS = frozenset(("BlockStored", "BlockRemoved"))
+
+MAX_STEP_BLOCKS = 1 << 17
+"""Most events, and most block hashes, one message may carry; a message with more is unreadable.
+vLLM publishes one message per engine step: a BlockStored per request scheduled and KV-cache
+group, a BlockRemoved per block evicted (one event each) to make room for the step's new blocks,
+and an offloading tier's events as many again. A step of 1,024 requests (``max_num_seqs``, 256 by
+default) over 65,536 batched tokens (``max_num_batched_tokens``, 8,192 at most by default) in
+16-token blocks, every new block evicting one, four KV groups and a tier: about 49,000 events and
+82,000 hashes; vLLM's defaults send a few hundred. The bound keeps what a broken publisher has
+one message add, and the loop walk, to what an engine could send."""
+MAX_STEP_BYTES = 1 << 24
+"""Most bytes one message may carry, checked before it is decoded: decoding is one call the
+event loop cannot interleave (~37 ns a byte on a 2-core VM: 0.6 s for this). The step above is
+about 5 MB (its token ids at 3-5 bytes each, ~60-100 bytes an event)."""
+_SLICE = 1024
+"""Events and block hashes applied between two turns of the event loop: a few milliseconds
+(8 us a one-block BlockStored, 1.4 us a hash of a longer one, on a 2-core VM); each message
+counts one, so that a burst of small ones yields too."""
+_UNREADABLE = (
+    msgspec.MsgspecError, ValueError, TypeError, LookupError, AttributeError, ArithmeticError
+)  # fmt: skip
+"""What a message not in vLLM's format raises while applied: not msgpack, not a batch, an event
+not a map or missing a key, a token id past 64 bits, a block hash that is a list, a bound above."""
+
+
+class Unreadable(ValueError):
+    """A message more than an engine step could send (``MAX_STEP_BLOCKS``, ``MAX_STEP_BYTES``)."""
 
 
 class EventStream:
@@ -72,6 +103,8 @@ class EventStream:
         once it has prefilled them, and until its events say so, a request sharing their
         prefix must still find them here."""
         self._decode = msgspec.msgpack.Decoder().decode
+        self._unsliced = 0
+        """Events, hashes and messages applied since the event loop last had a turn."""
 
     def exact(self, now: float) -> bool:
         if self.next_seq is None or self.unconfirmed or now < self.lost_until:
@@ -147,42 +180,80 @@ class EventStream:
         self.unconfirmed = True
 
     def apply(self, seq: int, payload: bytes) -> None:
+        """Applies message ``seq`` whole, raising what cannot be read (the subscription reads
+        each with ``read``)."""
+        for _ in self._applying(seq, payload):
+            pass
+
+    async def read(self, seq: int, payload: bytes, replica: str) -> None:
+        """Applies message ``seq`` a slice at a time, the event loop running between; one that
+        cannot be read is lost, as a hole is (what it half applied goes with the rest)."""
+        try:
+            for _ in self._applying(seq, payload):
+                await asyncio.sleep(0)
+        except _UNREADABLE as exc:
+            self.lost(time.monotonic(), replica, f"sent message {seq}, unreadable ({exc!r:.200})")
+
+    def _applying(self, seq: int, payload: bytes) -> Iterator[None]:
+        """Applies message ``seq``, pausing (a yield) after every ``_SLICE`` events and hashes."""
         if self.next_seq is not None and seq < self.next_seq:
             # The publisher started over (the engine restarted): its cache is new.
             self.blocks.clear()
+        # The sequence goes on past a message even if it cannot be read: it is lost, not a hole.
         self.next_seq = seq + 1
         self.unconfirmed = False
         self.expect_since = None
         self.last_event_at = time.monotonic()
+        if len(payload) > MAX_STEP_BYTES:
+            raise Unreadable(f"{len(payload)} bytes")
         _ts, events, *_ = self._decode(payload)
+        if len(events) > MAX_STEP_BLOCKS:
+            raise Unreadable(f"{len(events)} events")
         blocks = self.blocks
+        hashes_left = MAX_STEP_BLOCKS
+        self._unsliced += 1
+        if self._unsliced >= _SLICE:  # a burst of messages with few events each
+            self._unsliced = 0
+            yield
         for event in events:
+            if self._unsliced >= _SLICE:
+                self._unsliced = 0
+                yield
+            self._unsliced += 1
             kind = event.get("type")
             if kind == "AllBlocksCleared":
                 blocks.clear()
-            elif event.get("group_idx"):
-                continue  # another KV group's
-            elif (medium := event.get("medium")) not in _GPU_MEDIA:
+                continue
+            if kind not in _BLOCK_EVENTS or event.get("group_idx"):
+                continue  # another KV group's, or an event that says nothing of blocks held
+            hashes = event["block_hashes"]
+            hashes_left -= len(hashes)
+            if hashes_left < 0:
+                raise Unreadable(f"over {MAX_STEP_BLOCKS} block hashes")
+            self._unsliced += len(hashes)
+            if (medium := event.get("medium")) not in _GPU_MEDIA:
                 if kind == "BlockStored":
-                    blocks.offloaded(
-                        str(medium), event["block_hashes"], event.get("block_size") or 0
-                    )
-                elif kind == "BlockRemoved":
-                    blocks.unloaded(str(medium), event["block_hashes"])
+                    blocks.offloaded(str(medium), hashes, event.get("block_size") or 0)
+                else:
+                    blocks.unloaded(str(medium), hashes)
             elif kind == "BlockStored":
                 _stored(blocks, event)
-            elif kind == "BlockRemoved":
-                blocks.removed(event["block_hashes"])
+            else:
+                blocks.removed(hashes)
 
-    def lost(self, now: float, replica: str) -> None:
-        """A hole nothing could fill: what was built may hold evicted blocks."""
+    def lost(self, now: float, replica: str, what: str = "lost a message") -> None:
+        """A hole nothing could fill, or a message that could not be read: what was built may
+        hold evicted blocks. Each is counted; only the first of an inexact period is logged (a
+        publisher dropping every other message would otherwise log as fast as it sends)."""
         self.blocks.clear()
         self.gaps += 1
+        if now >= self.lost_until:
+            log.warning(
+                "KV events of replica %s %s: routing there on the estimate until %.0f s pass "
+                "with no message lost (losses meanwhile are counted, not logged)",
+                replica, what, self.resync_s,
+            )  # fmt: skip
         self.lost_until = now + self.resync_s
-        log.warning(
-            "KV events of replica %s lost a message: routing there on the estimate for %.0f s",
-            replica, self.resync_s,
-        )  # fmt: skip
 
     async def run(self, replica: str) -> None:
         """Subscribes until cancelled."""
@@ -198,16 +269,18 @@ class EventStream:
                 seq = int.from_bytes(frames[1], "big", signed=True)
                 expected = self.next_seq
                 if expected is not None and seq > expected:
-                    if not await self._replay(ctx, expected, seq):
+                    if not await self._replay(ctx, expected, seq, replica):
                         self.lost(time.monotonic(), replica)
                 elif expected is None and seq > 0 and self.replay:
                     # Joined mid-stream: what the replay still buffers tells what came before.
-                    await self._replay(ctx, None, seq)
-                self.apply(seq, frames[2])
+                    await self._replay(ctx, None, seq, replica)
+                await self.read(seq, frames[2], replica)
         finally:
             sub.close(linger=0)
 
-    async def _replay(self, ctx: zmq.asyncio.Context, first: int | None, until: int) -> bool:
+    async def _replay(
+        self, ctx: zmq.asyncio.Context, first: int | None, until: int, replica: str
+    ) -> bool:
         """Fills the hole [first, until) from the replay endpoint; whether it did. ``first``
         None: joining mid-stream, from the oldest message the replay still buffers (an engine
         that has run a while no longer holds its first)."""
@@ -228,7 +301,7 @@ class EventStream:
                 if filled is None:
                     filled = seq
                 if filled <= seq < until and seq == filled:
-                    self.apply(seq, frames[3])
+                    await self.read(seq, frames[3], replica)
                     filled = seq + 1
         except TimeoutError:
             pass

@@ -1,6 +1,7 @@
 """Subscriptions to the replicas' KV-cache events: one stream task per replica that publishes
 (prefix.source auto or events, an endpoint configured), reconciled with the fleet every
-second, so a policy reload or a replica's restart is picked up without restarting the gateway.
+second, so a policy reload or a replica's restart is picked up without restarting the gateway,
+and a task that ended (it should not: it skips what it cannot read) is started again.
 """
 
 from __future__ import annotations
@@ -73,9 +74,25 @@ class KvEventSubscriptions:
                     "KV-cache events" if exact else "estimate (its event stream is not whole)",
                 )  # fmt: skip
             wanted.add(stream)
-            if stream not in self._tasks:
+            task = self._tasks.get(stream)
+            if task is None or task.done():
+                if task is not None:
+                    _ended(stream, task, replica.name)
                 self._tasks[stream] = asyncio.create_task(
                     stream.run(replica.name), name=f"KV events of {replica.name}"
                 )
         for gone in [s for s in self._tasks if s not in wanted]:
             self._tasks.pop(gone).cancel()
+
+
+def _ended(stream: EventStream, task: asyncio.Task[None], replica: str) -> None:
+    """A backstop: a stream's task runs until cancelled, skipping what it cannot read, so one
+    that ended met a bug. It is logged once here, and the replica subscribed to again, rather
+    than its events ignored from then on; what it sent meanwhile, or what the failure left half
+    applied, is unknown, so the index starts over as after a lost message."""
+    error = None if task.cancelled() else task.exception()
+    log.error(
+        "KV events of replica %s: the subscription ended%s; subscribing again",
+        replica, "" if error is None else f" on {error!r:.200}", exc_info=error,
+    )  # fmt: skip
+    stream.lost(time.monotonic(), replica)

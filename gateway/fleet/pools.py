@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.fleet.autoscale import PoolAutoscale
-from gateway.fleet.pool_queue import PoolQueue, PoolSaturated
-from gateway.fleet.prediction_errors import PredictionErrors
+from gateway.fleet.pool_counts import PoolCounts, UsageLearning
+from gateway.fleet.pool_queue import PoolQueue, PoolSaturated, Ticket
 from gateway.fleet.replicas import Dispatch, EngineStats, ReplicaState
 from gateway.relay.usage import PromptUsage
 from router_policies.cost.ttft import IDLE, queued_tokens
@@ -24,15 +23,7 @@ if TYPE_CHECKING:
     from gateway.shared_state.outbox import Outbox
 
 # Replica state lives in gateway/fleet/replicas.py; the pool hands its types out too.
-__all__ = [
-    "Dispatch",
-    "EngineStats",
-    "Fleet",
-    "PoolQueue",
-    "PoolSaturated",
-    "PoolState",
-    "ReplicaState",
-]
+__all__ = ["Dispatch", "EngineStats", "Fleet", "PoolSaturated", "PoolState", "ReplicaState"]
 
 _RECHECK_S = 0.25
 """A waiting request re-checks at least this often: replicas also free up by turning healthy."""
@@ -40,39 +31,6 @@ _SERVICE_WEIGHT = 0.1
 """Weight of each finished request in a replica's mean time per request (~last 10)."""
 _CHARS_PER_TOKEN_WEIGHT = 0.05
 """Weight of each new usage report in a pool's learned characters per token (~last 20)."""
-
-
-@dataclass(slots=True)
-class RemoteCounts:
-    """The other gateway instances' counts for a pool (shared state; all 0 when none)."""
-
-    arrivals: int = 0
-    """Their arrivals since this instance started (only grows)."""
-    completions: int = 0
-    waiting: int = 0
-    """Requests waiting inside them for a replica of this pool, now."""
-
-
-@dataclass(slots=True)
-class PoolCounts:
-    """The pool's requests counted since the process started; a reload keeps counting."""
-
-    dispatched: int = 0
-    """Dispatches, retries not counted: round-robin's cursor."""
-    arrivals: int = 0
-    """Requests routed to this pool, counted on arrival: demand, not throughput."""
-    completions: int = 0
-    """Requests (attempts) that ended: with saturation, they teach the capacity."""
-    remote: RemoteCounts = field(default_factory=RemoteCounts)
-
-
-@dataclass(slots=True)
-class UsageLearning:
-    """What the replicas' `usage` reports taught the pool; a reload keeps it."""
-
-    chars_per_token: float
-    """Bytes of canonical prompt per model token."""
-    prediction_errors: PredictionErrors = field(default_factory=PredictionErrors)
 
 
 class PoolState:
@@ -109,6 +67,8 @@ class PoolState:
         self.router: SelectionPolicy = make_policy(
             policy, previous.router if previous is not None else None
         )
+        for gone in old.keys() - self.replicas.keys():
+            self.router.forget(gone)
         self._needs = self.router.needs
         self.autoscale: PoolAutoscale = PoolAutoscale(
             policy.autoscale, previous.autoscale if previous is not None else None
@@ -117,6 +77,9 @@ class PoolState:
         self.outbox: Outbox | None = None
         """Where dispatches go to be shared with other instances (Fleet.attach; None: nothing
         shared)."""
+        self.successor: PoolState | None = None
+        """The generation a reload put in its place (Fleet), where requests still waiting for
+        a slot of this one are dispatched."""
 
     @property
     def model(self) -> str:
@@ -176,36 +139,67 @@ class PoolState:
         snapshot = self.snapshot(exclude, features=features)
         return self.router.select(features, snapshot, explain=explain)
 
+    def free_slot(self) -> bool:
+        """Whether a replica has a slot free: a request leaving the line sees if the next one
+        in it should look (one only it could not take, or one more than it took)."""
+        now = time.monotonic()
+        return any(r.available(now) and self._has_slot(r) for r in self.replicas.values())
+
     async def acquire(
         self, features: RequestFeatures, exclude: Iterable[str] = (), *, retry: bool = False
     ) -> Dispatch | None:
         """A dispatched attempt; waits in line while every replica is full.
 
         None when no healthy replica is left to try; PoolSaturated when the wait times out, or
-        at once for a sheddable request (priority below 0).
+        at once for a sheddable request (priority below 0). A request still waiting when the
+        policy is reloaded goes to the pool's new generation (its replicas, added or removed).
         """
         skip = set(exclude)
         deadline = time.monotonic() + self.policy.queue_timeout_s
         priority = features.priority
+        queue = self.queue
         # Newcomers queue behind those already waiting (of their priority or higher) rather
         # than jump the line.
-        if not self.queue.ahead_of(priority):
-            decision = self.decide(features, skip)
+        if not queue.ahead_of(priority):
+            pool = self if self.successor is None else self.latest()
+            decision = pool.decide(features, skip)
             if decision is not None:
-                return self.begin(decision, features, retry=retry)
-        while True:
-            now = time.monotonic()
-            if not any(r.available(now) and r.name not in skip for r in self.replicas.values()):
-                return None
-            remaining = deadline - time.monotonic()
-            if priority < 0 or remaining <= 0:
-                raise PoolSaturated(self.name, shed=priority < 0)
-            await self.queue.wait(min(remaining, _RECHECK_S), priority)
-            if self.queue.ahead_of(priority + 1):
-                continue  # woken by its own recheck: a higher priority waiting goes first
-            decision = self.decide(features, skip)
-            if decision is not None:
-                return self.begin(decision, features, retry=retry)
+                return pool.begin(decision, features, retry=retry)
+        ticket: Ticket | None = None
+        dispatch: Dispatch | None = None
+        try:
+            while True:
+                pool = self.latest()
+                now = time.monotonic()
+                if not any(r.available(now) and r.name not in skip for r in pool.replicas.values()):
+                    return None
+                remaining = deadline - now
+                if priority < 0 or remaining <= 0:
+                    raise PoolSaturated(self.name, shed=priority < 0)
+                if ticket is None:
+                    ticket = queue.join(priority)
+                offered = await queue.wait(ticket, min(remaining, _RECHECK_S))
+                if not offered and not queue.first(ticket):
+                    continue  # its own recheck, with others still ahead of it
+                pool = self.latest()
+                decision = pool.decide(features, skip)
+                if decision is not None:
+                    dispatch = pool.begin(decision, features, retry=retry)
+                    return dispatch
+                if pool.free_slot():  # one it may not take (a retry's): the next in line may
+                    queue.wake_one(after=ticket)
+        finally:
+            if ticket is not None:
+                # Offered a slot it never looked at (its client left), or one more is free.
+                pass_on = ticket.offered if dispatch is None else self.latest().free_slot()
+                queue.leave(ticket, pass_on=pass_on)
+
+    def latest(self) -> PoolState:
+        """This pool's newest generation (itself, unless a reload replaced it)."""
+        pool = self
+        while pool.successor is not None:
+            pool = pool.successor
+        return pool
 
     def begin(
         self,
@@ -379,8 +373,14 @@ class Fleet:
         }
         self._by_model = {p.model: p for p in self.pools.values()}
         self.outbox: Outbox | None = None
-        if previous is not None and previous.outbox is not None:
-            self.attach(previous.outbox)
+        if previous is not None:
+            if previous.outbox is not None:
+                self.attach(previous.outbox)
+            # Last, once nothing can fail: a reload refused midway leaves no trace.
+            for name, pool in self.pools.items():
+                old = previous.pools.get(name)
+                if old is not None:
+                    old.successor = pool
 
     def attach(self, outbox: Outbox) -> None:
         """Share this fleet's dispatches with other instances (a reload's fleet inherits it)."""

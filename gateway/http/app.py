@@ -36,7 +36,7 @@ from gateway.fleet.monitor import ProbeSettings, ReplicaMonitor
 from gateway.fleet.outlier import OutlierDetector, OutlierSettings
 from gateway.http import responses_lookup
 from gateway.http.completions import complete, count_error, request_id
-from gateway.http.errors import ApiError, aiohttp_error, internal_error
+from gateway.http.errors import ApiError, aiohttp_error, expectation_failed, internal_error
 from gateway.http.exchange import AiohttpExchange
 from gateway.http.models_list import model_card, model_list
 from gateway.http.request_body import (
@@ -204,7 +204,7 @@ def admin(handler: Handler) -> Handler:
 
 
 async def admin_reload(request: web.Request) -> web.Response:
-    result = request.app[POLICY].reload()
+    result = await request.app[POLICY].reload()
     return _json(
         {
             "reloaded": result.ok,
@@ -296,9 +296,7 @@ def build_app(settings: Settings, policy: Policy, mesh: MeshPlace | None = None)
     )
     app.cleanup_ctx.append(lambda app: _background(app, mesh))
     for endpoint in Endpoint:
-        app.router.add_post(
-            endpoint.value, completion_handler(endpoint), expect_handler=_expect_continue
-        )
+        app.router.add_post(endpoint.value, completion_handler(endpoint), expect_handler=_expect)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)
     responses_lookup.add_routes(
@@ -309,21 +307,24 @@ def build_app(settings: Settings, policy: Policy, mesh: MeshPlace | None = None)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/admin/reload", admin(admin_reload))
     app.router.add_get("/admin/policy", admin(admin_policy))
-    app.router.add_post("/admin/route", admin(admin_route), expect_handler=_expect_continue)
+    app.router.add_post("/admin/route", admin(admin_route), expect_handler=_expect)
     return app
 
 
-async def _expect_continue(request: web.Request) -> web.StreamResponse | None:
-    """`Expect: 100-continue` is honoured; any other expectation gets the OpenAI body (aiohttp's
-    own answer is plain text, sent before any middleware runs)."""
-    if request.version == aiohttp.HttpVersion11:
-        expect = request.headers.get("Expect", "")
-        if expect.lower() == "100-continue":
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            request.writer.output_size = 0  # the interim line is not the response
-        elif expect:
-            return ApiError(417, "Only 'Expect: 100-continue' is supported.").response()
-    return None
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """A 100 Continue for a body within the limit; a 413 for one over it (before it is sent),
+    a 417 for another expectation, as the middleware answers errors (it runs after this)."""
+    if request.version != aiohttp.HttpVersion11:
+        return None
+    expect = request.headers.get("Expect", "").lower()
+    limit = request.app[SETTINGS].max_body_bytes
+    if expect == "100-continue" and (request.content_length or 0) <= limit:
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the interim line is not the response
+        return None
+    error = body_too_large(limit) if expect == "100-continue" else expectation_failed()
+    count_error(request.app, request.path, error.status)
+    return error.response({headers.REQUEST_ID: request_id(request.headers)})
 
 
 async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIterator[None]:

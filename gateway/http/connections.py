@@ -1,10 +1,14 @@
-"""Client connections: how many may be open, and what a malformed request gets back.
+"""Client connections: how many may be open, which request heads the front frames, what a
+malformed request gets back, and the head of an answer written on the transport.
 
 aiohttp has no connection limit, and answers HTTP it cannot parse in plain text, logging the
 offending bytes (header lines, credentials included). The listening socket is created here
 with a protocol factory that counts connections, refuses one over the limit with a 503 in the
 OpenAI shape, and hands the others to a request handler whose error answers are OpenAI bodies
-and whose log line names the problem's kind, never the bytes.
+and whose log line names the problem's kind, never the bytes. Its limits on request heads are
+set here too, and the front (gateway/http/front.py) hands it every head over them or asking
+for what only aiohttp does: a head gets the same answer whoever frames it, however TCP splits
+it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import asyncio
 import logging
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -32,6 +37,88 @@ _RESERVED_FDS = 64
 """Listening socket, logs, health probes and scrapes, the policy file."""
 _REFUSAL_LOG_EVERY_S = 10.0
 _REFUSAL_LINGER_S = 1.0
+MAX_FIELD_BYTES = 8190
+"""The most bytes of a request header field, name and value together (aiohttp's default)."""
+MAX_FIELDS = 128
+"""The most header fields of a request (aiohttp's default)."""
+MAX_HEAD_BYTES = 16 * 1024
+"""The longest request head the front frames; a longer one, of fields within the limits
+above, aiohttp serves."""
+_LIMIT_DIGITS = 18
+"""Digits of the longest Content-Length read as a number: any body limit has fewer."""
+_HANDED_OVER = frozenset((b"expect", b"transfer-encoding", b"content-encoding"))
+"""Request headers that send a request to aiohttp: what they ask for is its to do."""
+
+
+class RequestHead:
+    """llhttp's callbacks for one request head."""
+
+    __slots__ = ("fields", "url")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.fields: list[tuple[bytes, bytes]] = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.fields.append((name, value))
+
+
+def framed_body_length(fields: list[tuple[bytes, bytes]], head_bytes: int, limit: int) -> int:
+    """The body's length when the front may frame a request of these header fields, in a head
+    of ``head_bytes`` (``limit``: the body limit), else -1: aiohttp answers it, as it would on
+    a connection it serves."""
+    if len(fields) > MAX_FIELDS or (
+        head_bytes > MAX_FIELD_BYTES  # else no field can be over it: the usual head, not read
+        and any(len(name) + len(value) > MAX_FIELD_BYTES for name, value in fields)
+    ):
+        return -1
+    length = -1
+    for name, value in fields:
+        lower = name.lower()
+        if lower == b"content-length":
+            # Longer than the limit's digits: over it (and int() refuses 4,300 digits and more).
+            if length >= 0 or not value.isdigit() or len(value) > _LIMIT_DIGITS:
+                return -1
+            length = int(value)
+        elif lower in _HANDED_OVER:
+            return -1
+    return length if length <= limit else -1
+
+
+_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+
+
+class _Date:
+    """The Date header, formatted once a second."""
+
+    __slots__ = ("_line", "_second")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._line = b""
+
+    def line(self) -> bytes:
+        second = int(time.time())
+        if second != self._second:
+            self._second = second
+            self._line = f"Date: {formatdate(second, usegmt=True)}\r\n".encode()
+        return self._line
+
+
+_DATE = _Date()
+
+
+def response_head(status: int, headers: Mapping[str, str], framing: bytes) -> bytes:
+    """Status line and headers; ``framing`` is the length or chunking line(s)."""
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
+    lines += [f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in headers.items()]
+    lines.append(_DATE.line())
+    lines.append(framing)
+    lines.append(b"\r\n")
+    return b"".join(lines)
 
 
 def connection_limit(wanted: int) -> int:
@@ -120,7 +207,10 @@ class ConnectionGate:
 
     def handler(self) -> asyncio.Protocol:
         """aiohttp's handler for a connection (counted open from its connection_made)."""
-        return _Handler(self, self._server, loop=self._loop, **self._handler_args)
+        return _Handler(
+            self, self._server, loop=self._loop, max_field_size=MAX_FIELD_BYTES,
+            max_headers=MAX_FIELDS, **self._handler_args,
+        )  # fmt: skip
 
     def count(self, change: int) -> None:
         """A connection the front serves opened (+1) or closed or was handed over (-1)."""
@@ -155,6 +245,22 @@ class _Handler(RequestHandler):
             self._gate.open -= 1
             self._counted = False
         super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # aiohttp's private state (3.10-3.14), read with defaults: another version without it
+        # keeps aiohttp's own behaviour.
+        closing = getattr(self, "_close", False) and not getattr(self, "_force_close", True)
+        if closing and getattr(self, "_request_in_progress", False):
+            # Shutdown's close() makes aiohttp drop all that arrives, the rest of the body of
+            # the request in flight too, which would end in a 408: that much is let in (a
+            # request after it is parsed but not served, as close() intends).
+            self._close = False
+            try:
+                super().data_received(data)
+            finally:
+                self._close = True
+        else:
+            super().data_received(data)
 
     def handle_error(
         self,

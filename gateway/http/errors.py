@@ -37,6 +37,10 @@ def aiohttp_error(exc: web.HTTPException) -> ApiError:
     return error if allow is None else WithHeaders(error, {"Allow": allow})
 
 
+def expectation_failed() -> ApiError:
+    return ApiError(417, "Only 'Expect: 100-continue' is supported.", code="expectation_failed")
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 

@@ -7,32 +7,39 @@ one zero-delay replica (docs/overhead.md), aiohttp's server side was most of the
 per request once the replica side was protocol-level too (gateway/relay/upstream.py).
 
 The front takes an HTTP/1.1 POST to a completion path with a Content-Length body within the
-body limit and no Expect, Content-Encoding or Transfer-Encoding: what the OpenAI SDKs send.
-Anything else (the other endpoints, a chunked or compressed body, a malformed or oversized
-request, HTTP/1.0) goes to aiohttp with the connection's bytes as they came, and aiohttp serves
-the rest of that connection: its answers, errors included, are the same as ever.
+body limit, no Expect, Content-Encoding or Transfer-Encoding and no upgrade: what the OpenAI
+SDKs send. Anything else (the other endpoints, a chunked or compressed body, a malformed request
+or one over aiohttp's limits, HTTP/1.0, a CONNECT) goes to aiohttp with the connection's bytes
+as they came, once its first bytes or its head show it, and aiohttp serves the rest of that
+connection: its answers, errors included, are the same as ever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from email.utils import formatdate
-from http import HTTPStatus
 from typing import cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.http.connections import (
+    MAX_HEAD_BYTES,
+    RequestHead,
+    framed_body_length,
+    response_head,
+)
+from gateway.http.errors import ApiError, shutting_down
 from gateway.http.request_body import Endpoint, body_late
 
+log = logging.getLogger(__name__)
+
 _ENDPOINTS = {endpoint.value.encode(): endpoint for endpoint in Endpoint}
-MAX_HEAD_BYTES = 16 * 1024
-"""A request head longer than this is aiohttp's to judge (its own limits answer 431)."""
-_REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
-_HANDED_OVER = frozenset((b"expect", b"transfer-encoding", b"content-encoding"))
-"""Request headers that send a request to aiohttp: what they ask for is its to do."""
+_POST = b"POST "
+"""How every request the front takes begins."""
 
 
 class Request:
@@ -47,52 +54,6 @@ class Request:
         self.started = time.perf_counter()
         self.task: asyncio.Task[None] | None = None
         """The task serving it (asyncio.current_task() would cost a getpid() per request)."""
-
-
-class RequestHead:
-    """llhttp's callbacks for one request head."""
-
-    __slots__ = ("fields", "url")
-
-    def __init__(self) -> None:
-        self.url = b""
-        self.fields: list[tuple[bytes, bytes]] = []
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.fields.append((name, value))
-
-
-class _Date:
-    """The Date header, formatted once a second."""
-
-    __slots__ = ("_line", "_second")
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._line = b""
-
-    def line(self) -> bytes:
-        second = int(time.time())
-        if second != self._second:
-            self._second = second
-            self._line = f"Date: {formatdate(second, usegmt=True)}\r\n".encode()
-        return self._line
-
-
-_DATE = _Date()
-
-
-def response_head(status: int, headers: Mapping[str, str], framing: bytes) -> bytes:
-    """Status line and headers; ``framing`` is the length or chunking line(s)."""
-    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
-    lines += [f"{k}: {v}\r\n".encode("latin-1", "replace") for k, v in headers.items()]
-    lines.append(_DATE.line())
-    lines.append(framing)
-    lines.append(b"\r\n")
-    return b"".join(lines)
 
 
 class FrontExchange:
@@ -165,6 +126,8 @@ class FrontConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._drained: asyncio.Future[None] | None = None
         self._paused = False
+        self._stalled: asyncio.TimerHandle | None = None
+        """Ends the connection, as the client's leaving, if its socket stays full too long."""
         self._reading_paused = False
         self._closing = False
         self._gone = False
@@ -173,6 +136,8 @@ class FrontConnection(asyncio.Protocol):
         client's socket is full."""
         self._waiting_body: Endpoint | None = None
         """The endpoint of a request whose head is in and body is not (its timer runs)."""
+        self.ended: asyncio.Future[None] | None = None
+        """Done when the connection closes, for a drain waiting on it (close_when_idle)."""
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -192,19 +157,28 @@ class FrontConnection(asyncio.Protocol):
         self._gone = True
         self._front.closed(self)
         self._cancel_timer()
+        if self._stalled is not None:
+            self._stalled.cancel()
         if self._task is not None:
             self._task.cancel()  # the client left: vLLM aborts the request when we close ours
         drained = self._drained
         if drained is not None and not drained.done():
             drained.set_exception(ConnectionResetError("the client closed the connection"))
+        if self.ended is not None and not self.ended.done():
+            self.ended.set_result(None)
 
     def pause_writing(self) -> None:
         self._paused = True
         if self.throttled is not None:
             self.throttled[0]()
+        # Reading nothing, it holds its replica's batch slot and KV cache: it gets so long.
+        self._stalled = self._loop.call_later(self._front.send_timeout_s, self._transport.abort)
 
     def resume_writing(self) -> None:
         self._paused = False
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
         if self.throttled is not None:
             self.throttled[1]()
         drained = self._drained
@@ -228,41 +202,67 @@ class FrontConnection(asyncio.Protocol):
     def close_line(self) -> bytes:
         return b"Connection: close\r\n" if self._closing or self._front.draining else b""
 
-    def close_when_idle(self) -> None:
-        """Shutdown: close now if no request is in flight, else after its answer."""
+    def close_when_idle(self) -> asyncio.Future[None] | None:
+        """Shutdown: close now if no request is in flight, else after its answer. A request
+        whose body is still arriving is in flight: served once it is in, or refused at the
+        drain's deadline (refuse_upload); its connection's ``ended`` is returned to wait on."""
         self._closing = True
+        if self._waiting_body is not None:
+            self.ended = self._loop.create_future()
+            return self.ended
         if self._task is None:
             self._transport.close()
+        return None
+
+    def refuse_upload(self) -> None:
+        """The drain's deadline: a request whose body is still arriving gets a 503."""
+        if self._waiting_body is not None:
+            self._refuse(shutting_down())
 
     # framing
     def _next(self) -> None:
+        """Frames the next request, or hands the connection to aiohttp. Never raises: it runs in
+        data_received and at the end of a request's task, where an exception would drop the
+        connection unanswered, or leave it hanging."""
+        try:
+            if self._frame():
+                return
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            pass  # malformed, or an Upgrade or a CONNECT (llhttp stops at them): aiohttp's
+        except Exception:
+            log.exception("the front could not frame a request: aiohttp serves the connection")
+        # In a context of its own: aiohttp's tasks copy the current one, which may be the task
+        # of the previous request, its id (and trace span) with it.
+        contextvars.Context().run(self._hand_over)
+
+    def _frame(self) -> bool:
+        """Frames the request at the buffer's start and starts serving it, or waits for the
+        rest of it (True); False: the request is aiohttp's."""
         buffer = self._buffer
+        if not buffer.startswith(_POST) and not _POST.startswith(buffer):
+            return False  # another method, TLS, garbage: aiohttp answers now, not at the timeout
         end = buffer.find(b"\r\n\r\n")
         if end < 0:
-            if len(buffer) > MAX_HEAD_BYTES:
-                self._hand_over()
-            return
+            # A line ended by a bare LF (which llhttp refuses) never ends the head as awaited.
+            return len(buffer) <= MAX_HEAD_BYTES and buffer.count(b"\n") == buffer.count(b"\r\n")
+        if end + 4 > MAX_HEAD_BYTES:
+            return False
         front = self._front
         head = RequestHead()
         parser = httptools.HttpRequestParser(head)
-        try:
-            parser.feed_data(bytes(buffer[: end + 4]))
-        except httptools.HttpParserError:
-            self._hand_over()
-            return
+        parser.feed_data(bytes(buffer[: end + 4]))
         endpoint = _ENDPOINTS.get(head.url)
         fast = parser.get_method() == b"POST" and parser.get_http_version() == "1.1"
-        length = _body_length(head.fields, front.max_body_bytes) if fast else -1
+        length = framed_body_length(head.fields, end + 4, front.max_body_bytes) if fast else -1
         if endpoint is None or length < 0:
-            self._hand_over()
-            return
+            return False
         total = end + 4 + length
         if len(buffer) < total:
             if self._waiting_body is None:
                 self._cancel_timer()
                 self._waiting_body = endpoint
                 self._timer = self._loop.call_later(front.body_timeout_s, self._body_late)
-            return
+            return True
         self._cancel_timer()
         self._waiting_body = None
         body = bytes(buffer[end + 4 : total])
@@ -274,6 +274,7 @@ class FrontConnection(asyncio.Protocol):
             self._closing = True  # the answer says so, and the connection closes after it
         request = Request(endpoint, headers, body)
         self._task = request.task = self._loop.create_task(self._serve(request))
+        return True
 
     async def _serve(self, request: Request) -> None:
         exchange = FrontExchange(self, request.headers)
@@ -325,30 +326,21 @@ class FrontConnection(asyncio.Protocol):
             self._transport.close()
 
     def _body_late(self) -> None:
-        """The body did not arrive within the body timeout of its head: a 408, and the
-        connection closes (what is left of the body cannot be told from a next request)."""
+        """The body did not arrive within the body timeout of its head: a 408."""
         self._timer = None
-        error = body_late(self._front.body_timeout_s)
+        self._refuse(body_late(self._front.body_timeout_s))
+
+    def _refuse(self, error: ApiError) -> None:
+        """``error`` answers the request whose body is awaited, and the connection closes
+        (what is left of the body cannot be told from a next request)."""
+        self._cancel_timer()
         if self._waiting_body is not None:
             self._front.count_error(self._waiting_body.value, error.status)
+            self._waiting_body = None
         body = error.body()
         framing = b"Content-Length: %d\r\nConnection: close\r\n" % len(body)
         self._transport.write(response_head(error.status, error.answer_headers(), framing) + body)
         self._transport.close()
-
-
-def _body_length(fields: list[tuple[bytes, bytes]], limit: int) -> int:
-    """The body's length when the front may take the request, else -1."""
-    length = -1
-    for name, value in fields:
-        lower = name.lower()
-        if lower == b"content-length":
-            if length >= 0 or not value.isdigit():
-                return -1
-            length = int(value)
-        elif lower in _HANDED_OVER:
-            return -1
-    return length if length <= limit else -1
 
 
 class Front:
@@ -363,6 +355,7 @@ class Front:
         *,
         header_timeout_s: float,
         body_timeout_s: float,
+        send_timeout_s: float,
         max_body_bytes: int,
         on_open: Callable[[int], None],
     ) -> None:
@@ -372,6 +365,7 @@ class Front:
         self.count_error = count_error
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
+        self.send_timeout_s = send_timeout_s
         self.max_body_bytes = max_body_bytes
         self.max_buffer = max_body_bytes + MAX_HEAD_BYTES
         self._on_open = on_open
@@ -390,8 +384,14 @@ class Front:
             self._connections.discard(conn)
             self._on_open(-1)
 
-    def pre_shutdown(self) -> None:
-        """Keep-alive connections close after their current answer, idle ones now."""
+    def pre_shutdown(self) -> list[asyncio.Future[None]]:
+        """Keep-alive connections close after their current answer, idle ones now; the futures
+        are those of connections whose request's body is still arriving, done as they close."""
         self.draining = True
+        ending = [conn.close_when_idle() for conn in list(self._connections)]
+        return [ended for ended in ending if ended is not None]
+
+    def refuse_uploads(self) -> None:
+        """The drain's deadline: requests whose body is still arriving get a 503."""
         for conn in list(self._connections):
-            conn.close_when_idle()
+            conn.refuse_upload()

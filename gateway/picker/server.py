@@ -30,15 +30,22 @@ async def _picker(app: web.Application, *, host: str, port: int) -> AsyncIterato
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     picker = Picker(app[METRICS], app[OUTLIERS], stream_usage=app[SETTINGS].stream_usage)
     pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(app, picker), server)
-    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    target = _address(host, port)
     try:
-        server.add_insecure_port(target)
+        bound = server.add_insecure_port(target)
     except RuntimeError as exc:
         raise StartupError(f"cannot listen on {target} (gRPC): {exc}") from None
+    if not bound:  # older gRPC said so by returning port 0
+        raise StartupError(f"cannot listen on {target} (gRPC)")
     await server.start()
-    log.info("endpoint picker (Envoy ext_proc) listening on %s", target)
+    # The port bound, not the one asked for: with --port 0 the system picked it.
+    log.info("endpoint picker (Envoy ext_proc) listening on %s", _address(host, bound))
     try:
         yield
     finally:
         # Streams still open are requests Envoy is relaying: their ends feed the counts.
         await server.stop(app[SETTINGS].drain_timeout_s)
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

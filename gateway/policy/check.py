@@ -9,13 +9,14 @@ is sent there. `check-policy`, `serve` at start-up and every reload load policie
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from router_policies.redis_url import mask as mask_url
-from router_policies.schema import InvalidPolicy, Policy, load_policy
+from router_policies.schema import InvalidPolicy, Policy, read_policy
 from router_policies.tier_classifiers import load_learned
-from router_policies.yaml_locations import line_of
+from router_policies.yaml_locations import FieldProblem, Locations
 
 _HOST = re.compile(r"[A-Za-z0-9._-]+|[0-9A-Fa-f:.]+")
 """A DNS name or IPv4 address, or an IPv6 address (urlsplit has removed its brackets)."""
@@ -45,8 +46,8 @@ def url_problem(url: str) -> str | None:
     return None
 
 
-def replica_url_problems(policy: Policy, text: str = "") -> list[str]:
-    problems = []
+def replica_url_problems(policy: Policy) -> list[FieldProblem]:
+    problems: list[FieldProblem] = []
     for name, pool in policy.pools.items():
         seen: set[str] = set()
         for i, url in enumerate(pool.replicas):
@@ -55,39 +56,55 @@ def replica_url_problems(policy: Policy, text: str = "") -> list[str]:
                 problem = f"{url!r} is listed twice"
             seen.add(url.rstrip("/"))
             if problem is not None:
-                path = ("pools", name, "replicas", i)
-                problems.append(f"{_where(text, path)}pools.{name}.replicas.{i}: {problem}")
+                problems.append((("pools", name, "replicas", i), problem))
     return problems
 
 
-def tier_model_problems(policy: Policy, text: str = "") -> list[str]:
+def tier_model_problems(policy: Policy) -> list[FieldProblem]:
     """Tier model files that do not load. The schema checks only that the file is there; a
     file that is not a model would otherwise pass check-policy and then fail the gateway as
     it builds its fleet (at start-up, or a reload). Loaded through the classifiers' cache, so
     building the fleet afterwards does not read the file again."""
-    problems = []
+    problems: list[FieldProblem] = []
     for name, tier in policy.tiers.items():
         if tier.model is None:
             continue
         try:
             load_learned(tier.model)
         except (OSError, ValueError) as exc:
-            where = _where(text, ("tiers", name, "model"))
-            problems.append(f"{where}tiers.{name}.model: cannot load the tier model: {exc}")
+            problems.append((("tiers", name, "model"), f"cannot load the tier model: {exc}"))
     return problems
 
 
-def _where(text: str, path: tuple[str | int, ...]) -> str:
-    line = line_of(text, path) if text else None
-    return f"line {line}: " if line is not None else ""
+@dataclass(frozen=True, slots=True)
+class PolicyFile:
+    """A policy file read and valid against the schema; its tier model files not loaded yet."""
+
+    policy: Policy
+    locations: Locations
+    """Where its keys are: the problems found later name their lines from this one parse."""
+    url_problems: tuple[FieldProblem, ...]
+
+
+def read_policy_file(path: str | Path) -> PolicyFile:
+    """Reads, parses and validates the file, and checks its replica URLs. Touches nothing the
+    gateway shares, so a reload may run it off the event loop; raises OSError,
+    UnicodeDecodeError or InvalidPolicy."""
+    policy, locations = read_policy(Path(path).read_text(encoding="utf-8"))
+    return PolicyFile(policy, locations, tuple(replica_url_problems(policy)))
+
+
+def checked(file: PolicyFile) -> Policy:
+    """The file's policy, once its replica URLs and tier model files are usable too; raises
+    InvalidPolicy. Run by the thread that builds fleets (a gateway's event loop): the models
+    load through the classifiers' cache, which takes no lock."""
+    problems = [*file.url_problems, *tier_model_problems(file.policy)]
+    if problems:
+        raise InvalidPolicy(file.locations.describe(problems))
+    return file.policy
 
 
 def load_checked_policy(path: str | Path) -> Policy:
     """As load_policy, and its replica URLs and tier model files usable; raises OSError,
     UnicodeDecodeError or InvalidPolicy."""
-    policy = load_policy(path)
-    text = Path(path).read_text(encoding="utf-8")
-    problems = replica_url_problems(policy, text) + tier_model_problems(policy, text)
-    if problems:
-        raise InvalidPolicy(problems)
-    return policy
+    return checked(read_policy_file(path))

@@ -22,6 +22,9 @@ SSE = "text/event-stream"
 JSON = "application/json"
 _OPENAI_TYPES = frozenset((JSON, SSE))
 _DONE = b"data: [DONE]"
+_DONE_TAIL = len(_DONE) + 4
+"""The bytes a chat or completions stream ends with: its marker and the blank line after it
+(four bytes at most, with CRLF line ends)."""
 _ENDS_WITH_DONE = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS))
 """Streams that end with `data: [DONE]` (a Responses stream ends with its own events)."""
 
@@ -58,19 +61,47 @@ _RESPONSES_ENDS = (
 )
 """The events a Responses stream ends with (no `data: [DONE]` follows them). The line break is
 a real one, which JSON never leaves in a string: model output cannot fake one."""
-END_MARK_BYTES = max(map(len, _RESPONSES_ENDS))
+_END_MARK_BYTES = max(map(len, _RESPONSES_ENDS))
 """How much of the chunk before to read with each chunk: an end event's line may come split."""
+_TAIL = max(_END_MARK_BYTES, _DONE_TAIL)
 
 
-def responses_ended(window: bytes) -> bool:
+def _responses_ended(window: bytes) -> bool:
     """Whether a Responses stream's ``window`` of bytes holds its final event."""
     return any(end in window for end in _RESPONSES_ENDS)
 
 
-def stream_whole(endpoint: Endpoint, before_last: bytes, last: bytes) -> bool:
-    """Whether a stream that closed cleanly was whole, by its last two chunks (the marker may
-    come split)."""
-    return endpoint not in _ENDS_WITH_DONE or _DONE in before_last[-len(_DONE) :] + last
+class StreamEnd:
+    """Whether a relayed stream reached its end, from a rolling tail of its bytes: a replica's
+    writes may split the end marker over any number of reads (a byte each, at worst), which a
+    window of the last two reads would take for a stream cut short."""
+
+    __slots__ = ("_ended", "_responses", "_tail", "_whole")
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._responses = endpoint is Endpoint.RESPONSES
+        self._whole = endpoint not in _ENDS_WITH_DONE
+        """Whether any clean close is whole: a stream with no end marker to wait for."""
+        self._ended = False
+        self._tail = b""
+        """At least the stream's last _TAIL bytes (all of a read that long, kept, not copied)."""
+
+    def feed(self, chunk: bytes) -> None:
+        """The next read of the stream, as it came."""
+        tail = self._tail
+        if self._responses and not self._ended:
+            seam = tail[1 - _END_MARK_BYTES :] + chunk[: _END_MARK_BYTES - 1]
+            self._ended = _responses_ended(chunk) or _responses_ended(seam)
+        self._tail = chunk if len(chunk) >= _TAIL else tail[len(chunk) - _TAIL :] + chunk
+
+    @property
+    def ended(self) -> bool:
+        """Whether the stream so far holds its end: a Responses stream's final event, a chat
+        or completions stream's `data: [DONE]` as its last event."""
+        if self._responses:
+            return self._ended
+        # Only line ends after it: inside a JSON string the marker is followed by a quote.
+        return self._whole or self._tail[-_TAIL:].rstrip(b"\r\n").endswith(_DONE)
 
 
 async def read_head(upstream: UpstreamResponse, limit: int) -> tuple[bytes, bool]:

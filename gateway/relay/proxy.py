@@ -33,7 +33,6 @@ from gateway.http.errors import (
     upstream_error,
 )
 from gateway.http.exchange import Exchange
-from gateway.http.request_body import Endpoint
 from gateway.relay import answers, stream_usage
 from gateway.relay.upstream import UpstreamResponse, Upstreams
 from gateway.relay.upstream_errors import (
@@ -128,6 +127,9 @@ class Forwarder:
             if dispatch is None:
                 break
             routed.dispatched()
+            # Counted under the route it took however it ends: answered, failed, or left by
+            # its client before the answer.
+            outcome.route = routed.resolution.answer_route(dispatch.decision.route).value
             if attempt:
                 self._metrics.retries.labels(pool.name).inc()
             tried.append(dispatch.replica.name)
@@ -242,7 +244,6 @@ class Forwarder:
         self, req: Forwarding, dispatch: Dispatch, upstream: UpstreamResponse, first: bytes
     ) -> int:
         out = req.routed.answer_headers(dispatch.replica.name, dispatch.decision.route)
-        req.outcome.route = out[headers.ROUTE]
         out["Content-Type"] = upstream.content_type_header or answers.JSON
         encoding = upstream.content_encoding
         if encoding is not None:
@@ -308,19 +309,16 @@ class Forwarder:
         exchange, routed, outcome = req.exchange, req.routed, req.outcome
         out["Cache-Control"] = "no-cache"
         outcome.wire = upstream.status
-        before_last = last = b""
         clean = True
         watch = routed.hooks.answered if routed.hooks is not None else None
         endpoint = routed.parsed.endpoint
         waiting = True  # for the first token: its time is the TTFT and the prefill's end
-        # A Responses stream's end is its final event; chat's is read from its last chunks.
-        ended = endpoint is not Endpoint.RESPONSES
+        end = answers.StreamEnd(endpoint)  # its end marker may come split over any reads
 
         def note(chunk: bytes) -> None:
             """What routing learns from a chunk, once it is on its way to the client."""
-            nonlocal watch, before_last, last, waiting, ended
-            if not ended:
-                ended = answers.responses_ended(last[-answers.END_MARK_BYTES :] + chunk)
+            nonlocal watch, waiting
+            end.feed(chunk)
             if waiting and answers.has_first_token(endpoint, chunk):
                 waiting = False
                 self._metrics.ttft_of(routed.pool.name).observe(
@@ -330,7 +328,6 @@ class Forwarder:
             if watch is not None and not watch(dispatch.replica.name, upstream.status, chunk):
                 watch = None
             routed.learn_usage(dispatch, chunk)
-            before_last, last = last, chunk
 
         # The usage the gateway asked for is learned from, not shown to the client.
         shown = stream_usage.UsageDropped() if req.asked_usage else None
@@ -368,7 +365,7 @@ class Forwarder:
                 self._failed(routed.pool, dispatch.replica, "stream broke")
                 await exchange.write(held() + sse_error(exc))
                 clean = False
-            if clean and not (ended and answers.stream_whole(endpoint, before_last, last)):
+            if clean and not end.ended:
                 log.warning("stream from %s ended before its end", out[headers.REPLICA])
                 self._failed(routed.pool, dispatch.replica, "stream cut short")
                 await exchange.write(held() + sse_error(ConnectionResetError("stream ended early")))

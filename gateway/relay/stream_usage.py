@@ -5,12 +5,14 @@ A chat or completions stream reports its usage only when the request sets
 OpenAI SDKs leave out:
 such a stream would teach routing nothing (characters per token, how far the prefix index's
 belief held) and leave a tenant's token charge at its estimate. The gateway asks the replica
-for the usage on the client's behalf and drops that one event from what the client gets, so
-the client receives the stream it asked for.
+for the usage on the client's behalf and drops that one event from what the client gets, and
+the `"usage":null` vLLM then puts on each of the others, so the client receives the stream it
+asked for.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,10 +22,23 @@ from gateway.http.request_body import Endpoint, ParsedRequest
 
 _ASKED = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS))
 """Where usage comes only if asked for (a /v1/responses stream always ends with it)."""
-_EVENT_END = b"\n\n"
+_ENDS_WHOLE = (b"\n\n", b"\r\n\r\n")
+"""How a read of whole events ends, vLLM's and with CRLF line ends."""
+_LINE_END_PAIRS = (b"\n\n", b"\r\r", b"\n\r")
+"""An event ends at a blank line: two line ends in a row (SSE's are CRLF, LF and CR). Every
+blank line holds one of these pairs, and nothing else does."""
+_BLANK_LINE = re.compile(rb"\n\n|[\r\n]\r\n?")
+"""A blank line whole (its second line end a CRLF where one follows)."""
+USAGE_EVENT_MAX_BYTES = 16 * 1024
+"""An event longer than this is not the usage one (a few hundred bytes: ids, the model's name,
+token counts) and goes to the client as it comes: what a stream holds back stays this small."""
 _USAGE = b'"usage":{'
-"""Unescaped quotes: never inside a JSON string, so model output cannot fake either mark."""
+"""Unescaped quotes: never inside a JSON string, so model output cannot fake these marks."""
 _NO_CHOICES = b'"choices":[]'
+_NULL_USAGE = b',"usage":null'
+"""What vLLM puts on each chunk but the usage one once the usage is asked for (compact JSON,
+after the choices): the client did not ask for it, so it does not get it."""
+_STRADDLE = len(_NULL_USAGE) - 1
 _NOT_ASKED = (None, False)
 """`include_usage` values vLLM reads as no usage (`in` compares by equality: 0 is among them,
 as pydantic reads it)."""
@@ -51,33 +66,120 @@ def asking_usage(parsed: ParsedRequest) -> bytes | None:
 
 class UsageDropped:
     """What the client gets of a stream whose usage the gateway asked for: whole events, less
-    the one that carries the usage alone. An event split between two chunks waits for its end
-    (no client could read it before); ``rest`` is what is left when the stream stops."""
+    the one that carries the usage alone and the `"usage":null` vLLM then puts on the others.
+    An event split between two reads waits for its end (no client could read it before),
+    unless it outgrows USAGE_EVENT_MAX_BYTES; ``rest`` is what is held when the stream stops.
+    Each read's bytes are looked through a bounded number of times, however they are split."""
 
-    __slots__ = ("_partial",)
+    __slots__ = ("_held", "_passing")
 
     def __init__(self) -> None:
-        self._partial = b""
+        self._held = bytearray()
+        """The current event's bytes not yet shown: all of it, or while ``_passing``, the last
+        few (a `"usage":null` may straddle two reads)."""
+        self._passing = False
+        """Whether the current event is too long to be the usage one: shown as it comes."""
 
     def __call__(self, chunk: bytes) -> bytes:
-        data = self._partial + chunk if self._partial else chunk
-        end = data.rfind(_EVENT_END) + len(_EVENT_END)
-        if end < len(_EVENT_END):
-            self._partial = data
-            return b""
-        if end == len(data):  # the usual chunk: whole events, no copy
-            whole, self._partial = data, b""
-        else:
-            whole, self._partial = data[:end], data[end:]
-        if _USAGE not in whole:
-            return whole
-        events = whole.split(_EVENT_END)[:-1]
-        return b"".join(e + _EVENT_END for e in events if not _usage_only(e))
+        if not self._held and not self._passing and chunk.endswith(_ENDS_WHOLE):
+            return _shown(chunk)  # the usual read: whole events, nothing held
+        held = self._held
+        seam = bytes(held[-2:])  # an event's end may straddle the reads
+        if self._passing:
+            end = _first_end(chunk, seam)
+            if end < 0:
+                return self._pass_on(chunk)
+            held += chunk[:end]
+            shown = bytes(held).replace(_NULL_USAGE, b"")  # the long event's end: no usage
+            held.clear()
+            self._passing = False
+            return shown + self(chunk[end:]) if end < len(chunk) else shown
+        end = _last_end(chunk, seam)
+        if end < 0:
+            held += chunk
+            return self._pass_on(b"") if len(held) > USAGE_EVENT_MAX_BYTES else b""
+        held += chunk[:end]
+        shown = _shown(bytes(held))
+        held[:] = chunk[end:]
+        if len(held) > USAGE_EVENT_MAX_BYTES:
+            shown += self._pass_on(b"")
+        return shown
 
     def rest(self) -> bytes:
-        rest, self._partial = self._partial, b""
+        rest = bytes(self._held).replace(_NULL_USAGE, b"")
+        self._held.clear()
+        self._passing = False
         return rest
+
+    def _pass_on(self, chunk: bytes) -> bytes:
+        """All but the last few bytes of the over-long event so far, and ``chunk``."""
+        self._passing = True
+        data = (bytes(self._held) + chunk).replace(_NULL_USAGE, b"")
+        self._held[:] = data[-_STRADDLE:]
+        return data[:-_STRADDLE]
+
+
+def _shown(events: bytes) -> bytes:
+    """Whole events as the client gets them."""
+    if _USAGE in events:
+        events = _without_usage(events)
+    return events.replace(_NULL_USAGE, b"")  # the same object where there is none: no copy
+
+
+def _without_usage(events: bytes) -> bytes:
+    kept: list[bytes] = []
+    start = 0
+    for blank in _BLANK_LINE.finditer(events):
+        event = events[start : blank.end()]
+        start = blank.end()
+        body = event.lstrip(b"\r\n")  # after an extra blank line
+        kept.append(event[: len(event) - len(body)] if _usage_only(body) else event)
+    kept.append(events[start:])
+    return b"".join(kept)
 
 
 def _usage_only(event: bytes) -> bool:
     return event.startswith(b"data: {") and _NO_CHOICES in event and _USAGE in event
+
+
+def _last_end(chunk: bytes, seam: bytes) -> int:
+    """Where in ``chunk`` the last whole event ends, ``seam`` the two bytes before it; -1 where
+    none does."""
+    stop = _unsure(chunk)
+    at = max(chunk.rfind(pair, 0, stop) for pair in _LINE_END_PAIRS)
+    return _after(chunk, at) if at >= 0 else _across(chunk, seam)
+
+
+def _first_end(chunk: bytes, seam: bytes) -> int:
+    """Where in ``chunk`` the first event ends, ``seam`` the two bytes before it; -1 where none
+    does."""
+    across = _across(chunk, seam)
+    if across >= 0:
+        return across  # ends at 2 at most, before any that lies within ``chunk``
+    stop = _unsure(chunk)
+    found = [at for at in (chunk.find(pair, 0, stop) for pair in _LINE_END_PAIRS) if at >= 0]
+    return _after(chunk, min(found)) if found else -1
+
+
+def _unsure(chunk: bytes) -> int:
+    """Where to stop looking for ends: before a read's last CR that follows an LF, the first
+    half, it may be, of a CRLF whose LF has yet to come (cut there, the LF would open the next
+    event, and be dropped with it)."""
+    return len(chunk) - 1 if chunk.endswith(b"\n\r") else len(chunk)
+
+
+def _across(chunk: bytes, seam: bytes) -> int:
+    """Where in ``chunk`` a blank line ends that began in ``seam``; -1 where none does."""
+    if seam == b"\n\r":  # held back by _unsure: ended there, or with an LF to come
+        return 1 if chunk[:1] == b"\n" else 0
+    pair = seam[-1:] + chunk[:1]
+    if pair not in _LINE_END_PAIRS or (pair == b"\n\r" and len(chunk) == 1):
+        return -1
+    return 2 if chunk[:2] == b"\r\n" else 1
+
+
+def _after(chunk: bytes, at: int) -> int:
+    """The end of the blank line whose pair of line ends starts at ``at`` (one more byte where
+    the second is a CR and its LF follows)."""
+    at += 2
+    return at + 1 if chunk[at - 1 : at + 1] == b"\r\n" else at

@@ -62,7 +62,7 @@ class UpstreamResponse:
         self._waiter: asyncio.Future[None] | None = None
         self._sink: Callable[[bytes], None] | None = None
         self._heard = 0.0
-        """When the last bytes came, while a sink takes them."""
+        """When the last bytes came, or the client's pause ended, while a sink takes them."""
         # The headers the relay reads, and no others (a repeated one keeps its last value).
         self.status = 0
         self.content_type = ""
@@ -105,13 +105,14 @@ class UpstreamResponse:
             raise self._error
 
     def pause(self) -> None:
-        """Stops reading the replica while a sink's client cannot take more."""
+        """Stops reading the replica while a sink's client cannot take more (and its read
+        timeout: that wait is the client's, not the replica's silence)."""
         if self._sink is not None:
             self._hold()
 
     def resume(self) -> None:
         if self._paused:
-            self._paused = False
+            self._paused, self._heard = False, self._loop.time()  # its silence starts now
             self._conn.resume()
 
     def release(self) -> None:
@@ -142,7 +143,9 @@ class UpstreamResponse:
     def _time_out(self, waiter: asyncio.Future[None], idle: bool) -> None:
         if waiter.done():
             return
-        quiet = self._loop.time() - self._heard
+        # Paused, the client's full socket holds the replica back: a slow reader is no fault
+        # of the replica's, to cut its stream and count towards its ejection.
+        quiet = 0.0 if self._paused else self._loop.time() - self._heard
         if idle and quiet < self._timeout_s:
             # Bytes came meanwhile: one timer per timeout period, not one per chunk.
             self._loop.call_later(self._timeout_s - quiet, self._time_out, waiter, idle)
@@ -188,8 +191,7 @@ class UpstreamResponse:
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection to a replica; the parser's callbacks fill the current
-    answer."""
+    """One keep-alive connection to a replica; the parser's callbacks fill its current answer."""
 
     def __init__(self, pool: _Pool, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
@@ -260,8 +262,7 @@ class _Connection(asyncio.Protocol):
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        response = self._response
-        head = self._head
+        response, head = self._response, self._head
         if response is None or head is None or head.done():
             return
         response.status = self._parser.get_status_code()
@@ -390,8 +391,7 @@ class Upstreams:
         return conn
 
     def _pool(self, base_url: str) -> _Pool:
-        target = Target.of(base_url)
-        pool = self._pools[base_url] = _Pool(target)
+        pool = self._pools[base_url] = _Pool(Target.of(base_url))
         return pool
 
 

@@ -128,12 +128,15 @@ class LargeConversations:
     async def recall(self, tiers: TierRouter, body: Mapping[str, Any]) -> None:
         """Before scoring: a follow-up of a conversation another process sent large is
         remembered here too. Nothing to ask for a first turn, or without a backend."""
-        memory = tiers.conversations
-        if self.fetch is None or not memory.capacity or not follow_up(body):
+        if self.fetch is None or not tiers.settings.conversation_memory or not follow_up(body):
             return
         key = conversation_key(body)
-        if key is not None and not memory.went_large(key) and await self.fetch(tiers.model, key):
-            memory.remember(key)
+        if (
+            key is not None
+            and not tiers.conversations.went_large(key)
+            and await self.fetch(tiers.model, key)
+        ):
+            tiers.remember(key)
 
     def tell(self, tiers: TierRouter, conversation: int) -> None:
         if self.publish is not None:

@@ -299,5 +299,5 @@ def _went_large(fleet: Fleet, payload: bytes) -> None:
     except (orjson.JSONDecodeError, TypeError, ValueError):
         return
     tiers = fleet.tiers.get(model) if isinstance(model, str) else None
-    if tiers is not None and tiers.conversations.capacity and isinstance(conversation, int):
-        tiers.conversations.remember(conversation)
+    if tiers is not None and isinstance(conversation, int):
+        tiers.remember(conversation)

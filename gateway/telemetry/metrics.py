@@ -167,7 +167,8 @@ def _kv_event_families(fleet: Fleet, now: float) -> Iterator[Metric]:
     )
     gaps = CounterMetricFamily(
         REPLICA_KV_EVENT_GAPS,
-        "KV-event messages from the replica lost beyond what its replay endpoint could fill.",
+        "KV-event messages from the replica lost beyond what its replay endpoint could fill, or "
+        "that could not be read.",
         labels=["pool", "replica"],
     )
     error = SummaryMetricFamily(

@@ -1,9 +1,10 @@
 """Every knob of the simulated replica, with its default, in one place, and its command line."""
 
 import argparse
-from typing import Self
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class SimConfig(BaseModel):
@@ -20,7 +21,8 @@ class SimConfig(BaseModel):
     a benchmark of the gateway's own cost wants to sit on top of.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # No inf or nan: a step of inf seconds never ends, and nan passes every bound.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on (vLLM's default)")
@@ -73,11 +75,33 @@ class SimConfig(BaseModel):
         'e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557"}\'',
     )
 
-    @model_validator(mode="after")
-    def _tier_blocks_whole(self) -> Self:
-        if self.kv_offload_block_size % self.block_size:
-            raise ValueError("kv_offload_block_size must be a multiple of block_size")
-        return self
+    # Field validators, not one on the model: each mistake then names its field (its flag).
+    @field_validator("kv_offload_block_size")
+    @classmethod
+    def _tier_blocks_whole(cls, size: int, info: ValidationInfo) -> int:
+        block_size = info.data.get("block_size")  # absent when it was refused itself
+        if block_size and size % block_size:
+            raise ValueError(f"must be a multiple of block_size ({block_size})")
+        return size
+
+    @field_validator("lora_modules")
+    @classmethod
+    def _adapters_named(cls, text: str) -> str:
+        for item in text.replace(",", " ").split():
+            name, sep, path = item.partition("=")
+            if not name or (sep and not path):
+                raise ValueError(f"{item!r} is neither NAME=PATH nor a bare NAME")
+        return text
+
+    @field_validator("kv_events_config")
+    @classmethod
+    def _events_config_readable(cls, text: str) -> str:
+        # Here, not first in the engine: a mistake is refused before anything starts. Imported
+        # here: only a replica that publishes events needs ZeroMQ loaded.
+        from replica.sim.kv_events import KvEventsConfig
+
+        KvEventsConfig.parse(text)
+        return text
 
     @property
     def kv_offload_factor(self) -> int:
@@ -96,13 +120,17 @@ class SimConfig(BaseModel):
 _FLAG_TYPES: dict[object, type] = {int: int, float: float, str: str}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--kebab-case`` flags for every SimConfig field, defaults taken from SimConfig."""
+def add_arguments(
+    parser: argparse.ArgumentParser, types: Mapping[str, Callable[[str], Any]] | None = None
+) -> None:
+    """Add ``--kebab-case`` flags for every SimConfig field, defaults taken from SimConfig;
+    ``types``: a field's argparse type instead of its plain int, float or str (the gateway's
+    CLI gives its port type, shared by every port flag of its commands)."""
     for name, field in SimConfig.model_fields.items():
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
-            type=_FLAG_TYPES[field.annotation],
+            type=(types or {}).get(name, _FLAG_TYPES[field.annotation]),
             default=field.default,
             help=f"{field.description} (default: %(default)s)",
         )

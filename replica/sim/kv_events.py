@@ -53,12 +53,17 @@ class KvEventsConfig(BaseModel):
         try:
             config = cls.model_validate_json(text)
         except ValidationError as exc:
-            raise ValueError(f"--kv-events-config: {exc}") from exc
+            # One line (SimConfig names the flag): pydantic's own text spans several.
+            problems = "; ".join(
+                ".".join(map(str, e["loc"])) + f": {e['msg']}" if e["loc"] else e["msg"]
+                for e in exc.errors()
+            )
+            raise ValueError(problems) from None
         publisher = config.publisher or ("zmq" if config.enable_kv_cache_events else "null")
         if not config.enable_kv_cache_events or publisher == "null":
             return None
         if publisher != "zmq":
-            raise ValueError(f"--kv-events-config: unknown publisher {publisher!r}")
+            raise ValueError(f"unknown publisher {publisher!r}")
         return config
 
 

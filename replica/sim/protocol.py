@@ -44,23 +44,16 @@ def _bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
-    """A boolean field of the body; null reads as the default."""
+def flag(body: Mapping[str, Any], name: str, default: bool, within: str | None = None) -> bool:
+    """A boolean field of the body (of its object ``within``, when given); null reads as the
+    default."""
     value = body.get(name, default)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _bad(f"'{name}' must be a boolean", name)
+        field = f"{within}.{name}" if within else name
+        raise _bad(f"'{field}' must be a boolean", within or name)
     return value
-
-
-def _includes_usage(stream_options: Mapping[str, Any]) -> bool:
-    """Whether a stream with these options ends with its usage: vLLM 0.32's StreamOptions has
-    `include_usage: bool | None = False`, so only true asks for it."""
-    include = stream_options.get("include_usage")
-    if include is not None and not isinstance(include, bool):
-        raise _bad("'stream_options.include_usage' must be a boolean", "stream_options")
-    return include is True
 
 
 def render_chat_body(body: Mapping[str, Any]) -> str:
@@ -163,7 +156,12 @@ def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> Parsed
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, Mapping):
         raise _bad("'stream_options' must be an object", "stream_options")
-    include_usage = stream and stream_options is not None and _includes_usage(stream_options)
+    # vLLM 0.32's StreamOptions has `include_usage: bool | None = False`: only true asks
+    include_usage = (
+        stream
+        and stream_options is not None
+        and flag(stream_options, "include_usage", False, within="stream_options")
+    )
 
     batch = _prompts(body, kind, config)
     tokens, text = batch[0]

@@ -56,6 +56,10 @@ class SelectionPolicy:
     def size_index(self, replica: str, blocks: int) -> None:
         """The replica's KV cache holds about ``blocks`` fingerprint blocks."""
 
+    def forget(self, replica: str) -> None:
+        """The replica left the pool: what the policy knew of its cache goes with it, so the
+        same address added back later (a new process, an empty cache) starts cold."""
+
     def index_blocks(self, replica: str) -> int:
         """Capacity of the policy's index for the replica (0 when it keeps none)."""
         return 0

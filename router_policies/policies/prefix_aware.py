@@ -119,10 +119,7 @@ class PrefixAware(SelectionPolicy):
         self.hot: HotPrefixes = (
             previous.hot if same_hot and previous else HotPrefixes(policy.hot.half_life_s)
         )
-        self.sessions: Sessions = (
-            previous.sessions if previous is not None else Sessions(policy.session.max_sessions)
-        )
-        self.sessions.capacity = policy.session.max_sessions
+        self.sessions: Sessions = previous.sessions if previous is not None else Sessions()
 
     def _index(self, replica: str) -> PrefixIndex:
         index = self._indexes.get(replica)
@@ -152,8 +149,13 @@ class PrefixAware(SelectionPolicy):
         if _useful(lead, request, self.prefix):
             index.note_lead(request.home_key, lead)
         self.hot.record(request.home_key, now)
-        if request.session and self.sessions.capacity:
-            self.sessions.bind(request.session, decision.replica)
+        capacity = self.policy.session.max_sessions
+        if request.session and capacity:
+            self.sessions.bind(request.session, decision.replica, capacity)
+
+    def forget(self, replica: str) -> None:
+        self._indexes.pop(replica, None)
+        self._turnover.pop(replica, None)
 
     def index_lead_bytes(self, replica: str) -> int:
         return self._index(replica).lead_bytes
