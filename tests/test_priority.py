@@ -94,7 +94,7 @@ async def test_a_slot_the_first_in_line_cannot_take_goes_to_the_next() -> None:
     behind = asyncio.create_task(pool.acquire(load_only("m")))
     await asyncio.sleep(0.01)
     pool.end(on_a)
-    got = await asyncio.wait_for(behind, 0.2)  # at once, not at the retry's queue timeout
+    got = await asyncio.wait_for(behind, 2.0)  # at once, not at the retry's queue timeout (10 s)
     assert got is not None and got.replica is on_a.replica
     assert not retry.done()
     retry.cancel()
@@ -110,7 +110,7 @@ async def test_a_request_cancelled_as_it_is_offered_a_slot_passes_it_on() -> Non
     first.cancel()  # ...whose client leaves before it runs
     with pytest.raises(asyncio.CancelledError):
         await first
-    got = await asyncio.wait_for(second, 0.2)
+    got = await asyncio.wait_for(second, 2.0)
     assert got is not None
 
 

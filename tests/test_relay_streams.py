@@ -4,8 +4,10 @@ the replica's, and a stream's end is found however the replica's writes split it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import orjson
 import pytest
@@ -61,43 +63,43 @@ async def read_chunked(reader: asyncio.StreamReader) -> bytes:
     return raw
 
 
-async def test_a_client_that_stops_reading_past_the_read_timeout_gets_its_stream_whole() -> None:
-    # Two replicas, the first failure ejecting: a stream cut by the client's pause would eject
-    # the replica that served it.
+@contextlib.asynccontextmanager
+async def long_stream_to_a_slow_reader(
+    **settings: Any,
+) -> AsyncIterator[tuple[GatewayClient, asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A gateway (``settings``) over two replicas whose first failure ejects, and a client of
+    it with a small receive buffer that has asked for a long stream and not read yet: a stream
+    cut for the client's pause would eject the replica that served it."""
     async with (
         in_process_sims(2, MODEL, **ZERO_DELAY, num_blocks=4096) as replicas,
         in_process_gateway(
-            pool_policy(replicas), first_byte_timeout_s=0.3, outlier_consecutive_failures=1
+            pool_policy(replicas), outlier_consecutive_failures=1, **settings
         ) as gateway,
     ):
         reader, writer = await slow_reader(gateway)
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20000}
         writer.write(stream_request(body))
+        try:
+            yield gateway, reader, writer
+        finally:
+            writer.close()
+
+
+async def test_a_client_that_stops_reading_past_the_read_timeout_gets_its_stream_whole() -> None:
+    async with long_stream_to_a_slow_reader(first_byte_timeout_s=0.3) as (gateway, reader, _):
         await asyncio.sleep(1.2)  # four read timeouts with the replica's reads paused
         raw = await read_chunked(reader)
-        writer.close()
-        metrics = await (await gateway.get("/metrics")).text()
-        ejections = await metric_sum(
-            str(gateway.make_url("")).rstrip("/"), "gateway_replica_ejections_total"
-        )
+        url = str(gateway.make_url("")).rstrip("/")
+        assert await metric_sum(url, "gateway_requests_total", code="200") == 1.0
+        assert await metric_sum(url, "gateway_replica_ejections_total") == 0
     assert b'"error"' not in raw and raw.count(b"data: [DONE]") == 1
-    assert metric(metrics, "gateway_requests_total", code="200") == 1.0
-    assert ejections == 0
 
 
 async def test_a_client_that_leaves_its_answer_unread_past_the_send_timeout_is_let_go() -> None:
     # It holds a batch slot and the replica's KV cache while it reads nothing: past the send
     # timeout it counts as gone (499), and its replica, which did nothing wrong, stays in.
-    async with (
-        in_process_sims(2, MODEL, **ZERO_DELAY, num_blocks=4096) as replicas,
-        in_process_gateway(
-            pool_policy(replicas), send_timeout_s=0.3, outlier_consecutive_failures=1
-        ) as gateway,
-    ):
+    async with long_stream_to_a_slow_reader(send_timeout_s=0.3) as (gateway, _, _):
         url = str(gateway.make_url("")).rstrip("/")
-        _, writer = await slow_reader(gateway)
-        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20000}
-        writer.write(stream_request(body))
 
         async def let_go() -> bool:
             return await metric_sum(url, "gateway_requests_total", code="499") == 1.0
@@ -105,7 +107,6 @@ async def test_a_client_that_leaves_its_answer_unread_past_the_send_timeout_is_l
         assert await eventually(let_go)
         assert await metric_sum(url, "gateway_replica_inflight") == 0
         assert await metric_sum(url, "gateway_replica_ejections_total") == 0
-        writer.close()
 
 
 RESPONSES_STREAM = (
