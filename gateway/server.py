@@ -21,20 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
 import logging
 import os
-import shutil
 import signal
 import socket
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import uvloop
@@ -47,8 +41,9 @@ from gateway.http.connections import ConnectionGate, connection_limit
 from gateway.http.front import Front
 from gateway.settings import Settings
 from gateway.shared_state.worker_mesh import MeshPlace
+from gateway.supervisor import STARTUP_FAILED, run_workers
 from gateway.telemetry.pod_metrics import PodMetrics
-from gateway.watchdog import CRASHED, HUNG, Heartbeats, ReplacedCollector, keep_beating
+from gateway.watchdog import Heartbeats, ReplacedCollector, keep_beating
 from router_policies.schema import InvalidPolicy, Policy
 
 log = logging.getLogger(__name__)
@@ -253,8 +248,18 @@ def run(
     settings: Settings, policy: Policy, extend: Callable[[web.Application], None] | None = None
 ) -> int:
     if settings.workers > 1:
-        return _run_workers(settings, policy)
+        taken = port_taken(settings.host, settings.port) if settings.port else None
+        if taken is not None:
+            log.error("%s", _cannot_listen(settings, taken))
+            return 2
+        return run_workers(settings, policy, _run_worker)
     return _run_one(settings, policy, extend=extend)
+
+
+def _run_worker(
+    settings: Settings, policy: Policy, mesh: MeshPlace, heartbeat: tuple[Heartbeats, int]
+) -> int:
+    return _run_one(settings, policy, reuse_port=True, mesh=mesh, heartbeat=heartbeat)
 
 
 def _run_one(
@@ -276,117 +281,7 @@ def _run_one(
     except (StartupError, InvalidPolicy) as exc:
         # InvalidPolicy: what the check before could not see (a tier model file replaced since).
         log.error("%s", exc)
-        return 2
+        return STARTUP_FAILED
     finally:
         exit_deadline.cancel()
     return 0
-
-
-_STARTUP_FAILED = 2
-_RESPAWN_PAUSE_S = 1.0
-_WATCH_S = 0.2
-"""How often the parent looks for ended and silent workers."""
-_PR_SET_PDEATHSIG = 1
-
-
-def _fork_worker(
-    settings: Settings, policy: Policy, mesh: MeshPlace, heartbeat: tuple[Heartbeats, int]
-) -> int:
-    heartbeat[0].starting(heartbeat[1])
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload, once its loop takes it
-        if sys.platform == "linux":
-            # A worker whose parent is killed outright stops too, rather than serve alone.
-            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        code = _run_one(settings, policy, reuse_port=True, mesh=mesh, heartbeat=heartbeat)
-    finally:
-        logging.shutdown()
-        os._exit(code)
-
-
-def _run_workers(settings: Settings, policy: Policy) -> int:
-    """Fork the workers, forward SIGTERM/SIGINT/SIGHUP to them, replace any that crashes or
-    hangs (gateway/watchdog.py)."""
-    if settings.port == 0:
-        log.error("--workers > 1 needs a fixed --port: each worker binds it with SO_REUSEPORT")
-        return 2
-    taken = port_taken(settings.host, settings.port)
-    if taken is not None:
-        log.error("%s", _cannot_listen(settings, taken))
-        return 2
-    # The workers' sockets (their /metrics for each other; without Redis, the routing state
-    # they share) in a directory only this user can enter.
-    run_dir = Path(tempfile.mkdtemp(prefix="llm-gateway-workers-"))
-    try:
-        return _supervise(settings, policy, run_dir)
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _supervise(settings: Settings, policy: Policy, run_dir: Path) -> int:
-    workers: dict[int, int] = {}
-    """Each worker's index (its place in the mesh, kept by its replacement), by pid."""
-    killed: set[int] = set()
-    """Workers killed for hanging, not yet reaped."""
-    heartbeats = Heartbeats(settings.workers)
-    stopping = False
-
-    def start(index: int) -> None:
-        place = MeshPlace(run_dir, settings.workers, index)
-        workers[_fork_worker(settings, policy, place, (heartbeats, index))] = index
-
-    def kill_hung() -> None:
-        for pid, index in workers.items():
-            silent = heartbeats.silent_s(index)
-            if pid in killed or silent <= settings.worker_stuck_s:
-                continue
-            log.error(
-                "worker %d sent no heartbeat for %.1f s (stopped or wedged); killing it",
-                pid, silent,
-            )  # fmt: skip
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            killed.add(pid)
-
-    def forward(sig: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        if sig != signal.SIGHUP:
-            stopping = True
-        for pid in list(workers):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
-    for index in range(settings.workers):
-        start(index)
-    log.info("llm-gateway: %d workers on port %d", settings.workers, settings.port)
-    worst = 0
-    while workers:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            kill_hung()  # stopping too: a stopped worker would hold the exit forever
-            time.sleep(_WATCH_S)
-            continue
-        index = workers.pop(pid, 0)
-        code = os.waitstatus_to_exitcode(status)
-        if code == _STARTUP_FAILED:
-            # Every worker would fail alike (the port is taken): stop them all.
-            forward(signal.SIGTERM, None)
-        if stopping or code in (0, _STARTUP_FAILED):
-            worst = max(worst, abs(code))
-            continue
-        hung = pid in killed
-        killed.discard(pid)
-        heartbeats.replaced(HUNG if hung else CRASHED)
-        if not hung:
-            log.error("worker %d ended with %d; starting another", pid, code)
-        time.sleep(_RESPAWN_PAUSE_S)
-        start(index)
-    return worst

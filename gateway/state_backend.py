@@ -10,6 +10,7 @@ themselves (gateway/shared_state/worker_mesh.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import SecretStr
@@ -89,3 +90,8 @@ def limits_problem(choice: BackendChoice, policy: Policy) -> str | None:
             "policy's state.redis_url"
         )
     return None
+
+
+def policy_refusal(settings: Settings) -> Callable[[Policy], str | None]:
+    """What a reload under ``settings`` asks of a new policy (PolicyHolder's ``refuse``)."""
+    return lambda policy: limits_problem(choose_backend(settings, policy), policy)

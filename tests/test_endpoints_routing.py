@@ -247,10 +247,15 @@ def test_a_follow_up_whose_replica_left_the_pool_is_a_404() -> None:
     assert "resp_1" in error.message
 
 
-def test_a_follow_up_whose_replica_is_down_is_a_503_to_retry() -> None:
+@pytest.mark.parametrize("out", ["down", "ejected"])
+def test_a_follow_up_whose_replica_is_out_is_a_503_to_retry(out: str) -> None:
     f, memory = fleet(), RoutingMemory()
     memory.responses.remember("resp_1", ReplicaRef("small", NAMES[0]))
-    f.pools["small"].replicas[NAMES[0]].mark_down()
+    replica = f.pools["small"].replicas[NAMES[0]]
+    if out == "down":
+        replica.mark_down()
+    else:  # up, but out of rotation after failures: no pool decision may send it there
+        replica.outlier.ejected_until = time.monotonic() + 60
     with pytest.raises(ApiError) as info:
         resolve(f, follow_up("resp_1"), None, memory)
     assert info.value.status == 503 and info.value.code == "previous_response_unavailable"
@@ -351,6 +356,7 @@ def test_adapters_are_learned_from_model_lists_but_never_shadow_a_declared_name(
     learned = learned_for(f, {"small": {"a-lora", "declared", "m"}})
     assert learned == {"small": frozenset({"a-lora"})}
     memory = RoutingMemory(learned_adapters=learned)
+    f.pools["small"].replicas[NAMES[0]].adapters = frozenset({"a-lora"})  # the one listing it
     parsed = parse(Endpoint.COMPLETIONS, {"model": "a-lora", "prompt": "x"})
     assert resolve(f, parsed, None, memory).pool.name == "small"
     with pytest.raises(ApiError):

@@ -3,6 +3,9 @@ how much of a pool may be out at once."""
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.fleet.outlier import OutlierDetector, OutlierSettings
@@ -74,3 +77,16 @@ def test_a_single_replica_pool_is_never_emptied_by_the_default_share() -> None:
     for _ in range(10):
         assert not outliers.failure(p, replica, "HTTP 500", 0.0)
     assert replica.available(0.0)
+
+
+def test_a_replica_kept_in_rotation_is_logged_at_doubling_counts_not_once_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    outliers, _ = detector(share=0.5)
+    p = pool(1)
+    [replica] = p.replicas.values()
+    with caplog.at_level(logging.WARNING, logger="gateway.fleet.outlier"):
+        for _ in range(100):
+            outliers.failure(p, replica, "HTTP 500", 0.0)
+    said = [r.getMessage() for r in caplog.records if "stays in rotation" in r.getMessage()]
+    assert [int(m.split(" failed ")[1].split()[0]) for m in said] == [3, 6, 12, 24, 48, 96]

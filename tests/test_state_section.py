@@ -24,7 +24,7 @@ from pydantic import SecretStr, ValidationError
 from bench.launcher import GatewayProcess, start_gateway
 from gateway.policy.reload import STATE_NEEDS_RESTART, PolicyHolder
 from gateway.settings import Settings
-from gateway.state_backend import NoRedisUrl, choose_backend, limits_problem, startup_problem
+from gateway.state_backend import NoRedisUrl, choose_backend, policy_refusal, startup_problem
 from replica.processes import ManagedProcess
 from router_policies.redis_url import mask
 from router_policies.schema import (
@@ -312,7 +312,7 @@ async def test_a_reload_that_adds_per_key_limits_under_workers_without_redis_fai
         load_policy(path),
         path,
         Counter("reloads", "", ["result"], registry=CollectorRegistry()),
-        refuse=lambda new: limits_problem(choose_backend(settings, new), new),
+        refuse=policy_refusal(settings),
     )
     await asyncio.to_thread(path.write_text, yaml.safe_dump({**POOLS, "limits": LIMITED}))
     result = await holder.reload()

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gateway.telemetry.tracing import REQUEST_SPAN, ROUTE_SPAN, UPSTREAM_SPAN
+from gateway.telemetry.tracing import (
+    REQUEST_SPAN,
+    ROUTE_SPAN,
+    UPSTREAM_SPAN,
+    Tracing,
+    otlp_provider,
+)
 from tests.conftest import MODEL, chat, fake_replica, in_process_gateway, pool_policy
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -84,3 +90,36 @@ async def test_a_request_is_traced_from_the_clients_context_to_the_replica(
     # The replica continues the attempt's span, not the client's.
     (sent,) = seen
     assert sent == f"00-{CLIENT_TRACE}-{upstream['spanId']}-01"
+
+
+@pytest.mark.parametrize(("env", "name"), [({}, "llm-gateway"), ({"OTEL_SERVICE_NAME": "my-gw"}, "my-gw"), ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs"}, "from-attrs")])  # fmt: skip
+def test_the_service_name_is_the_otel_variables_else_llm_gateway(
+    env: dict[str, str], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    assert otlp_provider().resource.attributes["service.name"] == name
+
+
+async def test_a_collector_that_never_answers_does_not_hold_up_the_exit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    released = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await released.wait()
+        return web.json_response({})
+
+    async with fake_replica(hang, path="/v1/traces") as url:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{url}/v1/traces")
+        tracing = Tracing(otlp_provider())
+        with tracing.request({}, "small", "r1"):
+            pass
+        # The exporter retries for many seconds; the exit waits for it a moment only.
+        try:
+            async with asyncio.timeout(5):
+                await tracing.close()
+        finally:
+            released.set()

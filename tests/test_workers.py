@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -232,3 +233,74 @@ async def test_without_redis_a_reload_adding_per_key_limits_is_refused() -> None
             assert "per-key limits with 2 workers need" in answer["problems"][0]
         finally:
             assert await gateway.stop() == 0
+
+
+async def routes_on_fresh_connections(gateway: ManagedProcess, n: int = 12) -> set[str]:
+    """The routes ``n`` requests on new connections (so, through either worker) were given."""
+    return {(await fresh_connection_send(gateway, chat(system(i), "q")))[2] for i in range(n)}
+
+
+async def test_a_replacement_worker_starts_with_the_policy_file_its_siblings_reloaded() -> None:
+    # Started with the policy the parent read at start-up, it would serve an old one for good
+    # (its file watch sees nothing new): a tenant's revoked key would be let in again.
+    async with running_sims(2) as replicas:
+        env = {**FAST_PROBES, "GATEWAY_WORKERS": "2"}
+        policy = pool_policy([r.url for r in replicas], "round-robin")
+        gateway = await start_gateway(policy, env=env)
+        assert gateway.pid is not None
+        try:
+            assert await eventually(every_worker_up(gateway))
+            assert await routes_on_fresh_connections(gateway) == {"round-robin"}
+            gateway.policy_path.write_text(yaml.safe_dump({**policy, "pools": {"small": {
+                **policy["pools"]["small"], "policy": "least-loaded"}}}))  # fmt: skip
+
+            async def reloaded() -> bool:
+                return await routes_on_fresh_connections(gateway) == {"least-loaded"}
+
+            assert await eventually(reloaded)
+            os.kill(children(gateway.pid)[0], signal.SIGKILL)
+            await asyncio.sleep(1.5)  # the parent waits 1 s before replacing a worker
+            assert await eventually(every_worker_up(gateway), within_s=15)
+            assert await routes_on_fresh_connections(gateway, 24) == {"least-loaded"}
+        finally:
+            assert await gateway.stop() == 0
+
+
+@contextlib.asynccontextmanager
+async def two_workers() -> AsyncIterator[tuple[ManagedProcess, int]]:
+    """A gateway of two workers over one replica, both up: (the gateway, the parent's pid)."""
+    async with running_sims(1) as replicas:
+        env = {**FAST_PROBES, "GATEWAY_WORKERS": "2", "GATEWAY_SHUTDOWN_DELAY_S": "0"}
+        gateway = await start_gateway(pool_policy([r.url for r in replicas]), env=env)
+        assert gateway.pid is not None
+        try:
+            assert await eventually(every_worker_up(gateway))
+            yield gateway, gateway.pid
+        finally:
+            await gateway.stop()
+
+
+async def test_a_worker_ended_by_a_signal_of_its_own_is_replaced() -> None:
+    # An operator's `kill PID`: it drains and exits 0, and the gateway is not stopping.
+    async with two_workers() as (_, parent):
+        ended = children(parent)[0]
+        os.kill(ended, signal.SIGTERM)
+
+        async def replaced() -> bool:
+            workers = children(parent)
+            return len(workers) == 2 and ended not in workers
+
+        assert await eventually(replaced, within_s=15)
+
+
+async def test_a_stop_while_a_worker_is_being_replaced_stops_the_gateway() -> None:
+    async with two_workers() as (gateway, parent):
+        os.kill(children(parent)[0], signal.SIGKILL)
+        await asyncio.sleep(0.5)  # within the parent's 1 s pause before a replacement
+        os.kill(parent, signal.SIGTERM)
+
+        async def ended() -> bool:
+            return gateway.returncode is not None
+
+        assert await eventually(ended, within_s=15)
+        assert gateway.returncode == 0

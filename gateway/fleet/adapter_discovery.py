@@ -1,9 +1,10 @@
 """LoRA adapters learned from the replicas' own `GET /v1/models`, beside those a pool declares.
 
 vLLM lists each adapter it serves (from `--lora-modules`, or loaded at runtime) as a model card
-whose `parent` is the base model. A pool that learns an adapter this way routes it like a
-declared one, so adapters loaded on the replicas need no policy edit. Background work, never on
-the request path; a replica that does not answer keeps what was last learned from the others.
+whose `parent` is the base model. A pool that learns an adapter this way serves it without a
+policy edit. Each replica keeps its own list (`ReplicaState.adapters`): vLLM answers 404 for an
+adapter it does not serve, so routing sends an adapter only to the replicas that list it.
+Background work, never on the request path; a replica that does not answer keeps its last list.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Mapping
 import aiohttp
 import orjson
 
-from gateway.fleet.pools import Fleet, PoolState
+from gateway.fleet.pools import Fleet, PoolState, ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -55,31 +56,33 @@ def learned_for(fleet: Fleet, found: Mapping[str, set[str]]) -> dict[str, frozen
     return learned
 
 
-async def _list(session: aiohttp.ClientSession, pool: PoolState) -> set[str] | None:
-    names: set[str] = set()
-    answered = False
-    for replica in pool.healthy():
-        try:
-            async with session.get(
-                f"{replica.url}/v1/models", timeout=_TIMEOUT, headers=_PLAIN
-            ) as response:
-                if response.status != 200:
-                    continue
-                names |= adapters_in(orjson.loads(await response.read()), pool.model)
-                answered = True
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
-            log.debug("no model list from %s: %r", replica.name, exc)
-    return names if answered else None
+async def _list(session: aiohttp.ClientSession, pool: PoolState, replica: ReplicaState) -> None:
+    try:
+        async with session.get(
+            f"{replica.url}/v1/models", timeout=_TIMEOUT, headers=_PLAIN
+        ) as response:
+            if response.status != 200:
+                return
+            listed = adapters_in(orjson.loads(await response.read()), pool.model)
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+        log.debug("no model list from %s: %r", replica.name, exc)
+        return
+    replica.adapters = frozenset(listed)
 
 
 async def discover_once(
     fleet: Fleet, session: aiohttp.ClientSession, learned: dict[str, frozenset[str]]
 ) -> None:
-    """Updates `learned` (pool name -> adapter names) in place from one round of listings."""
-    found: dict[str, set[str]] = {}
-    for name, pool in fleet.pools.items():
-        listed = await _list(session, pool)
-        found[name] = listed if listed is not None else set(learned.get(name, ()))
+    """Updates each healthy replica's adapters, and `learned` (pool name -> adapter names any
+    of its replicas lists, unhealthy ones included: their requests get a 503 that names the
+    adapter rather than an unknown model) in place, from one round of listings."""
+    for pool in fleet.pools.values():
+        for replica in pool.healthy():
+            await _list(session, pool, replica)
+    found = {
+        name: set[str]().union(*(r.adapters for r in pool.replicas.values()))
+        for name, pool in fleet.pools.items()
+    }
     fresh = learned_for(fleet, found)
     learned.clear()
     learned.update(fresh)

@@ -54,18 +54,21 @@ class OutlierDetector:
             return False
         ejected = sum(1 for r in pool.replicas.values() if r.outlier.ejected(now))
         allowed = math.floor(settings.max_ejected_share * len(pool.replicas))
+        failures = outlier.consecutive_failures
         if ejected >= allowed:
+            times, off = divmod(failures, settings.consecutive_failures)
+            if off or times & (times - 1):
+                return False  # said at 1, 2, 4, 8... times the threshold: not once a request
             log.warning(
                 "replica %s of pool %s failed %d times in a row (%s) but stays in rotation: "
                 "%d of %d replicas are ejected already, the most allowed",
-                replica.name, pool.name, outlier.consecutive_failures, reason, ejected,
-                len(pool.replicas),
+                replica.name, pool.name, failures, reason, ejected, len(pool.replicas),
             )  # fmt: skip
             return False
         duration = min(settings.base_ejection_s * 2.0**outlier.ejections, settings.max_ejection_s)
         outlier.ejections += 1
         outlier.ejected_until = now + duration
-        failures, outlier.consecutive_failures = outlier.consecutive_failures, 0
+        outlier.consecutive_failures = 0
         self._ejections.labels(pool.name, replica.name).inc()
         log.warning(
             "replica %s of pool %s ejected for %.1f s after %d consecutive failures (last: %s)",

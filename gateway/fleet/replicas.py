@@ -79,6 +79,10 @@ class ReplicaState:
     """Passive health from real requests (gateway/fleet/outlier.py)."""
     kv_events: EventStream | None = None
     """Its KV-cache event stream, where it publishes one and the policy reads it."""
+    adapters: frozenset[str] = frozenset()
+    """The LoRA adapters its own /v1/models listed when it last answered
+    (gateway/fleet/adapter_discovery.py): vLLM answers 404 for an adapter it does not serve, so
+    routing sends an adapter only where it is listed (gateway/routing/resolve.py)."""
 
     def __post_init__(self) -> None:
         self.name = self.name or urlsplit(self.url).netloc

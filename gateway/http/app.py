@@ -59,7 +59,7 @@ from gateway.routing.tokenize import TokenKeys
 from gateway.settings import Settings
 from gateway.shared_state import make_shared_state
 from gateway.shared_state.worker_mesh import MeshPlace
-from gateway.state_backend import choose_backend, limits_problem
+from gateway.state_backend import choose_backend, policy_refusal
 from gateway.telemetry.logs import REQUEST_ID
 from gateway.telemetry.metrics import NO_POOL, GatewayMetrics
 from router_policies.schema import Policy
@@ -292,7 +292,7 @@ def build_app(settings: Settings, policy: Policy, mesh: MeshPlace | None = None)
         policy,
         settings.policy,
         app[METRICS].policy_reloads,
-        refuse=lambda new: limits_problem(choose_backend(settings, new), new),
+        refuse=policy_refusal(settings),
     )
     app.cleanup_ctx.append(lambda app: _background(app, mesh))
     for endpoint in Endpoint:
@@ -390,10 +390,10 @@ async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIter
             yield
         finally:
             await stop_tasks((watcher, discovery))
-            if tracing is not None:
-                tracing.provider.shutdown()  # the spans still batched go out
             await upstreams.close()
             await shared.stop()
             await app[LIMITER].close()
             await kv_events.stop()
             await monitor.stop()
+            if tracing is not None:
+                await tracing.close()  # last: the spans still batched, as long as it may

@@ -205,7 +205,7 @@ class Forwarder:
         if upstream.status >= 500:
             self._failed(routed.pool, replica, f"HTTP {upstream.status}")
             if not last:
-                log.warning("replica %s answered %d; retrying", replica.name, upstream.status)
+                log.warning("replica %s answered %d", replica.name, upstream.status)
                 body = await answers.drain(upstream)
                 if body is None:
                     return Failure(upstream.status, answer_too_long(replica.name), answers.JSON)

@@ -3,13 +3,16 @@
 - A `/v1/responses` request with `previous_response_id` must go to the replica that served that
   response: vLLM keeps stored responses in the server's own memory, and no other replica has it.
   The gateway learns each response's id from the relayed body or stream (bounded, LRU).
-- A request naming a LoRA adapter should go to a replica that served the adapter lately, else to
-  its rendezvous home (router_policies/adapter_placement.py decides; this remembers who served
-  which adapter).
+- A request naming a LoRA adapter must go to a replica that lists the adapter in its
+  /v1/models, where any available one does (vLLM answers 404 for an adapter it does not serve,
+  and a 4xx is never retried); among those it should go to one that served the adapter lately,
+  else to its rendezvous home (router_policies/adapter_placement.py decides; this remembers who
+  served which adapter).
 
 The pool's policy still makes the choice, among the replicas left to it: `RouteHooks.exclude`
-names the others to the Forwarder (on every attempt when pinned, on the first only when merely
-preferred), and `RouteHooks.answered` watches the relayed bytes for what to remember.
+names the others to the Forwarder (on every attempt when pinned or required, on the first only
+when merely preferred), and `RouteHooks.answered` watches the relayed bytes for what to
+remember.
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ class RoutingMemory:
     large_conversations: LargeConversations = field(default_factory=LargeConversations)
     learned_adapters: dict[str, frozenset[str]] = field(default_factory=dict)
     """Pool name -> adapters its replicas list that the policy does not declare
-    (gateway/fleet/adapter_discovery.py)."""
+    (gateway/fleet/adapter_discovery.py; which replica lists which: `ReplicaState.adapters`)."""
 
 
 def adapter_replicas(
@@ -185,13 +188,18 @@ class RouteHooks:
     learn_response_id: bool = False
     owner: str | None = None
     """The tenant a response learned from this answer belongs to."""
+    required: frozenset[str] = frozenset()
+    """The replicas every attempt must stay among (those listing the adapter); empty: any. A
+    first attempt's `replicas` lie within them."""
     _head: bytes = b""
 
     def exclude(self, every: Iterable[str], tried: list[str], attempt: int) -> list[str]:
         """The replicas the Forwarder must not try on this attempt."""
-        if not self.replicas or (attempt > 0 and not self.pinned):
+        keep = self.replicas if attempt == 0 or self.pinned else frozenset()
+        keep = keep or self.required
+        if not keep:
             return tried
-        return [*tried, *(name for name in every if name not in self.replicas)]
+        return [*tried, *(name for name in every if name not in keep)]
 
     def answered(self, replica: str, status: int, data: bytes) -> bool:
         """Sees the relayed bytes (the whole body, or stream chunks in order); True while it

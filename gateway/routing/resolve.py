@@ -4,12 +4,13 @@ tier classified into one; and where in the pool the request must or should go.""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 import orjson
 
 from gateway import headers
-from gateway.fleet.pools import Fleet, PoolState
+from gateway.fleet.pools import Fleet, PoolState, ReplicaState
 from gateway.http.errors import ApiError, bad_request, model_not_found
 from gateway.http.request_body import Endpoint, ParsedRequest
 from gateway.routing.affinity import RouteHooks, RoutingMemory, adapter_replicas
@@ -231,11 +232,11 @@ def _hooks(
                     "stored it, has left the pool.",
                     param="previous_response_id", code="previous_response_not_found",
                 )  # fmt: skip
-            if not replica.healthy:
+            if not replica.available(time.monotonic()):  # down, or ejected after failures
                 raise ApiError(
                     503,
                     f"Response with id '{previous}' is stored on replica {home.replica}, which "
-                    "is not healthy now; retry later, or start over without "
+                    "is not available now; retry later, or start over without "
                     "previous_response_id.",
                     type_="service_unavailable_error", param="previous_response_id",
                     code="previous_response_unavailable",
@@ -243,12 +244,36 @@ def _hooks(
             return RouteHooks(memory, pool.name, frozenset((home.replica,)), True, adapter, learn)
         # Unknown here (forgotten, or served through another gateway): the pool's policy
         # chooses, and a replica without it answers vLLM's own 404.
-    replicas: frozenset[str] = frozenset()
-    if adapter is not None:
-        replicas = adapter_replicas(
-            memory.adapters, pool.name, adapter, pool.replicas.values(),
-            pool.policy.adapter_placement,
-        )  # fmt: skip
-    if not (learn or adapter is not None):
-        return None
-    return RouteHooks(memory, pool.name, replicas, False, adapter, learn)
+    if adapter is None:
+        return RouteHooks(memory, pool.name, learn_response_id=learn) if learn else None
+    required = _serving(pool, adapter)
+    candidates: Iterable[ReplicaState] = pool.replicas.values()
+    if required:
+        candidates = [pool.replicas[name] for name in required]
+    replicas = adapter_replicas(
+        memory.adapters, pool.name, adapter, candidates, pool.policy.adapter_placement
+    )
+    # Among the replicas that list it, the warm one or its home, else the least busy of them:
+    # far busier or not, no other replica has the adapter to serve.
+    return RouteHooks(
+        memory, pool.name, replicas or required, False, adapter, learn, required=required
+    )
+
+
+def _serving(pool: PoolState, adapter: str) -> frozenset[str]:
+    """The replicas an adapter's request must stay among: those that list it, while one of
+    them is available; empty: any replica of the pool. A declared adapter none lists goes
+    anywhere (vLLM may load it on demand: VLLM_ALLOW_RUNTIME_LORA_UPDATING with a resolver);
+    a learned one is served only where it is listed, so with none available: a 503."""
+    now = time.monotonic()
+    listing = [r for r in pool.replicas.values() if adapter in r.adapters]
+    if any(r.available(now) for r in listing):
+        return frozenset(r.name for r in listing)
+    if adapter in pool.policy.adapters:
+        return frozenset()
+    raise ApiError(
+        503,
+        f"No healthy replica in pool {pool.name!r} serves the adapter {adapter!r} now; retry "
+        "later.",
+        type_="service_unavailable_error", param="model", code="no_healthy_replica",
+    )  # fmt: skip

@@ -11,13 +11,15 @@ the proxy checks one attribute per request.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -31,6 +33,9 @@ from router_policies.decision import Decision
 REQUEST_SPAN = "llm-gateway request"
 ROUTE_SPAN = "route"
 UPSTREAM_SPAN = "upstream"
+_FLUSH_S = 1.0
+"""How long the exit waits for the last spans to go out: within the 3 s the process gives its
+clean-up (gateway/server.py), the rest of which runs before."""
 
 
 def otlp_provider() -> TracerProvider:
@@ -38,7 +43,11 @@ def otlp_provider() -> TracerProvider:
     OTEL_* environment (service name default: llm-gateway)."""
     from opentelemetry.exporter.otlp.json.http.trace_exporter import OTLPSpanExporter
 
-    provider = TracerProvider(resource=Resource.create({"service.name": "llm-gateway"}))
+    resource = Resource.create()  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, where set
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "llm-gateway"}))
+    # Not at exit: the exporter retries an unreachable collector for seconds (close()).
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return provider
 
@@ -47,6 +56,26 @@ class Tracing:
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
         self._tracer = provider.get_tracer("llm-gateway")
+
+    async def close(self, within_s: float = _FLUSH_S) -> None:
+        """Sends the spans still batched, waiting for that ``within_s`` at most: a collector
+        that is down or hangs must not hold up the gateway's exit (its exporter retries for
+        seconds, in a thread that exits with the process)."""
+        loop = asyncio.get_running_loop()
+        sent = loop.create_future()
+
+        def done() -> None:
+            if not sent.done():
+                sent.set_result(None)
+
+        def flush() -> None:
+            self.provider.force_flush(int(within_s * 1000))
+            with suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(done)
+
+        threading.Thread(target=flush, name="span flush", daemon=True).start()
+        with suppress(TimeoutError):
+            await asyncio.wait_for(sent, within_s)
 
     @contextmanager
     def request(self, sent: Mapping[str, str], pool: str, request_id: str) -> Iterator[Any]:

@@ -1,0 +1,167 @@
+"""`serve --workers N`: the parent process, which forks the workers, forwards signals to them
+and replaces one that ends while the gateway is not stopping (crashed, hung, or stopped by
+someone else's signal), in the same place of the worker mesh.
+
+A replacement starts with the policy file as it is now (read again, with the rules a reload
+applies), not the one the parent read at start-up: its siblings have reloaded since, and a
+tenant's revoked key must not come back with it. Each worker runs in a process group of its
+own, so a terminal's Ctrl-C reaches the parent alone, which forwards it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from prometheus_client import CollectorRegistry, Counter
+
+from gateway.policy.reload import PolicyHolder
+from gateway.settings import Settings
+from gateway.shared_state.worker_mesh import MeshPlace
+from gateway.state_backend import policy_refusal
+from gateway.watchdog import CRASHED, HUNG, Heartbeats
+from router_policies.schema import Policy
+
+log = logging.getLogger(__name__)
+
+STARTUP_FAILED = 2
+"""A worker's exit status when it could not start (the port taken): every worker would fail
+alike."""
+_RESPAWN_PAUSE_S = 1.0
+_WATCH_S = 0.2
+"""How often the parent looks for ended and silent workers, and for a stop signal while it
+waits to start a replacement."""
+_PR_SET_PDEATHSIG = 1
+
+RunOne = Callable[[Settings, Policy, MeshPlace, tuple[Heartbeats, int]], int]
+"""Runs one worker to its end (gateway/server.py); its exit status."""
+
+
+def run_workers(settings: Settings, policy: Policy, run_one: RunOne) -> int:
+    """Fork the workers, forward SIGTERM/SIGINT/SIGHUP to them, replace any that ends before
+    a stop (gateway/watchdog.py for the hung ones)."""
+    if settings.port == 0:
+        log.error("--workers > 1 needs a fixed --port: each worker binds it with SO_REUSEPORT")
+        return 2
+    # The workers' sockets (their /metrics for each other; without Redis, the routing state
+    # they share) in a directory only this user can enter.
+    run_dir = Path(tempfile.mkdtemp(prefix="llm-gateway-workers-"))
+    try:
+        return _Supervisor(settings, policy, run_dir, run_one).run()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _fork(
+    settings: Settings, policy: Policy, place: MeshPlace, beat: tuple[Heartbeats, int], run: RunOne
+) -> int:
+    beat[0].starting(beat[1])
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.setpgid(0, 0)  # a signal to the parent's group is the parent's to forward
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload, once its loop takes it
+        if sys.platform == "linux":
+            # A worker whose parent is killed outright stops too, rather than serve alone.
+            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        code = run(settings, policy, place, beat)
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+class _Supervisor:
+    def __init__(self, settings: Settings, policy: Policy, run_dir: Path, run: RunOne) -> None:
+        self.settings = settings
+        self.run_dir = run_dir
+        self.run_one = run
+        self.workers: dict[int, int] = {}
+        """Each worker's index (its place in the mesh, kept by its replacement), by pid."""
+        self.killed: set[int] = set()
+        """Workers killed for hanging, not yet reaped."""
+        self.heartbeats = Heartbeats(settings.workers)
+        self.stopping = False
+        path = Path(settings.policy) if settings.policy is not None else None
+        reloads = Counter("reloads", "", ["result"], registry=CollectorRegistry())
+        self.policy = PolicyHolder(policy, path, reloads, refuse=policy_refusal(settings))
+        """The policy a worker starts with: the file as it was when the last one started."""
+
+    def start(self, index: int) -> None:
+        place = MeshPlace(self.run_dir, self.settings.workers, index)
+        beat = (self.heartbeats, index)
+        pid = _fork(self.settings, self.policy.fleet.policy, place, beat, self.run_one)
+        self.workers[pid] = index
+
+    def kill_hung(self) -> None:
+        for pid, index in self.workers.items():
+            silent = self.heartbeats.silent_s(index)
+            if pid in self.killed or silent <= self.settings.worker_stuck_s:
+                continue
+            log.error(
+                "worker %d sent no heartbeat for %.1f s (stopped or wedged); killing it",
+                pid, silent,
+            )  # fmt: skip
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self.killed.add(pid)
+
+    def forward(self, sig: int, _frame: FrameType | None) -> None:
+        if sig != signal.SIGHUP:
+            self.stopping = True
+        for pid in list(self.workers):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.forward)
+        for index in range(self.settings.workers):
+            self.start(index)
+        log.info("llm-gateway: %d workers on port %d", self.settings.workers, self.settings.port)
+        worst = 0
+        while self.workers:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                self.kill_hung()  # stopping too: a stopped worker would hold the exit forever
+                time.sleep(_WATCH_S)
+                continue
+            index = self.workers.pop(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            if code == STARTUP_FAILED:
+                self.forward(signal.SIGTERM, None)  # every worker would fail alike
+            if self.stopping or code == STARTUP_FAILED:
+                worst = max(worst, abs(code))
+                continue
+            self.replace(pid, index, code)
+        return worst
+
+    def replace(self, pid: int, index: int, code: int) -> None:
+        hung = pid in self.killed
+        self.killed.discard(pid)
+        self.heartbeats.replaced(HUNG if hung else CRASHED)
+        if not hung:
+            log.error("worker %d ended with %d; starting another", pid, code)
+        deadline = time.monotonic() + _RESPAWN_PAUSE_S
+        while time.monotonic() < deadline and not self.stopping:
+            time.sleep(_WATCH_S)  # a stop signal now ends the wait: nothing to start then
+        if self.stopping:
+            return
+        # The file as it is now: its siblings have reloaded it since start-up (an invalid one
+        # leaves the last good policy, as their reload did).
+        asyncio.run(self.policy.reload())
+        self.start(index)
