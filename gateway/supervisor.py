@@ -2,10 +2,11 @@
 and replaces one that ends while the gateway is not stopping (crashed, hung, or stopped by
 someone else's signal), in the same place of the worker mesh.
 
-A replacement starts with the policy file as it is now (read again, with the rules a reload
-applies), not the one the parent read at start-up: its siblings have reloaded since, and a
-tenant's revoked key must not come back with it. Each worker runs in a process group of its
-own, so a terminal's Ctrl-C reaches the parent alone, which forwards it once.
+A replacement starts with the policy file as the workers last reloaded it (the parent reads it
+again as it changes, with the rules a reload applies), not the one the parent read at
+start-up: a tenant's revoked key must not come back with it. One that cannot start (a tier
+model file gone) is tried again, while its siblings serve. Each worker runs in a process group
+of its own, so a terminal's Ctrl-C reaches the parent alone, which forwards it once.
 """
 
 from __future__ import annotations
@@ -63,10 +64,17 @@ def run_workers(settings: Settings, policy: Policy, run_one: RunOne) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def _fork(
     settings: Settings, policy: Policy, place: MeshPlace, beat: tuple[Heartbeats, int], run: RunOne
 ) -> int:
+    """The new worker's pid. The signals the parent forwards are blocked until the parent has
+    it in its list and the child has its own handlers: one in between would miss the new
+    worker, or run the parent's handler in the child."""
     beat[0].starting(beat[1])
+    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
     pid = os.fork()
     if pid:
         return pid
@@ -76,6 +84,7 @@ def _fork(
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload, once its loop takes it
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
         if sys.platform == "linux":
             # A worker whose parent is killed outright stops too, rather than serve alone.
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -96,16 +105,23 @@ class _Supervisor:
         """Workers killed for hanging, not yet reaped."""
         self.heartbeats = Heartbeats(settings.workers)
         self.stopping = False
+        self.reread = False
+        """Read the policy file again before the next replacement (a SIGHUP came)."""
+        self.replacements: set[int] = set()
         path = Path(settings.policy) if settings.policy is not None else None
         reloads = Counter("reloads", "", ["result"], registry=CollectorRegistry())
         self.policy = PolicyHolder(policy, path, reloads, refuse=policy_refusal(settings))
         """The policy a worker starts with: the file as it was when the last one started."""
 
-    def start(self, index: int) -> None:
+    def start(self, index: int) -> int:
         place = MeshPlace(self.run_dir, self.settings.workers, index)
         beat = (self.heartbeats, index)
-        pid = _fork(self.settings, self.policy.fleet.policy, place, beat, self.run_one)
-        self.workers[pid] = index
+        try:
+            pid = _fork(self.settings, self.policy.fleet.policy, place, beat, self.run_one)
+            self.workers[pid] = index
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+        return pid
 
     def kill_hung(self) -> None:
         for pid, index in self.workers.items():
@@ -123,12 +139,13 @@ class _Supervisor:
     def forward(self, sig: int, _frame: FrameType | None) -> None:
         if sig != signal.SIGHUP:
             self.stopping = True
+        self.reread = True  # a SIGHUP's file, for the next replacement; not in a handler
         for pid in list(self.workers):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in _FORWARDED:
             signal.signal(sig, self.forward)
         for index in range(self.settings.workers):
             self.start(index)
@@ -138,17 +155,30 @@ class _Supervisor:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 self.kill_hung()  # stopping too: a stopped worker would hold the exit forever
+                self.keep_policy()
                 time.sleep(_WATCH_S)
                 continue
-            index = self.workers.pop(pid, 0)
+            if pid not in self.workers:
+                continue  # not a worker of ours
+            index = self.workers.pop(pid)
             code = os.waitstatus_to_exitcode(status)
-            if code == STARTUP_FAILED:
+            replacement = pid in self.replacements
+            self.replacements.discard(pid)
+            if code == STARTUP_FAILED and not replacement:
                 self.forward(signal.SIGTERM, None)  # every worker would fail alike
-            if self.stopping or code == STARTUP_FAILED:
-                worst = max(worst, abs(code))
+            if self.stopping or (code == STARTUP_FAILED and not replacement):
+                # A worker stopped before its own handler was set ends by the SIGTERM itself.
+                worst = max(worst, 0 if code == -signal.SIGTERM else abs(code))
                 continue
             self.replace(pid, index, code)
         return worst
+
+    def keep_policy(self) -> None:
+        """The file's policy, as the workers reload it, for the next replacement: kept as it
+        changes, so an invalid edit leaves the last good one, as it does in the workers."""
+        if self.reread or self.policy.changed_on_disk():
+            self.reread = False
+            asyncio.run(self.policy.reload())
 
     def replace(self, pid: int, index: int, code: int) -> None:
         hung = pid in self.killed
@@ -159,9 +189,7 @@ class _Supervisor:
         deadline = time.monotonic() + _RESPAWN_PAUSE_S
         while time.monotonic() < deadline and not self.stopping:
             time.sleep(_WATCH_S)  # a stop signal now ends the wait: nothing to start then
-        if self.stopping:
+        self.keep_policy()
+        if self.stopping:  # checked again: a stop may come while the file is read
             return
-        # The file as it is now: its siblings have reloaded it since start-up (an invalid one
-        # leaves the last good policy, as their reload did).
-        asyncio.run(self.policy.reload())
-        self.start(index)
+        self.replacements.add(self.start(index))

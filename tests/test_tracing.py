@@ -5,6 +5,7 @@ variables name, and the attempt's trace context sent to the replica in `tracepar
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -118,8 +119,9 @@ async def test_a_collector_that_never_answers_does_not_hold_up_the_exit(
         with tracing.request({}, "small", "r1"):
             pass
         # The exporter retries for many seconds; the exit waits for it a moment only.
+        started = time.monotonic()
         try:
-            async with asyncio.timeout(5):
-                await tracing.close()
+            await tracing.close()
         finally:
             released.set()
+        assert time.monotonic() - started < 3

@@ -258,6 +258,9 @@ async def test_a_replacement_worker_starts_with_the_policy_file_its_siblings_rel
                 return await routes_on_fresh_connections(gateway) == {"least-loaded"}
 
             assert await eventually(reloaded)
+            # An edit that does not load: the workers keep least-loaded, so must a replacement.
+            gateway.policy_path.write_text("pools: [")
+            await asyncio.sleep(1.5)
             os.kill(children(gateway.pid)[0], signal.SIGKILL)
             await asyncio.sleep(1.5)  # the parent waits 1 s before replacing a worker
             assert await eventually(every_worker_up(gateway), within_s=15)

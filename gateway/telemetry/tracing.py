@@ -69,7 +69,7 @@ class Tracing:
                 sent.set_result(None)
 
         def flush() -> None:
-            self.provider.force_flush(int(within_s * 1000))
+            self.provider.shutdown()  # flushes (its own timeout is the exporter's, not ours)
             with suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(done)
 
