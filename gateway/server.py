@@ -248,10 +248,8 @@ def run(
     settings: Settings, policy: Policy, extend: Callable[[web.Application], None] | None = None
 ) -> int:
     if settings.workers > 1:
-        taken = port_taken(settings.host, settings.port) if settings.port else None
-        if taken is not None:
-            log.error("%s", _cannot_listen(settings, taken))
-            return 2
+        # The CLI has checked the port is free (port_taken): workers binding it with
+        # SO_REUSEPORT would otherwise share it with whatever listens there.
         return run_workers(settings, policy, _run_worker)
     return _run_one(settings, policy, extend=extend)
 

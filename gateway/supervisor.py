@@ -137,9 +137,10 @@ class _Supervisor:
             self.killed.add(pid)
 
     def forward(self, sig: int, _frame: FrameType | None) -> None:
-        if sig != signal.SIGHUP:
+        if sig == signal.SIGHUP:
+            self.reread = True  # its file, for the next replacement: read outside the handler
+        else:
             self.stopping = True
-        self.reread = True  # a SIGHUP's file, for the next replacement; not in a handler
         for pid in list(self.workers):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)

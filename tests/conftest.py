@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
@@ -223,15 +224,23 @@ def chat(system: str, user: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.0) -> bool:
-    """Whether ``check`` comes true within ``within_s`` (asked every 50 ms, and once more at
-    the end): for state that other processes or tasks change."""
+async def eventually(
+    check: Callable[[], Awaitable[bool] | bool], within_s: float = 10.0, every_s: float = 0.05
+) -> bool:
+    """Whether ``check`` (a coroutine function, or a plain condition) comes true within
+    ``within_s`` (asked every ``every_s``, and once more at the end): for state that other
+    processes or tasks change."""
+
+    async def holds() -> bool:
+        result = check()
+        return await result if inspect.isawaitable(result) else result
+
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if await check():
+        if await holds():
             return True
-        await asyncio.sleep(0.05)
-    return await check()
+        await asyncio.sleep(every_s)
+    return await holds()
 
 
 async def metric_sum(url: str, name: str, **labels: str) -> float:

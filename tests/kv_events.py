@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -17,6 +17,7 @@ from gateway.fleet.kv_event_stream import EventStream
 from replica.processes import free_port
 from replica.sim.kv_events import EventPublisher, KvEventsConfig
 from router_policies.engine_blocks import EngineBlocks, root_key
+from tests.conftest import eventually
 
 ROOT = root_key(None, None)
 TOKENS = list(range(1000, 1064))  # four blocks of 16
@@ -92,7 +93,9 @@ async def running_stream(resync_s: float = 30.0) -> AsyncIterator[tuple[RawPubli
             publisher.publish(payload())
             await asyncio.sleep(0.05)
         # Joining copies still in flight arrive in order: no hole, but let them land first.
-        await eventually(lambda: stream.next_seq == publisher.next_seq, "joined")
+        assert await eventually(lambda: stream.next_seq == publisher.next_seq, every_s=0.01), (
+            "joined"
+        )
         yield publisher, stream
         assert not task.done(), task  # the subscription outlived whatever the test sent
     finally:
@@ -100,10 +103,3 @@ async def running_stream(resync_s: float = 30.0) -> AsyncIterator[tuple[RawPubli
         with contextlib.suppress(asyncio.CancelledError):
             await task
         publisher.close()
-
-
-async def eventually(condition: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never {what}"
-        await asyncio.sleep(0.01)

@@ -26,10 +26,10 @@ from replica.vllm_cpu.fleet import venv_python
 from router_policies.block_layout import BlockLayout
 from router_policies.engine_blocks import root_key, token_block_keys
 from router_policies.fingerprint import fingerprint
+from tests.conftest import eventually
 from tests.kv_events import (
     ROOT,
     TOKENS,
-    eventually,
     payload,
     replaying_pair,
     running_stream,
@@ -190,13 +190,17 @@ async def test_a_message_that_cannot_be_read_is_lost_and_the_subscription_goes_o
     async with running_stream(resync_s=0.5) as (publisher, stream):
         publisher.publish(payload(block_stored([1, 2], None, TOKENS[:32], 16, None)))
         publisher.publish(body())
-        await eventually(lambda: stream.gaps == 1, "counted the unreadable message as lost")
+        assert await eventually(lambda: stream.gaps == 1, every_s=0.01), (
+            "counted the unreadable message as lost"
+        )
         assert len(stream.blocks) == 0  # what it half applied, if anything, went with the rest
         assert not stream.exact(time.monotonic())
         publisher.publish(payload(block_stored([3], None, TOKENS[32:48], 16, None)))
         publisher.publish(payload(), skip=1)  # a hole after it: still seen and counted
-        await eventually(lambda: stream.gaps == 2, "counted the hole after it")
-        await eventually(lambda: stream.exact(time.monotonic()), "exact again after resync_s")
+        assert await eventually(lambda: stream.gaps == 2, every_s=0.01), "counted the hole after it"
+        assert await eventually(lambda: stream.exact(time.monotonic()), every_s=0.01), (
+            "exact again after resync_s"
+        )
 
 
 async def test_a_large_message_is_applied_in_slices_so_the_event_loop_runs_meanwhile() -> None:
@@ -210,7 +214,7 @@ async def test_a_large_message_is_applied_in_slices_so_the_event_loop_runs_meanw
 
         watcher = asyncio.create_task(watch())
         publisher.publish(payload(*(block_stored([h], None, [h] * 16, 16, None) for h in range(n))))
-        await eventually(lambda: len(stream.blocks) == n, "applied")
+        assert await eventually(lambda: len(stream.blocks) == n, every_s=0.01), "applied"
         watcher.cancel()
     assert any(0 < held < n for held in seen)
 
@@ -230,7 +234,9 @@ async def test_a_burst_of_messages_is_read_in_slices_so_the_event_loop_runs_mean
             publisher.publish(payload(block_removed([1])))
         # The loop held on purpose: the whole burst is queued when the stream reads again.
         time.sleep(0.3)  # noqa: ASYNC251
-        await eventually(lambda: stream.next_seq == publisher.next_seq, "read the burst")
+        assert await eventually(lambda: stream.next_seq == publisher.next_seq, every_s=0.01), (
+            "read the burst"
+        )
         watcher.cancel()
         assert stream.gaps == 0
     assert max(b - a for a, b in pairwise(seen)) < 900 // 2
