@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import FrameType
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "overhead": (
@@ -101,5 +103,40 @@ def main(argv: Sequence[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     module.add_arguments(sub)
-    code: int = module.run(sub.parse_args([*rest, *argv[1:]]))
+    return interruptible(sub.prog, lambda: module.run(sub.parse_args([*rest, *argv[1:]])))
+
+
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that end a tool run as Ctrl-C does. Their default ends the process at once, before
+the run stops its children and removes its files (policies, logs) from $TMPDIR."""
+
+
+def interruptible(prog: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit status; Ctrl-C, SIGTERM or SIGHUP end it by cancelling its work (each
+    run's clean-up stops every process it started), then one line and 128 + the signal's
+    number, as a shell reports a command the signal ended, instead of a traceback."""
+    received: list[int] = []
+
+    def as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        # The handler Ctrl-C has now: asyncio's runner cancels its main task (the first time)
+        # so that clean-up runs; outside a runner, Python's raises KeyboardInterrupt.
+        handler = signal.getsignal(signal.SIGINT)
+        if not callable(handler):
+            raise KeyboardInterrupt
+        handler(signal.SIGINT, frame)
+
+    previous = {signum: signal.signal(signum, as_ctrl_c) for signum in STOPPING_SIGNALS}
+    try:
+        code = run()
+    except KeyboardInterrupt:
+        code = 128 + int(signal.SIGINT)
+    finally:
+        for stopping, handler in previous.items():
+            signal.signal(stopping, handler)
+    if received or code == 128 + signal.SIGINT:  # some runs catch Ctrl-C themselves
+        signum = received[0] if received else int(signal.SIGINT)
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"{prog}: interrupted ({name}); stopped what it had started", file=sys.stderr)
+        return 128 + signum
     return code

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
+import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -26,12 +26,13 @@ from typing import Any, TextIO
 
 import uvloop
 
+from bench.cli import interruptible
 from bench.driver import RunResult, percentile, replica_name, run_conversations
 from bench.fleet_stats import CacheCounters, delta, fleet_counters, reset_prefix_caches, snapshot
 from bench.launcher import start_gateway
 from bench.workloads import Conversation, multi_turn_shared_prefix
 from gateway.cli_types import positive_int
-from replica.processes import ManagedProcess, start_sim_replicas
+from replica.processes import ManagedProcess, ProcessStartError, start_sim_replicas
 
 MODEL = "sim-model"
 POLICIES = ("prefix-aware", "round-robin")
@@ -186,7 +187,7 @@ async def run_demo(config: DemoConfig | None = None, *, progress: bool = False) 
         urls = [sim.url for sim in sims]
         runs = []
         for policy in POLICIES:
-            gateway = await start_gateway(_policy(policy, urls))
+            gateway = await start_gateway(_policy(policy, urls), env=defaults_env())
             processes.append(gateway)
             runs.append(await _run_policy(policy, gateway, urls, workload, config, progress))
             await gateway.stop()
@@ -195,6 +196,22 @@ async def run_demo(config: DemoConfig | None = None, *, progress: bool = False) 
         stops = asyncio.gather(*(p.stop() for p in processes), return_exceptions=True)
         await asyncio.shield(stops)
     return DemoResult(config, tuple(replica_name(url) for url in urls), runs[0], runs[1])
+
+
+def defaults_env() -> dict[str, str | None]:
+    """The gateways' environment: the caller's less every GATEWAY_* variable. The demo shows
+    the gateway's defaults against each other, and a shell set up for a real gateway (its
+    GATEWAY_REDIS_URL, GATEWAY_WORKERS, GATEWAY_POLICY, GATEWAY_ADMIN_TOKEN...) would change
+    what the demo measures, share state with that gateway's Redis, or stop it from starting."""
+    return {name: None for name in os.environ if name.startswith("GATEWAY_")}
+
+
+def start_failure(exc: ProcessStartError) -> str:
+    """One short message for a child that did not start: what happened, then the last lines
+    of its output, which say why (a traceback's last line, a refused setting)."""
+    what, _, log = str(exc).partition("\n")
+    tail = [line.strip() for line in log.splitlines() if line.strip()][-3:]
+    return "\n".join([f"error: {what}; its output ends:", *(f"  {line}" for line in tail)])
 
 
 def _pct(value: float | None) -> str:
@@ -293,7 +310,7 @@ def main(argv: Sequence[str]) -> int:
     """Entry point of ``llm-gateway demo`` (a plugin of the gateway's CLI)."""
     parser = argparse.ArgumentParser(prog="llm-gateway demo", description=__doc__)
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return interruptible(parser.prog, lambda: run(parser.parse_args(argv)))
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
@@ -310,8 +327,10 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         f"Starting {config.replicas} simulated replicas and the gateway on loopback...",
         file=sys.stderr,
     )
-    with contextlib.suppress(KeyboardInterrupt):
+    try:
         result = uvloop.run(run_demo(config, progress=not args.no_progress))
-        out.write(format_report(result))
-        return 0 if result.prefix_aware.run.failed + result.round_robin.run.failed == 0 else 1
-    return 130
+    except ProcessStartError as exc:
+        print(start_failure(exc), file=sys.stderr)
+        return 1
+    out.write(format_report(result))
+    return 0 if result.prefix_aware.run.failed + result.round_robin.run.failed == 0 else 1

@@ -37,7 +37,7 @@ class GatewayProcess(ManagedProcess):
         url: str,
         policy_path: Path,
         *,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         picker_port: int | None = None,
     ) -> None:
         super().__init__(argv, url, env={**NO_SHUTDOWN_DELAY, **(env or {})}, name="gateway")
@@ -77,7 +77,7 @@ async def start_picker(
     policy: Mapping[str, Any],
     *,
     picker_port: int | None = None,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
 ) -> GatewayProcess:
     """Start ``llm-gateway epp`` (the endpoint picker for Envoy) with ``policy``; its HTTP
@@ -111,7 +111,7 @@ async def start_gateway(
     policy: Mapping[str, Any],
     *,
     port: int | None = None,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
     wait_path: str = "/ready",
     python: str = sys.executable,
@@ -120,8 +120,9 @@ async def start_gateway(
 
     ``policy`` is the policy file's content as plain data. With no ``port`` a free one is
     picked, and picked again if another process takes it before the gateway binds. ``env``
-    adds GATEWAY_* (or any) variables to the child's environment. ``wait_path="/health"``
-    starts a gateway some of whose pools are meant to have no healthy replica. ``python``
+    adds GATEWAY_* (or any) variables to the child's environment (one set to None is left
+    out). ``wait_path="/health"`` starts a gateway some of whose pools are meant to have no
+    healthy replica. ``python``
     runs it: another interpreter with the project's dependencies installed runs this
     checkout's code (``-m`` reads the working directory first). Stop the
     result with ``await process.stop()``; that also removes the temporary policy file.

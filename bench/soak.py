@@ -157,6 +157,10 @@ async def _soak(args: argparse.Namespace) -> tuple[list[Sample], Tally]:
         gateway.keep_log = True  # read (and then removed) below
         try:
             samples, tally = await _drive(gateway, args, hidden)
+        except BaseException:
+            # Interrupted (Ctrl-C, SIGTERM): no tally to judge, and the stop removes the log.
+            gateway.keep_log = False
+            raise
         finally:
             await gateway.stop()
         log = gateway.log_path

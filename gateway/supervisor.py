@@ -27,7 +27,7 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.policy.reload import PolicyHolder
+from gateway.policy.reload import PolicyHolder, ReloadResult
 from gateway.settings import Settings
 from gateway.shared_state.worker_mesh import MeshPlace
 from gateway.state_backend import policy_refusal
@@ -47,6 +47,22 @@ _PR_SET_PDEATHSIG = 1
 
 RunOne = Callable[[Settings, Policy, MeshPlace, tuple[Heartbeats, int]], int]
 """Runs one worker to its end (gateway/server.py); its exit status."""
+
+_parent: int | None = None
+"""In a worker, the parent that forked it; None in the parent, and under a single process."""
+
+
+async def reload_every_worker(policy: PolicyHolder) -> ReloadResult:
+    """The admin API's reload: this process's, whose result it answers, then, in a worker,
+    every worker's: the file watch sees only the policy file, so a file it names (a tier
+    model) replaced under an unchanged policy would stay old in the workers the call did not
+    reach. The parent forwards a SIGHUP to each (this one reloads again, alike: reloads are
+    idempotent), and reads the file again for the workers it starts later. A reload refused
+    here is refused there too: the others keep their policy, unbothered."""
+    result = await policy.reload()
+    if result.ok and _parent is not None and os.getppid() == _parent:  # not a parent gone
+        os.kill(_parent, signal.SIGHUP)
+    return result
 
 
 def run_workers(settings: Settings, policy: Policy, run_one: RunOne) -> int:
@@ -75,9 +91,12 @@ def _fork(
     worker, or run the parent's handler in the child."""
     beat[0].starting(beat[1])
     signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+    parent = os.getpid()
     pid = os.fork()
     if pid:
         return pid
+    global _parent
+    _parent = parent
     code = 1
     try:
         os.setpgid(0, 0)  # a signal to the parent's group is the parent's to forward

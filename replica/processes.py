@@ -83,19 +83,22 @@ class ManagedProcess:
         argv: Sequence[str],
         url: str,
         *,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         name: str = "server",
         keep_log: bool = False,
         exit_with_parent: bool = True,
     ) -> None:
+        """``env`` adds to this process's environment; a variable mapped to None is left out."""
         self.argv = list(argv)
         self.url = url.rstrip("/")
         self.name = name
         self.keep_log = keep_log
         self.exit_with_parent = exit_with_parent
-        self._env = None if env is None else {**os.environ, **env}
+        merged = {**os.environ, **(env or {})}
+        self._env = None if env is None else {k: v for k, v in merged.items() if v is not None}
         self._proc: asyncio.subprocess.Process | None = None
         self.log_path: Path | None = None
+        self._stopped_by_caller = False
 
     @property
     def pid(self) -> int:
@@ -118,19 +121,27 @@ class ManagedProcess:
         self.log_path = Path(path)
         parent_pid = os.getpid()
         preexec = (lambda: _exit_with_parent(parent_pid)) if self.exit_with_parent else None
-        with os.fdopen(fd, "wb") as log:
-            self._proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                env=self._env,
-                preexec_fn=preexec,
-            )
+        try:
+            with os.fdopen(fd, "wb") as log:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *self.argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=self._env,
+                    preexec_fn=preexec,
+                )
+        except BaseException:
+            self._drop_log()  # cancelled or failed as it spawned: asyncio ends such a child
+            raise
         try:
             await self._wait_healthy(self.url + health_path, timeout_s)
+        except ProcessStartError:
+            # Never healthy: never left behind, and its log (the why) is kept.
+            await self._kill()
+            raise
         except BaseException:
-            # Timed out, or the caller gave up (cancelled): never leave the child behind.
+            # The caller gave up (cancelled, Ctrl-C): a stop it asked for.
             await self.kill()
             raise
 
@@ -159,21 +170,39 @@ class ManagedProcess:
         """SIGTERM this child, SIGKILL it if it outlives ``grace_s``; returns its exit status."""
         if self._proc is None:
             return None
+        self._note_caller_stop()
         # asyncio only signals a child it has not reaped, so a recycled PID is never hit.
         with contextlib.suppress(ProcessLookupError):
             self._proc.send_signal(signal.SIGTERM)
         try:
             code = await asyncio.wait_for(self._proc.wait(), grace_s)
         except TimeoutError:
-            await self.kill()
+            await self._kill()
             code = await self._proc.wait()
-        if code in _CLEAN_EXITS and not self.keep_log and self.log_path is not None:
-            # A clean stop leaves nothing to read; failed ones keep their log for a post-mortem.
-            self.log_path.unlink(missing_ok=True)
+        if code in _CLEAN_EXITS or self._stopped_by_caller:
+            self._drop_log()
         return code
 
     async def kill(self) -> None:
         """SIGKILL this child at once and wait until it is reaped."""
+        self._note_caller_stop()
+        await self._kill()
+        if self._stopped_by_caller:
+            self._drop_log()
+
+    def _note_caller_stop(self) -> None:
+        # Only a child still running when the caller asks is the caller's stop: one that had
+        # already exited failed on its own, and its log is what a post-mortem reads.
+        if self.is_running():
+            self._stopped_by_caller = True
+
+    def _drop_log(self) -> None:
+        # A clean exit, or one the caller asked for (Ctrl-C, SIGTERM, the end of a run), leaves
+        # nothing to read; a child that failed on its own keeps its log for a post-mortem.
+        if not self.keep_log and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+
+    async def _kill(self) -> None:
         if self._proc is None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -276,11 +305,17 @@ async def start_sim_replicas(
 
 
 async def start_all(starts: Iterable[Awaitable[P]]) -> list[P]:
-    """Run the start-ups concurrently: every process healthy, or every started one stopped."""
-    results = await asyncio.gather(*starts, return_exceptions=True)
-    started = [r for r in results if not isinstance(r, BaseException)]
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        await asyncio.gather(*(process.stop() for process in started))
-        raise errors[0]
+    """Run the start-ups concurrently: every process healthy, or every started one stopped,
+    also when the caller gives up part-way (cancelled, Ctrl-C)."""
+    tasks = [asyncio.ensure_future(start) for start in starts]
+    try:
+        # Cancelled, gather cancels the start-ups under way and returns once all are done.
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        done = [t for t in tasks if t.done() and not t.cancelled()]
+        started = [t.result() for t in done if t.exception() is None]
+        if len(started) < len(tasks):
+            await asyncio.gather(*(process.stop() for process in started))
+    for task in tasks:
+        task.result()  # raises the first start-up's failure, if any
     return started

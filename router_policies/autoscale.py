@@ -12,6 +12,8 @@ Replicas needed by load and by KV pressure, whichever is higher:
          the minimum once the queue drains (docs/scaling.md measures both);
   KV:    healthy x mean KV-cache usage / kv_usage_ceiling
 raw = clamp(ceil(max(load, KV)), min_replicas, max_replicas)
+With no healthy replica (an outage) the load term still counts the demand (arrivals go on
+being counted) and raw is at least 1; a term that is not a number >= 0 counts as 0.
 desired = raw when it rises; when it falls, the highest raw value of the last
 scale_down_stabilization_s (the Kubernetes HPA's own scale-down rule), so a brief lull does not
 shed replicas that a cold start would take minutes to bring back.
@@ -42,20 +44,26 @@ def desired_replicas(
     arrival_rate: float = 0.0,
     capacity: float | None = None,
 ) -> int:
-    if healthy <= 0:
-        # Nothing serves: ask for at least one replica so the pool can come back.
-        return max(settings.min_replicas, 1)
     per_replica = target_rate(settings, capacity)
     if per_replica is not None:
         demand = arrival_rate + queue_depth / settings.backlog_drain_s
         by_load = demand / per_replica
     else:
         by_load = queue_depth / settings.target_queue_per_replica
-    by_kv = healthy * mean_kv_usage / settings.kv_usage_ceiling
+    # With no healthy replica the KV term has nothing to read, but the load term still
+    # measures the demand: an outage must not talk the HPA down to one replica.
+    by_kv = healthy * mean_kv_usage / settings.kv_usage_ceiling if healthy > 0 else 0.0
     # Capped before rounding: a tiny divisor above (a target rate, a drain time) can make
-    # the quotient inf, which no int can hold; the cap is the answer's own.
-    wanted = math.ceil(min(max(by_load, by_kv), settings.max_replicas) - 1e-9)
-    return min(max(wanted, settings.min_replicas), settings.max_replicas)
+    # the quotient inf, which no int can hold; the cap is the answer's own. A term that is
+    # NaN or negative (a broken figure) asks for nothing rather than raising.
+    wanted = math.ceil(min(max(_term(by_load), _term(by_kv)), settings.max_replicas) - 1e-9)
+    # Nothing serves: at least one replica, so the pool can come back.
+    floor = settings.min_replicas if healthy > 0 else max(settings.min_replicas, 1)
+    return min(max(wanted, floor), settings.max_replicas)
+
+
+def _term(replicas: float) -> float:
+    return replicas if replicas >= 0 else 0.0  # NaN compares false: 0 too
 
 
 class RateMeter:

@@ -5,9 +5,14 @@ the quality the task needed and the large pool's cache of the conversation. An u
 always allowed: a conversation that turns hard goes large from that turn on.
 
 A conversation is known by what each of its turns resends first: its system and developer
-messages and its first user message. Remembered per tier model and per process, the least
-recently used forgotten first; processes that share state tell each other (the worker mesh,
-or Redis: gateway/shared_state/).
+messages, its first user message (its opening) and, from its second turn on, the message that
+follows that (the first answer). Two people who open alike ("hi" under one system prompt) get
+different answers, so a conversation that went large on a later turn keeps no one else's first
+turn or follow-up large. One that went large on its first turn is known by its opening alone
+(its answer was not written yet): another that opens alike scored the same on its first turn.
+Only a follow-up is looked up: a first turn continues nothing. Remembered per tier model and
+per process, the least recently used forgotten first; processes that share state tell each
+other (the worker mesh, or Redis: gateway/shared_state/).
 """
 
 from __future__ import annotations
@@ -16,19 +21,23 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 import xxhash
 
 from router_policies.conversation import chat_messages
 from router_policies.fingerprint import content_bytes
 
 
-def conversation_key(body: Mapping[str, Any]) -> int | None:
-    """The conversation a chat or /v1/responses request continues (the same key on either
-    API); None for a request with no user message (or neither)."""
+def conversation_keys(body: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The keys a chat or /v1/responses request's conversation is known by (the same on either
+    API): its opening's, then on a follow-up its opening and first answer's; None for a
+    request with no user message (or neither). It is remembered under the last, and a
+    follow-up is looked up under each."""
     messages = chat_messages(body)
     if messages is None:
         return None
     digest = xxhash.xxh3_64()
+    opening: int | None = None
     for message in messages:
         if not isinstance(message, Mapping):
             return None
@@ -40,25 +49,29 @@ def conversation_key(body: Mapping[str, Any]) -> int | None:
         # those of earlier releases, which other instances may still share through Redis.
         digest.update(b"s")
         digest.update(content_bytes(message.get("content")))
+        if opening is not None:
+            tool_calls = message.get("tool_calls")
+            if tool_calls:  # an answer that only calls tools differs by its calls
+                digest.update(b"\x1e" + orjson.dumps(tool_calls, option=orjson.OPT_SORT_KEYS))
+            return opening, digest.intdigest()
         digest.update(b"\x1e")
         if role == "user":
-            return digest.intdigest()
-    return None
+            opening = digest.intdigest()
+    return None if opening is None else (opening,)
+
+
+def conversation_key(body: Mapping[str, Any]) -> int | None:
+    """The key a request's conversation is remembered under when it goes large."""
+    keys = conversation_keys(body)
+    return keys[-1] if keys else None
 
 
 def follow_up(body: Mapping[str, Any]) -> bool:
-    """Whether a chat or /v1/responses request continues a conversation (a second user turn
-    or later): only those can have gone large before."""
-    messages = chat_messages(body)
-    if messages is None:
-        return False
-    users = 0
-    for message in messages:
-        if isinstance(message, Mapping) and message.get("role") == "user":
-            users += 1
-            if users == 2:
-                return True
-    return False
+    """Whether a chat or /v1/responses request continues a conversation: a message follows
+    its first user message (an answer, a tool's call or result, another user turn). Only
+    those can have gone large before."""
+    keys = conversation_keys(body)
+    return keys is not None and len(keys) > 1
 
 
 class ConversationTiers:
@@ -77,6 +90,11 @@ class ConversationTiers:
             return False
         self._large.move_to_end(key)
         return True
+
+    def any_went_large(self, keys: tuple[int, ...]) -> bool:
+        """Whether a follow-up's conversation went large, under any of its keys
+        (``conversation_keys``); a first turn's never did, whatever its opening did."""
+        return len(keys) > 1 and any(self.went_large(key) for key in keys)
 
     def remember(self, key: int, capacity: int) -> None:
         self._large[key] = None

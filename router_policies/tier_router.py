@@ -9,7 +9,7 @@ from router_policies.calibration import QuantileThreshold
 from router_policies.schema import InvalidPolicy
 from router_policies.tier_classifier import TierScore
 from router_policies.tier_classifiers import CueClassifier, TierClassifier, build_classifier
-from router_policies.tier_memory import ConversationTiers, conversation_key
+from router_policies.tier_memory import ConversationTiers, conversation_keys
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import Tier, tier_for
 from router_policies.value import value
@@ -22,7 +22,8 @@ class TierVerdict:
     threshold: float
     forced: bool
     conversation: int | None = None
-    """The conversation the request continues (router_policies/tier_memory.py), if any."""
+    """The key its conversation is remembered under if it goes large
+    (router_policies/tier_memory.py), if any."""
     kept: bool = False
     """Large because its conversation went large before, though its own score is below."""
 
@@ -76,11 +77,13 @@ class TierRouter:
         if forced is not None:
             return TierVerdict(forced, result, threshold, forced=True)
         tier = tier_for(result.score, threshold)
-        key = conversation_key(body) if self.settings.conversation_memory else None
-        kept = tier is Tier.SMALL and key is not None and self.conversations.went_large(key)
+        keys = conversation_keys(body) if self.settings.conversation_memory else None
+        if keys is None:
+            return TierVerdict(tier, result, threshold, False)
+        kept = tier is Tier.SMALL and self.conversations.any_went_large(keys)
         if kept:
             tier = Tier.LARGE
-        return TierVerdict(tier, result, threshold, False, key, kept)
+        return TierVerdict(tier, result, threshold, False, keys[-1], kept)
 
     def observe(self, verdict: TierVerdict, *, sent_large: bool) -> int | None:
         """Real traffic (never a dry run): the calibration's window, and the conversations

@@ -21,6 +21,7 @@ class Tier(StrEnum):
 @value
 class PoolLoad:
     healthy: int
+    """Replicas a request can go to: passing health checks and not ejected."""
     queue_depth: float
     saturation_queue_per_replica: float
     backlogged: bool = False

@@ -45,7 +45,7 @@ def test_kv_pressure_alone_grows_the_pool() -> None:
 
 def test_bounds_hold() -> None:
     assert desired_replicas(4, queue_depth=10_000, mean_kv_usage=1.0, settings=S) == 10
-    assert desired_replicas(0, queue_depth=50, mean_kv_usage=0.0, settings=S) == 1
+    assert desired_replicas(0, queue_depth=50, mean_kv_usage=0.0, settings=S) == 10
 
 
 def test_scale_down_waits_for_the_stabilization_window() -> None:
@@ -70,6 +70,32 @@ def test_with_a_target_rate_the_load_term_follows_arrivals_not_backlog() -> None
     assert (
         desired_replicas(9, queue_depth=0, mean_kv_usage=0.1, settings=RATED, arrival_rate=45) == 5
     )
+
+
+def test_an_outage_keeps_asking_for_what_the_demand_needs() -> None:
+    # Every replica down while 45 req/s keep arriving: still 5, not 1 (an HPA would follow).
+    assert (
+        desired_replicas(0, queue_depth=0, mean_kv_usage=0.0, settings=RATED, arrival_rate=45) == 5
+    )
+    # Before any capacity is known, the requests waiting are the demand.
+    assert desired_replicas(0, queue_depth=32, mean_kv_usage=0.0, settings=S) == 8
+
+
+def test_an_outage_with_no_demand_still_asks_for_one_replica_to_come_back() -> None:
+    none_kept = S.model_copy(update={"min_replicas": 0})
+    assert desired_replicas(0, queue_depth=0, mean_kv_usage=0.0, settings=none_kept) == 1
+    assert desired_replicas(3, queue_depth=0, mean_kv_usage=0.0, settings=none_kept) == 0
+
+
+@pytest.mark.parametrize("broken", [math.nan, -5.0, math.inf, -math.inf])
+def test_a_broken_figure_never_makes_the_signal_raise(broken: float) -> None:
+    learned = RATED.model_copy(update={"target_rate_per_replica": None})
+    for settings, capacity in ((S, None), (RATED, None), (learned, broken)):
+        for healthy in (0, 2):
+            desired = desired_replicas(
+                healthy, broken, broken, settings, arrival_rate=broken, capacity=capacity
+            )
+            assert settings.min_replicas <= desired <= settings.max_replicas
 
 
 def test_a_backlog_adds_the_replicas_that_drain_it_in_time() -> None:

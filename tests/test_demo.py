@@ -7,10 +7,12 @@ import argparse
 import pytest
 import pytest_asyncio
 
+import bench.demo as demo_module
 from bench.demo import DemoConfig, DemoResult, PolicyRun, add_arguments, format_report, run_demo
 from bench.driver import RequestResult, RunResult
 from bench.fleet_stats import CacheCounters
-from tests.command_line import parsed
+from replica.processes import ManagedProcess, ProcessStartError
+from tests.command_line import llm_gateway_process, parsed
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -87,3 +89,34 @@ def test_a_baseline_with_no_hits_gives_no_infinite_ratio() -> None:
     report = format_report(result)
     assert "inf" not in report and "nan" not in report, report
     assert report.rstrip().endswith("0.0% vs round-robin 0.0%: -")
+
+
+@pytest.mark.timeout(120)
+def test_the_demo_shows_the_defaults_whatever_gateway_settings_the_shell_holds() -> None:
+    """A shell set up for a real gateway (a bad log level here; a production Redis URL as
+    likely) changes neither what the demo measures nor whether it starts."""
+    done = llm_gateway_process(
+        "demo", "--replicas", "1", "--groups", "1", "--users-per-group", "1", "--rounds", "1",
+        "--no-progress", env={"GATEWAY_LOG_LEVEL": "verbose", "GATEWAY_WORKERS": "many"},
+        timeout_s=100,
+    )  # fmt: skip
+    assert done.code == 0, done.err
+    assert "Fleet prefix-cache hit rate" in done.out
+
+
+def test_a_child_that_does_not_start_is_one_short_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = "\n".join(["Traceback (most recent call last):", *["  frame"] * 40, "OSError: no GPU"])
+
+    async def failing(*args: object, **kwargs: object) -> list[ManagedProcess]:
+        raise ProcessStartError(f"sim-replica-0 exited with 1 before it was healthy\n{log}\n")
+
+    monkeypatch.setattr(demo_module, "start_sim_replicas", failing)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert demo_module.run(parser.parse_args([])) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in err[1:] and len(err) <= 5, err
+    assert err[1].startswith("error: sim-replica-0 exited with 1 before it was healthy")
+    assert err[-1].strip() == "OSError: no GPU"

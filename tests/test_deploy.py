@@ -65,6 +65,19 @@ def test_helm_install_dry_run_renders_the_notes(tools: Tools, helm_env: dict[str
     assert "prometheus-adapter" in notes
 
 
+def test_the_notes_of_a_picker_without_gateway_pods_point_at_the_inference_pool(
+    tools: Tools, helm_env: dict[str, str]
+) -> None:
+    argv: list[str | Path] = [tools.need("helm"), "install", RELEASE, CHART, "-n", NAMESPACE]
+    sets = [a for s in VARIANTS["picker-only"] for a in ("--set", s)]
+    done = run([*argv, "--dry-run=client", *sets], env=helm_env)
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    assert f"svc/{RELEASE}-llm-gateway " not in notes, "a Service with no pods behind it"
+    assert f"InferencePool, name: {RELEASE}-llm-gateway}}" in notes
+    assert f"port-forward deploy/{RELEASE}-llm-gateway-picker 8081:8081" in notes
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rendered_chart_passes_kubernetes_schemas(
     variant: str, tools: Tools, helm_template: Callable[..., str]
@@ -139,6 +152,22 @@ def test_each_variant_renders_what_it_promises(render_chart: Render) -> None:
             ("autoscaling.mode=hpa", "pools.small.autoscaling.minReplicas=9"),
             "minReplicas is above maxReplicas",
         ),
+        # gateway.env naming what the chart sets itself, which would be in the env twice
+        (("gateway.env.GATEWAY_WORKERS=4",), "gateway.env.GATEWAY_WORKERS: the chart sets"),
+        (("gateway.env.GATEWAY_PORT=9000",), "GATEWAY_PORT itself; use gateway.port"),
+        (("gateway.env.GATEWAY_SHUTDOWN_DELAY_S=0",), "use gateway.shutdownDelaySeconds"),
+        (
+            ("picker.enabled=true", "gateway.replicas=0", "gateway.env.GATEWAY_LOG_LEVEL=DEBUG"),
+            "GATEWAY_LOG_LEVEL itself; use gateway.logLevel",
+        ),
+        (
+            ("redis.enabled=true", "gateway.env.GATEWAY_REDIS_URL=redis://cache:6379/0"),
+            "GATEWAY_REDIS_URL itself; use redis.url",
+        ),
+        (
+            ("gateway.adminToken=t0ken", "gateway.env.GATEWAY_ADMIN_TOKEN=other"),
+            "GATEWAY_ADMIN_TOKEN itself; use gateway.adminToken",
+        ),
     ],
 )
 def test_chart_refuses_bad_values_by_name(
@@ -146,6 +175,32 @@ def test_chart_refuses_bad_values_by_name(
 ) -> None:
     output = helm_template(*sets, check=False)
     assert message in output
+
+
+@pytest.mark.parametrize(
+    ("sets", "name", "value"),
+    [
+        (("picker.enabled=true",), "GATEWAY_RETRIES", "2"),
+        (("redis.enabled=false",), "GATEWAY_REDIS_URL", "redis://cache:6379/0"),
+        (("picker.enabled=true",), "GATEWAY_ADMIN_TOKEN", "t0ken"),
+    ],
+)
+def test_gateway_env_reaches_every_container_once_per_name(
+    sets: tuple[str, ...], name: str, value: str, render_chart: Render
+) -> None:
+    """What the chart does not set itself, gateway.env adds to the gateway and the picker."""
+    docs = render_chart(*sets, f"gateway.env.{name}={value}")
+    containers = [
+        container
+        for deployment_name, deployment in by_kind(docs, "Deployment").items()
+        if not deployment_name.endswith("-redis")
+        for container in deployment["spec"]["template"]["spec"]["containers"]
+    ]
+    assert len(containers) == (2 if "picker.enabled=true" in sets else 1)
+    for container in containers:
+        names = [entry["name"] for entry in container["env"]]
+        assert len(names) == len(set(names)), (container["name"], names)
+        assert {"name": name, "value": value} in container["env"], container["name"]
 
 
 # --- negative: the schema checks bite -----------------------------------------------------------
@@ -240,7 +295,6 @@ def policy_text(docs: list[dict[str, Any]]) -> str:
         (("redis.enabled=false",), True),
         (("gateway.replicas=1", "gateway.workers=1"), False),
         (("gateway.replicas=1", "gateway.resources.limits.cpu=1"), False),
-        (("gateway.replicas=1", "gateway.env.GATEWAY_WORKERS=1"), False),
         (("gateway.replicas=1", "redis.enabled=true"), False),
         (("gateway.replicas=1", "redis.url=redis://cache.example:6379/0"), False),
         (("gateway.replicas=1", "policy.state.redis_url=redis://cache.example:6379/0"), False),

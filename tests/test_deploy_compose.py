@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from bench.launcher import start_gateway
+from gateway.settings import Settings
 from replica.processes import ManagedProcess, free_port
 from replica.vllm_launch import environment, render
 from tests.deploy import COMPOSE, PROFILES, ROOT, Tools, run
@@ -80,6 +81,24 @@ def test_compose_vllm_command_is_the_recipes_argv(service: str, profile: str) ->
     (device,) = spec["deploy"]["resources"]["reservations"]["devices"]
     assert len(device["device_ids"]) == PROFILES[profile]().tensor_parallel_size
     assert spec["profiles"] == ["gpu"]
+
+
+def test_compose_waits_out_each_gateways_shutdown_delay_and_drain() -> None:
+    """Compose's stop SIGKILLs after stop_grace_period (10 s unless set): a gateway must get
+    its delay + drain + the 5 s of margin the Helm chart asks for, from its own settings."""
+    defaults = Settings()
+    gateways = {
+        name: spec
+        for name, spec in compose_services().items()
+        if "serve" in spec.get("command", [])
+    }
+    assert set(gateways) == {"gateway", "gateway-gpu", "gateway-a", "gateway-b"}
+    for name, spec in gateways.items():
+        env = spec.get("environment", {})
+        delay = float(env.get("GATEWAY_SHUTDOWN_DELAY_S", defaults.shutdown_delay_s))
+        drain = float(env.get("GATEWAY_DRAIN_TIMEOUT_S", defaults.drain_timeout_s))
+        grace = spec.get("stop_grace_period", "10s")
+        assert grace.endswith("s") and float(grace[:-1]) >= delay + drain + 5, name
 
 
 def test_compose_policies_name_the_services_and_models() -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.fleet.pools import Dispatch, EngineStats, Fleet, PoolState
+from gateway.fleet.pools import Dispatch, EngineStats, Fleet, PoolSaturated, PoolState
+from gateway.http.errors import pool_saturated
 from router_policies.fingerprint import RequestFeatures, canonical_chat, fingerprint
 from router_policies.schema import InvalidPolicy, parse_policy
 
@@ -146,6 +147,22 @@ def test_a_replica_removed_then_added_back_starts_with_an_empty_index() -> None:
     assert back.router.estimated_cached_bytes(name(B), request) == 0
 
 
+def test_a_replica_restarted_on_its_address_starts_with_an_empty_index() -> None:
+    # A crashed container back on the same address: its engine's counters start over, and
+    # its cache is empty, which the index must not go on claiming.
+    pool = small(fleet([A, B]))
+    request = features(pool)
+    send_to(pool, B, request)
+    restarted = pool.replicas[name(B)]
+    pool.apply_engine_stats(restarted, EngineStats(prefix_lookups=5000.0))
+    pool.apply_engine_stats(restarted, EngineStats(prefix_lookups=6000.0))
+    assert pool.router.estimated_cached_bytes(name(B), request) > 0  # the same process
+
+    pool.apply_engine_stats(restarted, EngineStats(prefix_lookups=40.0))
+
+    assert pool.router.estimated_cached_bytes(name(B), request) == 0
+
+
 async def test_a_request_waiting_for_a_slot_goes_to_a_replica_a_reload_adds() -> None:
     old = fleet([A], max_inflight_per_replica=1, queue_timeout_s=5)
     pool = small(old)
@@ -175,6 +192,28 @@ async def test_a_request_waiting_for_a_slot_never_goes_to_a_replica_a_reload_rem
     pool.end(on_a)
     got = await asyncio.wait_for(waiting, 1.0)
     assert got is not None and got.replica is new.replicas[name(A)]
+
+
+async def test_a_request_waiting_for_a_pool_a_reload_removed_is_refused_at_once() -> None:
+    old = fleet([A], max_inflight_per_replica=1, queue_timeout_s=30)
+    pool = small(old)
+    in_flight = send_to(pool, A, features(pool))
+    waiting = asyncio.create_task(pool.acquire(features(pool, "tenant one " * 30)))
+    await asyncio.sleep(0.05)
+
+    other = {"large": {"model": "other-model", "replicas": [B]}}
+    Fleet(parse_policy({"pools": other}), previous=old)
+
+    with pytest.raises(PoolSaturated) as refused:
+        await asyncio.wait_for(waiting, 1.0)  # not at the queue timeout, nor ever dispatched
+    assert (refused.value.pool, refused.value.removed) == ("small", MODEL)
+    error = pool_saturated(refused.value, pool.policy.queue_timeout_s)
+    assert (error.status, error.code) == (503, "pool_removed")
+    assert MODEL in error.message and "retry-after" in {h.lower() for h in error.answer_headers()}
+    assert pool.gateway_waiting == 0
+    # The request already in flight on the removed pool finishes as usual.
+    pool.end(in_flight)
+    assert pool.replicas[name(A)].inflight == 0
 
 
 async def test_an_attempt_after_a_reload_never_goes_to_a_replica_it_removed() -> None:

@@ -162,13 +162,19 @@ async def test_a_long_stream_read_slowly_arrives_whole_and_its_replica_connectio
                 assert answer.status == 200
 
 
+EMPTY_POST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"), [(POST, 200), (EMPTY_POST, 400)], ids=["completion", "empty body"]
+)
 async def test_a_client_asking_to_close_gets_its_answer_then_the_close(
-    gateway: GatewayClient,
+    gateway: GatewayClient, request_bytes: bytes, status: int
 ) -> None:
     reader, writer = await connect(gateway)
-    writer.write(POST.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"))
-    status, fields, _ = await read_answer(reader)
-    assert (status, fields.get("connection")) == (200, "close")
+    writer.write(request_bytes.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"))
+    got, fields, _ = await read_answer(reader)
+    assert (got, fields.get("connection")) == (status, "close")
     async with asyncio.timeout(5):
         assert await reader.read() == b""  # closed by the gateway
     writer.close()

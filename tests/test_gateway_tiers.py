@@ -19,6 +19,7 @@ from replica.processes import ManagedProcess
 from tests.conftest import (
     FAST_PROBES,
     admin_route,
+    eventually,
     get_text,
     metric,
     official_client,
@@ -254,3 +255,37 @@ async def test_overflow_starts_when_the_small_pool_saturates_and_stops_when_it_r
     assert routes["overflow"] == pools["large"]
     assert {h[headers.TIER] for h, _ in burst} == {"small"}
     assert after[headers.POOL] == "small" and after[headers.ROUTE] != "overflow"
+
+
+async def test_an_error_the_gateway_answers_for_a_classified_request_says_its_tier(
+    pools: dict[str, ManagedProcess],
+) -> None:
+    policy = tiered_policy(pools)
+    policy["pools"]["large"]["replicas"] = ["http://127.0.0.1:9"]  # nothing listens: down
+    gw = await start_gateway(policy, env=FAST_PROBES, wait_path="/health")
+    try:
+
+        async def large_pool_down() -> bool:  # probed: refused by the gateway, not retried
+            return (await get_text(f"{gw.url}/ready"))[0] == 503
+
+        assert await eventually(large_pool_down)
+        async with aiohttp.ClientSession() as session:
+            hard = orjson.dumps({"model": "auto", **HARD})
+            async with session.post(f"{gw.url}/v1/chat/completions", data=hard) as response:
+                body = await response.json()
+                assert response.status == 503
+                assert body["error"]["code"] == "no_healthy_replica"
+                assert response.headers[headers.POOL] == "large"
+                assert response.headers[headers.TIER] == "large"
+                assert float(response.headers[headers.TIER_SCORE]) > 0.5
+            # Refused before it reaches a pool (a malformed hint): the tier is known all the same.
+            easy = orjson.dumps({"model": "auto", **EASY})
+            bad_hint = {headers.TTFT_OBJECTIVE: "soon"}
+            async with session.post(
+                f"{gw.url}/v1/chat/completions", data=easy, headers=bad_hint
+            ) as response:
+                assert response.status == 400
+                assert response.headers[headers.TIER] == "small"
+                assert headers.TIER_SCORE in response.headers
+    finally:
+        await gw.stop()

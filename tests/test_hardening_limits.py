@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 import pytest
 import pytest_asyncio
+from multidict import CIMultiDict
 
 from bench.launcher import start_gateway
 from replica.processes import ManagedProcess
@@ -60,15 +61,19 @@ def nested(depth: int) -> object:
         chat("s", "q", tools=nested(300)),
         {"model": MODEL, "messages": [{"role": "user", "content": [nested(300)]}]},
         {"model": "auto", "messages": [{"role": "user", "content": "q"}], "x": nested(300)},
+        # Beyond the JSON parser's own limit (1024), and Python's encoder's: written as text.
+        b'{"model": "%s", "messages": [], "x": %s"x"%s}'
+        % (MODEL.encode(), b"[" * 2000, b"]" * 2000),
     ],
-    ids=["tools", "content-part", "tiered-model"],
+    ids=["tools", "content-part", "tiered-model", "past-the-parsers-limit"],
 )
 async def test_deep_nesting_is_a_400_naming_it_and_no_traceback(
-    gateway: ManagedProcess, body: dict[str, object]
+    gateway: ManagedProcess, body: dict[str, object] | bytes
 ) -> None:
+    data = body if isinstance(body, bytes) else json.dumps(body)
     async with (
         aiohttp.ClientSession() as session,
-        session.post(f"{gateway.url}/v1/chat/completions", data=json.dumps(body)) as response,
+        session.post(f"{gateway.url}/v1/chat/completions", data=data) as response,
     ):
         assert response.status == 400
         error = openai_error(await response.read())
@@ -110,6 +115,30 @@ async def test_a_body_that_is_not_the_gzip_it_claims_is_a_400(gateway: ManagedPr
             f"{gateway.url}/v1/chat/completions", data=real, headers=headers
         ) as response:
             assert response.status == 200  # a real gzip body is fine
+
+
+@pytest.mark.parametrize(
+    "lines", [["bogus"], ["gzip, identity"], ["identity, gzip"], ["gzip", "identity"]]
+)
+async def test_a_body_in_a_coding_the_gateway_cannot_read_is_a_415_naming_it(
+    gateway: ManagedProcess, lines: list[str]
+) -> None:
+    # Read as it came, a gzip body listed with identity would be "not valid JSON", and a coding
+    # nobody knows would be parsed as if it were none. Two header lines are a list too.
+    headers = CIMultiDict([("Content-Encoding", line) for line in lines])
+    headers["Content-Type"] = "application/json"
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{gateway.url}/v1/chat/completions",
+            data=gzip.compress(orjson.dumps(chat("s", "q"))),
+            headers=headers,
+        ) as response:
+            assert response.status == 415
+            error = openai_error(await response.read())
+            assert (error["code"], error["param"]) == (
+                "unsupported_content_encoding",
+                "Content-Encoding",
+            )
 
 
 async def test_a_connection_without_complete_headers_is_closed(gateway: ManagedProcess) -> None:

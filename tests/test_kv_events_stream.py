@@ -11,17 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from itertools import pairwise
+from pathlib import Path
 
 import msgspec
 import pytest
 
 from gateway.fleet.kv_event_stream import MAX_STEP_BLOCKS, MAX_STEP_BYTES, EventStream
-from replica.sim.kv_events import ALL_BLOCKS_CLEARED, block_removed, block_stored
+from replica.sim.kv_events import (
+    ALL_BLOCKS_CLEARED,
+    EventPublisher,
+    KvEventsConfig,
+    block_removed,
+    block_stored,
+)
 from replica.vllm_cpu.fleet import venv_python
 from router_policies.block_layout import BlockLayout
 from router_policies.engine_blocks import root_key, token_block_keys
@@ -315,3 +323,16 @@ def test_vllms_own_decoder_reads_the_sims_events() -> None:
     assert result.stdout.decode().strip().splitlines()[-1] == (
         "BlockStored,BlockRemoved,AllBlocksCleared [1000, 1001]"
     )
+
+
+async def test_a_publisher_on_an_ipc_socket_removes_its_file_when_closed(tmp_path: Path) -> None:
+    """Every sim started with events on ipc:// would otherwise leave a socket file behind."""
+    pub, replay = tmp_path / "events", tmp_path / "replay"
+    config = KvEventsConfig(
+        enable_kv_cache_events=True, endpoint=f"ipc://{pub}", replay_endpoint=f"ipc://{replay}"
+    )
+    publisher = EventPublisher(config)
+    publisher.publish([])
+    assert pub.exists() and replay.exists()
+    await publisher.close()
+    assert os.listdir(tmp_path) == []

@@ -241,6 +241,7 @@ async def test_a_subset_naming_no_replica_of_the_pool_is_answered_503() -> None:
         with pytest.raises(openai.InternalServerError) as refused:
             await client(envoy).chat.completions.create(**chat(SYSTEM, "hello", max_tokens=2))
         assert refused.value.status_code == 503
+        assert refused.value.response.headers["x-gateway-pool"] == "small"  # as serve says it
 
 
 async def test_behind_envoy_a_stream_without_usage_teaches_the_picker_not_its_client() -> None:

@@ -145,6 +145,25 @@ async def test_a_full_pool_serves_the_higher_priority_first_and_sheds_the_shedda
         assert ended == ["busy", "urgent", "normal"]
 
 
+async def test_a_request_that_waited_its_queue_timeout_is_told_when_to_come_back() -> None:
+    async with (
+        running_sims(1, **SLOW) as sims,
+        running_gateway([sims[0].url], max_inflight_per_replica=1, queue_timeout_s=0.3) as gw,
+    ):
+        client = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+        busy = asyncio.create_task(
+            client.chat.completions.create(**chat("You answer slowly.", "busy", max_tokens=20))
+        )
+        await asyncio.sleep(0.3)  # the replica's one slot is taken for ~1 s
+        with pytest.raises(openai.InternalServerError) as waited:
+            await client.chat.completions.create(**chat("s", "waits"))
+        assert waited.value.status_code == 503
+        assert waited.value.code == "pool_saturated"
+        assert waited.value.response.headers["retry-after"] == "1"
+        assert waited.value.response.headers["retry-after-ms"] == "1000"
+        await busy
+
+
 async def test_a_malformed_priority_is_the_clients_error() -> None:
     async with running_sims(1) as sims, running_gateway([sims[0].url]) as gw:
         client = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)

@@ -9,7 +9,14 @@ import sys
 import aiohttp
 import pytest
 
-from replica.processes import ManagedProcess, ProcessStartError, free_port, start_sim_replicas
+from replica.processes import (
+    ManagedProcess,
+    ProcessStartError,
+    free_port,
+    start_all,
+    start_sim_replicas,
+)
+from tests.conftest import eventually
 
 
 def port_is_free(port: int) -> bool:
@@ -79,8 +86,62 @@ async def test_stop_kills_a_child_that_ignores_sigterm() -> None:
     await process.start(health_path="/", timeout_s=10)
     assert await process.stop(grace_s=0.3) == -9
     assert port_is_free(port)
-    assert process.log_path is not None
+    assert process.log_path is not None and not process.log_path.exists(), "a stop asked for"
+
+
+async def test_a_child_that_failed_on_its_own_keeps_its_log_through_the_stop() -> None:
+    process = ManagedProcess(
+        [sys.executable, "-c", "import sys; print('oom', file=sys.stderr); sys.exit(3)"],
+        f"http://127.0.0.1:{free_port()}",
+    )
+    with pytest.raises(ProcessStartError):
+        await process.start(timeout_s=10)
+    assert await process.stop() == 3
+    assert process.log_path is not None and process.log_path.exists(), "kept for a post-mortem"
     process.log_path.unlink()
+
+
+async def test_a_start_the_caller_gives_up_on_leaves_no_log() -> None:
+    process = ManagedProcess(
+        [sys.executable, "-c", "import time; time.sleep(60)"], f"http://127.0.0.1:{free_port()}"
+    )
+    starting = asyncio.create_task(process.start(timeout_s=60))
+    assert await eventually(process.is_running)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert not process.is_running()
+    assert process.log_path is not None and not process.log_path.exists()
+
+
+async def test_processes_started_before_the_caller_gives_up_are_stopped_too() -> None:
+    port = free_port()
+    quick = ManagedProcess(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+        f"http://127.0.0.1:{port}",
+    )
+    never = ManagedProcess(
+        [sys.executable, "-c", "import time; time.sleep(60)"], f"http://127.0.0.1:{free_port()}"
+    )
+    quick_up = asyncio.Event()
+
+    async def start_quick() -> ManagedProcess:
+        await quick.start(health_path="/", timeout_s=10)
+        quick_up.set()
+        return quick
+
+    async def start_never() -> ManagedProcess:
+        await never.start(timeout_s=60)
+        return never
+
+    starting = asyncio.create_task(start_all([start_quick(), start_never()]))
+    await asyncio.wait_for(quick_up.wait(), 10)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    for process in (quick, never):
+        assert not process.is_running()
+        assert process.log_path is not None and not process.log_path.exists()
 
 
 async def test_a_child_that_never_becomes_healthy_is_killed() -> None:

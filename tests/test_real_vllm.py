@@ -16,6 +16,8 @@ import orjson
 import pytest
 
 from gateway import headers
+from gateway.http.request_body import Endpoint, parse_request
+from gateway.relay.stream_usage import asking_usage
 from tests.real_vllm import POOL, SERVED, RealFleet, engine_value, long_system_prompt, wait_for
 
 pytestmark = [
@@ -74,9 +76,14 @@ async def test_openai_completions_streamed_text_equals_unstreamed(fleet: RealFle
     assert all(chunk.choices and chunk.usage is None for chunk in chunks)
 
 
-async def stream_events(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+async def stream_events(url: str, body: dict[str, Any] | bytes) -> list[dict[str, Any]]:
     """The JSON events of a chat stream, as a client reads them raw (the SDKs hide a field)."""
-    async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    json = {"Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=data, headers=json) as response,
+    ):
         raw = await response.read()
     events = [line.removeprefix(b"data: ") for line in raw.split(b"\n") if line]
     return [orjson.loads(event) for event in events if event != b"[DONE]"]
@@ -213,3 +220,18 @@ async def test_responses_streamed_and_followed_up_on_the_same_replica(fleet: Rea
             assert follow.parse().previous_response_id == previous
             if replica is not None:
                 assert follow.headers[headers.REPLICA] == replica
+
+
+async def test_vllm_reads_the_stream_options_the_gateway_adds_after_the_clients_own(
+    fleet: RealFleet,
+) -> None:
+    # The gateway appends its stream_options to the client's body, bytes untouched: vLLM must
+    # take the last of the two ("false" is pydantic's false, so the gateway asks).
+    sent = {
+        "model": SERVED, "prompt": "Once upon a time,", "max_tokens": 4, "temperature": 0,
+        "stream": True, "ignore_eos": True, "stream_options": {"include_usage": "false"},
+    }  # fmt: skip
+    asked = asking_usage(parse_request(Endpoint.COMPLETIONS, orjson.dumps(sent), 64))
+    assert asked is not None and asked.count(b'"stream_options"') == 2
+    events = await stream_events(f"{next(iter(fleet.replicas.values()))}/v1/completions", asked)
+    assert events[-1]["usage"]["completion_tokens"] == 4

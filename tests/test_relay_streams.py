@@ -34,12 +34,14 @@ USAGE = b'data: {"id":"c1","object":"chat.completion.chunk","choices":[],"usage"
 DONE = b"data: [DONE]\n\n"
 
 
-def stream_request(body: dict[str, object]) -> bytes:
+def stream_request(body: dict[str, object], *, chunked: bool = False) -> bytes:
+    """The request for a stream; ``chunked``, its body sent in chunks, which the front hands
+    to aiohttp to read and serve."""
     data = orjson.dumps({"model": MODEL, "stream": True, **body})
-    return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
-    )
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if chunked:
+        return head + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+    return head + b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
 
 
 async def slow_reader(gateway: GatewayClient) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -65,7 +67,7 @@ async def read_chunked(reader: asyncio.StreamReader) -> bytes:
 
 @contextlib.asynccontextmanager
 async def long_stream_to_a_slow_reader(
-    **settings: Any,
+    *, chunked: bool = False, **settings: Any
 ) -> AsyncIterator[tuple[GatewayClient, asyncio.StreamReader, asyncio.StreamWriter]]:
     """A gateway (``settings``) over two replicas whose first failure ejects, and a client of
     it with a small receive buffer that has asked for a long stream and not read yet: a stream
@@ -78,7 +80,7 @@ async def long_stream_to_a_slow_reader(
     ):
         reader, writer = await slow_reader(gateway)
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20000}
-        writer.write(stream_request(body))
+        writer.write(stream_request(body, chunked=chunked))
         try:
             yield gateway, reader, writer
         finally:
@@ -95,10 +97,13 @@ async def test_a_client_that_stops_reading_past_the_read_timeout_gets_its_stream
     assert b'"error"' not in raw and raw.count(b"data: [DONE]") == 1
 
 
-async def test_a_client_that_leaves_its_answer_unread_past_the_send_timeout_is_let_go() -> None:
+@pytest.mark.parametrize("chunked", [False, True], ids=["served by the front", "by aiohttp"])
+async def test_a_client_that_leaves_its_answer_unread_past_the_send_timeout_is_let_go(
+    chunked: bool,
+) -> None:
     # It holds a batch slot and the replica's KV cache while it reads nothing: past the send
     # timeout it counts as gone (499), and its replica, which did nothing wrong, stays in.
-    async with long_stream_to_a_slow_reader(send_timeout_s=0.3) as (gateway, _, _):
+    async with long_stream_to_a_slow_reader(chunked=chunked, send_timeout_s=0.3) as (gateway, _, _):
         url = str(gateway.make_url("")).rstrip("/")
 
         async def let_go() -> bool:

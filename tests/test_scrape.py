@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.fleet.kv_event_stream import EventStream
 from gateway.fleet.pools import PoolState, ReplicaState
 from gateway.fleet.replicas import EngineStats
@@ -44,6 +46,31 @@ def test_engine_figures_are_read() -> None:
 def test_missing_families_leave_defaults() -> None:
     stats = parse_engine_stats("# nothing here\n")
     assert (stats.running, stats.waiting, stats.kv_capacity_tokens) == (0.0, 0.0, None)
+    assert stats.prefix_lookups is None
+
+
+def test_the_prefix_cache_lookups_counter_is_read_over_its_engines() -> None:
+    counter = (
+        "# TYPE vllm:prefix_cache_queries counter\n"
+        'vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 1200.0\n'
+        'vllm:prefix_cache_queries_created{engine="0",model_name="llama"} 1.7e9\n'
+        'vllm:prefix_cache_queries_total{engine="1",model_name="llama"} 34.0\n'
+    )
+    assert parse_engine_stats(VLLM_METRICS + counter).prefix_lookups == 1234.0
+
+
+@pytest.mark.parametrize("broken", ["NaN", "+Inf", "-Inf", "-3.0"])
+def test_a_figure_that_is_not_a_finite_count_keeps_the_last_one(broken: str) -> None:
+    last = EngineStats(running=2.0, waiting=5.0, kv_usage=0.3)
+    for family, good in (("num_requests_waiting", "7.0"), ("kv_cache_usage_perc", "0.42")):
+        # One bad sample among good ones (a second label set) spoils the figure too.
+        line = f'vllm:{family}{{engine="0",model_name="llama"}} {good}'
+        text = VLLM_METRICS.replace(line, f'{line}\nvllm:{family}{{engine="1"}} {broken}')
+        stats = parse_engine_stats(text, last)
+        if family == "num_requests_waiting":
+            assert (stats.running, stats.waiting, stats.kv_usage) == (3.0, 5.0, 0.42)
+        else:
+            assert (stats.running, stats.waiting, stats.kv_usage) == (3.0, 7.0, 0.3)
 
 
 def test_kv_capacity_sizes_the_prefix_index() -> None:

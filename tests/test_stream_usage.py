@@ -53,6 +53,23 @@ def test_a_chat_or_completions_stream_asks_for_usage_keeping_its_other_options()
     assert orjson.loads(completion)["stream_options"] == {"include_usage": True, "vendor_option": 1}
 
 
+def test_the_body_asking_for_usage_is_the_clients_byte_for_byte_but_for_its_stream_options() -> (
+    None
+):
+    # A number past 64 bits (a json_schema's const, a metadata id) or a float's spelling would
+    # not survive a parse and a dump: the replica gets them as the client wrote them.
+    raw = (
+        b'{"model": "%s", "stream": true, "messages": [{"role": "user", "content": "hi"}],\n'
+        b' "metadata": {"big": 123456789012345678901234567890, "f": 1.50},'
+        b' "stream_options": {"include_usage": false}}  \n' % MODEL.encode()
+    )
+    asked = asking_usage(parse_request(Endpoint.CHAT, raw, 64))
+    assert asked is not None
+    assert asked.startswith(raw.rstrip()[:-1])
+    assert b'123456789012345678901234567890, "f": 1.50' in asked
+    assert orjson.loads(asked)["stream_options"] == ASKED
+
+
 # vLLM 0.32's StreamOptions: `include_usage: bool | None = False` (measured against a real
 # replica: `stream_options: {}` ends with no usage event).
 @pytest.mark.parametrize(
@@ -62,6 +79,11 @@ def test_a_chat_or_completions_stream_asks_for_usage_keeping_its_other_options()
         ({}, ASKED),
         ({"include_usage": None}, ASKED),
         ({"include_usage": False}, ASKED),
+        # pydantic's lax booleans: vLLM reads these as false, and the stream would go uncharged.
+        ({"include_usage": "false"}, ASKED),
+        ({"include_usage": "No"}, ASKED),
+        ({"include_usage": "0"}, ASKED),
+        ({"include_usage": "true"}, None),
         # Continuous usage comes only with include_usage: asked for the one, not the other.
         ({"include_usage": False, "continuous_usage_stats": True}, ASKED),
         (CONTINUOUS, ASKED),

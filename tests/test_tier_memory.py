@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from router_policies.schema import InvalidPolicy
-from router_policies.tier_memory import conversation_key, follow_up
+from router_policies.tier_memory import conversation_key, conversation_keys, follow_up
 from router_policies.tier_router import TierRouter
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import Tier
@@ -71,16 +71,84 @@ def test_a_dry_run_remembers_nothing_and_memory_zero_scores_every_turn_alone() -
     assert forgetful.classify(dialogue(OPENING, HARD, EASY)).tier is Tier.SMALL
 
 
-def test_a_conversation_is_known_by_its_lead_and_first_user_message() -> None:
-    assert conversation_key(dialogue(HARD)) == conversation_key(dialogue(HARD, EASY, EASY))
+def test_a_conversation_is_known_by_its_opening_then_by_its_first_answer_too() -> None:
+    opening = conversation_key(dialogue(HARD))  # its lead and first user message
+    assert conversation_keys(dialogue(HARD)) == (opening,)
+    later = conversation_keys(dialogue(HARD, EASY, EASY))
+    assert later is not None and later[0] == opening
+    assert later == conversation_keys(dialogue(HARD, EASY)) != (opening,)  # the answer's key
     assert conversation_key(dialogue(HARD)) != conversation_key(dialogue(EASY))
     assert conversation_key({"prompt": "a completion"}) is None
     assert conversation_key({"messages": [{"role": "system", "content": "no user"}]}) is None
 
 
-def test_only_a_second_user_turn_or_later_is_a_follow_up() -> None:
+def test_whatever_follows_the_first_user_message_makes_a_follow_up() -> None:
     assert follow_up(dialogue(OPENING, HARD)) and follow_up(dialogue(OPENING, HARD, EASY))
     assert not follow_up(dialogue(OPENING)) and not follow_up({"prompt": "a completion"})
+    system, user = dialogue(HARD)["messages"]
+
+    def tool_call(call_id: str) -> dict[str, Any]:
+        function = {"name": "search", "arguments": "{}"}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+        }
+
+    call, other_call = tool_call("c1"), tool_call("c2")
+    result = {"role": "tool", "tool_call_id": "c1", "content": "found"}
+    assert follow_up({"messages": [system, user, call, result]})
+    assert conversation_key({"messages": [system, user, call, result]}) != conversation_key(
+        {"messages": [system, user, other_call, result]}
+    )
+    reply = {"role": "assistant", "content": "ok"}
+    assert follow_up(as_responses({"messages": [system, user, reply]}))
+
+
+def answered(answer: str, *users: str) -> dict[str, Any]:
+    """A conversation whose first user turn got ``answer``, then ``users``' turns."""
+    system, first = dialogue(OPENING)["messages"]
+    rest = dialogue(*users)["messages"][1:]
+    return {"messages": [system, first, {"role": "assistant", "content": answer}, *rest]}
+
+
+def test_a_first_turn_continues_nothing_so_no_other_conversation_keeps_it_large() -> None:
+    tiers = router()
+    tiers.observe(tiers.classify(dialogue(OPENING)), sent_large=False)
+    went = tiers.classify(dialogue(OPENING, HARD))
+    assert went.tier is Tier.LARGE
+    tiers.observe(went, sent_large=True)
+    # Someone else opens alike: a new conversation, scored alone.
+    another = tiers.classify(dialogue(OPENING))
+    assert another.tier is Tier.SMALL and not another.kept
+    # Nor where its opening itself is remembered (an instance of an earlier release, which
+    # knew conversations by their opening alone, tells of one that went large on turn 2).
+    opening = conversation_key(dialogue(OPENING))
+    assert opening is not None
+    tiers.remember(opening)
+    assert not tiers.classify(dialogue(OPENING)).kept
+
+
+def test_conversations_that_open_alike_are_told_apart_by_their_first_answer() -> None:
+    tiers = router()
+    went = tiers.classify(answered("Hello! How can I help?", HARD))
+    assert went.tier is Tier.LARGE
+    tiers.observe(went, sent_large=True)
+    other = tiers.classify(answered("Hi, what do you need?", EASY))
+    assert other.tier is Tier.SMALL and not other.kept
+    later = tiers.classify(answered("Hello! How can I help?", HARD, EASY))
+    assert later.tier is Tier.LARGE and later.kept
+
+
+def test_a_conversation_that_went_large_on_its_first_turn_is_known_by_its_opening() -> None:
+    # Its answer was not written when it went large; its follow-up carries it.
+    tiers = router()
+    first = tiers.classify(dialogue(HARD))
+    tiers.observe(first, sent_large=True)
+    assert first.conversation == conversation_key(dialogue(HARD))
+    follow = conversation_keys(dialogue(HARD, EASY))
+    assert follow is not None and tiers.conversations.any_went_large(follow)
+    assert not tiers.conversations.any_went_large((follow[0],))  # a first turn never is
 
 
 def test_a_responses_api_conversation_is_scored_and_remembered_as_the_same_chat() -> None:

@@ -5,6 +5,8 @@ pool costs no prediction."""
 
 from __future__ import annotations
 
+import time
+
 from gateway.routing.explain import comparison_view
 from router_policies.decision import Route
 from router_policies.schema import CostSettings
@@ -80,6 +82,25 @@ def test_by_default_an_easy_request_climbs_at_saturation_only() -> None:
     for replica in built.pools["small"].replicas.values():
         replica.engine.waiting = 8  # saturated: 8 queued per replica
     assert ask(built, EASY) == ("large", Route.OVERFLOW, "small")
+
+
+def test_an_easy_request_overflows_from_a_small_pool_whose_replicas_are_all_ejected() -> None:
+    built = fleet()
+    small = built.pools["small"]
+    for replica in small.replicas.values():
+        replica.outlier.ejected_until = time.monotonic() + 60  # failing every request
+    assert ask(built, EASY) == ("large", Route.OVERFLOW, "small")
+    # Ejected, not down: still replicas that exist, for the autoscaler.
+    assert (small.load().healthy, len(small.healthy())) == (0, 1)
+
+
+def test_an_ejected_replicas_queue_does_not_make_its_pool_look_saturated() -> None:
+    built = fleet(small_replicas=2)
+    small = built.pools["small"]
+    backed_up, _ = small.replicas.values()
+    backed_up.engine.waiting = 50  # far past the saturation line for two replicas
+    backed_up.outlier.ejected_until = time.monotonic() + 60  # nothing more goes there
+    assert ask(built, EASY) == ("small", None, "small")  # the other replica is idle
 
 
 def test_a_hard_request_never_goes_down_by_prediction() -> None:

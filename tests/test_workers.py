@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import os
 import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +22,7 @@ from bench.host import children
 from bench.launcher import gateway_argv, start_gateway
 from gateway import headers
 from replica.processes import ManagedProcess
+from router_policies.tier_classifier_learned import MODEL_FORMAT
 from tests.conftest import (
     FAST_PROBES,
     chat,
@@ -30,6 +34,7 @@ from tests.conftest import (
 )
 from tests.redis_server import running_redis
 from tests.shared_state import ADMIN_TOKEN, backend_up_is, every_worker_up, system
+from tests.tiers import tiered_policy
 
 
 @pytest.mark.parametrize(
@@ -307,3 +312,58 @@ async def test_a_stop_while_a_worker_is_being_replaced_stops_the_gateway() -> No
 
         assert await eventually(ended, within_s=15)
         assert gateway.returncode == 0
+
+
+def write_tier_model(path: Path, bias: float) -> None:
+    """A tier model scoring every request alike: sigmoid(``bias``); replaced by a rename, as
+    a ConfigMap update does."""
+    model = {"format": MODEL_FORMAT, "version": 1, "bias": bias, "weights": {}}
+    path.with_suffix(".new").write_bytes(gzip.compress(orjson.dumps(model)))
+    os.replace(path.with_suffix(".new"), path)
+
+
+async def test_an_admin_reload_reaches_every_worker_though_only_a_file_it_names_changed(
+    tmp_path: Path,
+) -> None:
+    # The policy file is unchanged, so no worker's file watch sees the retrained model.
+    model = tmp_path / "tiers.json.gz"
+    write_tier_model(model, -5.0)
+    async with running_sims(1, "small-model") as [small], running_sims(1, "large-model") as [large]:
+        env = {**FAST_PROBES, "GATEWAY_WORKERS": "2", "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
+        policy = tiered_policy({"small": small, "large": large}, model=str(model))
+        gateway = await start_gateway(policy, env=env)
+        try:
+            assert await eventually(every_worker_up(gateway))
+            assert await tiers_on_fresh_connections(gateway) == {"small"}
+            write_tier_model(model, 5.0)
+            auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"{gateway.url}/admin/reload", headers=auth) as response,
+            ):
+                assert response.status == 200 and (await response.json())["reloaded"]
+
+            async def every_worker_reloaded() -> bool:
+                return await tiers_on_fresh_connections(gateway) == {"large"}
+
+            assert await eventually(every_worker_reloaded)
+        finally:
+            assert await gateway.stop() == 0
+
+
+async def tiers_on_fresh_connections(gateway: ManagedProcess, n: int = 24) -> set[str]:
+    """The tiers ``n`` requests to the tier model on new connections were given; asserts that
+    both workers took some."""
+    tiers, workers = set(), set()
+    for i in range(n):
+        body = {"model": "auto", "messages": [{"role": "user", "content": f"q{i}"}]}
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            session.post(f"{gateway.url}/v1/chat/completions", json=body) as response,
+        ):
+            assert response.status == 200, await response.text()
+            tiers.add(response.headers[headers.TIER])
+            workers.add(response.headers[headers.REQUEST_ID][:12])
+    assert len(workers) == 2
+    return tiers

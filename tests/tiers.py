@@ -52,8 +52,10 @@ def fleet(
     margin: float = 0.0,
     large_cost: dict[str, float] | None = None,
     overflow: dict[str, bool] | None = None,
+    small_replicas: int = 1,
 ) -> Fleet:
     pool = {"max_inflight_per_replica": 64}
+    smalls = [f"http://10.0.0.1:{8000 + i}" for i in range(small_replicas)]
     large = {"cost": large_cost} if large_cost else {}
     tier: dict[str, Any] = {"small": "small", "large": "large", "close_call_margin": margin}
     if overflow is not None:
@@ -61,7 +63,7 @@ def fleet(
     policy = parse_policy(
         {
             "pools": {
-                "small": {"model": "s", "replicas": ["http://10.0.0.1:8000"], **pool},
+                "small": {"model": "s", "replicas": smalls, **pool},
                 "large": {"model": "l", "replicas": ["http://10.0.0.2:8000"], **pool, **large},
             },
             "tiers": {"auto": tier},

@@ -243,10 +243,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    try:
-        result = uvloop.run(run_compare(config))
-    except KeyboardInterrupt:
-        return 130
+    result = uvloop.run(run_compare(config))  # Ctrl-C: bench/cli.py's interruptible()
     print_summary(result, out)
     path = write_report(result, config, out)
     if path is not None:

@@ -150,10 +150,7 @@ def run(args: argparse.Namespace) -> int:
         gateway_python=args.gateway_python,
     )
     print("Starting a zero-delay simulated replica and the routers...", file=sys.stderr)
-    try:
-        result = uvloop.run(run_overhead(config))
-    except KeyboardInterrupt:
-        return 130
+    result = uvloop.run(run_overhead(config))  # Ctrl-C: bench/cli.py's interruptible()
     report = format_report(result)
     sys.stdout.write(report)
     if config.out is not None:

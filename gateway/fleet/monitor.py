@@ -37,6 +37,8 @@ class ReplicaMonitor:
         self._session = session
         self._probes = probes
         self._tasks: list[asyncio.Task[None]] = []
+        self._failing: set[str] = set()
+        """Pools whose autoscaling update failed last round: logged once, not every round."""
 
     async def start(self) -> None:
         # One health round before serving, so /ready and routing start from the truth.
@@ -74,7 +76,15 @@ class ReplicaMonitor:
         await asyncio.gather(*(self._scrape(pool, r) for pool, r in fleet.replicas() if r.healthy))
         now = time.monotonic()
         for pool in fleet.pools.values():
-            pool.update_desired(now)
+            # One pool's failure must not freeze the signal of the pools after it.
+            try:
+                pool.update_desired(now)
+            except Exception:
+                if pool.name not in self._failing:
+                    log.exception("autoscaling update of pool %s failed", pool.name)
+                self._failing.add(pool.name)
+            else:
+                self._failing.discard(pool.name)
 
     async def _check(self, pool: PoolState, replica: ReplicaState) -> None:
         probes = self._probes
@@ -99,4 +109,4 @@ class ReplicaMonitor:
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError):
             return  # health checks decide about liveness; a missed scrape keeps the last figures
-        pool.apply_engine_stats(replica, parse_engine_stats(text))
+        pool.apply_engine_stats(replica, parse_engine_stats(text, replica.engine))

@@ -6,6 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.fleet.prediction_errors import PredictionErrors
+from gateway.fleet.replicas import Dispatch
+from gateway.relay.usage import PromptUsage
+
+_CHARS_PER_TOKEN_WEIGHT = 0.05
+"""Weight of each new usage report in a pool's learned characters per token (~last 20)."""
 
 
 @dataclass(slots=True)
@@ -39,3 +44,20 @@ class UsageLearning:
     chars_per_token: float
     """Bytes of canonical prompt per model token."""
     prediction_errors: PredictionErrors = field(default_factory=PredictionErrors)
+
+    def observe(self, dispatch: Dispatch, usage: PromptUsage) -> None:
+        """The replica reported the prompt's size: learn characters per token, the request's
+        true prefill work, and how far the prefix index's belief held."""
+        if usage.prompt_tokens <= 0:
+            return
+        if dispatch.request.hashed_bytes > 0:
+            ratio = dispatch.request.hashed_bytes / usage.prompt_tokens
+            self.chars_per_token += _CHARS_PER_TOKEN_WEIGHT * (ratio - self.chars_per_token)
+        if usage.cached_tokens is not None:
+            dispatch.uncached_tokens = max(usage.prompt_tokens - usage.cached_tokens, 0)
+            expected = usage.prompt_tokens - dispatch.decision.uncached_tokens
+            if dispatch.exact_cached is not None and dispatch.estimated_cached is not None:
+                # The decision read the events; the belief sizes the estimate, so judge that.
+                expected = dispatch.estimated_cached
+            dispatch.replica.index_belief.observe(expected, usage.cached_tokens)
+            self.prediction_errors.observe(dispatch, usage.cached_tokens)

@@ -9,12 +9,14 @@ import itertools
 
 class PoolSaturated(Exception):
     """No replica slot freed up within the pool's queue timeout, or (``shed``) none was free
-    for a sheddable request, which never waits."""
+    for a sheddable request, which never waits, or (``removed``: the pool's model) a policy
+    reload removed the pool while the request waited for a slot."""
 
-    def __init__(self, pool: str, *, shed: bool = False) -> None:
+    def __init__(self, pool: str, *, shed: bool = False, removed: str | None = None) -> None:
         super().__init__(pool)
         self.pool = pool
         self.shed = shed
+        self.removed = removed
 
 
 class Ticket:
@@ -44,6 +46,8 @@ class PoolQueue:
         self._tickets: list[Ticket] = []
         """In line order."""
         self._order = itertools.count()
+        self.closed = False
+        """A reload removed the pool: no replica will take those in line (close())."""
 
     def __len__(self) -> int:
         return len(self._tickets)
@@ -91,6 +95,13 @@ class PoolQueue:
             if other.waiter is not None and not other.waiter.cancelled():
                 return False
         return True
+
+    def close(self) -> None:
+        """Wake every ticket in line, for good: each looks again, sees ``closed`` and leaves."""
+        self.closed = True
+        for ticket in self._tickets:
+            if ticket.waiter is not None and not ticket.waiter.done():
+                ticket.waiter.set_result(None)
 
     def wake_one(self, after: Ticket | None = None) -> None:
         """Offer a freed slot to the first ticket in line still waiting (behind ``after``: one

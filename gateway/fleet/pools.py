@@ -10,7 +10,6 @@ from gateway.fleet.autoscale import PoolAutoscale
 from gateway.fleet.pool_counts import PoolCounts, UsageLearning
 from gateway.fleet.pool_queue import PoolQueue, PoolSaturated, Ticket
 from gateway.fleet.replicas import Dispatch, EngineStats, ReplicaState
-from gateway.relay.usage import PromptUsage
 from router_policies.cost.ttft import IDLE, queued_tokens
 from router_policies.decision import Candidate, Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
@@ -29,8 +28,6 @@ _RECHECK_S = 0.25
 """A waiting request re-checks at least this often: replicas also free up by turning healthy."""
 _SERVICE_WEIGHT = 0.1
 """Weight of each finished request in a replica's mean time per request (~last 10)."""
-_CHARS_PER_TOKEN_WEIGHT = 0.05
-"""Weight of each new usage report in a pool's learned characters per token (~last 20)."""
 
 
 class PoolState:
@@ -90,7 +87,13 @@ class PoolState:
         return len(self.queue)
 
     def healthy(self) -> list[ReplicaState]:
+        """Passing health checks, ejected or not: the replicas that exist for the autoscaler."""
         return [r for r in self.replicas.values() if r.healthy]
+
+    def routable(self, now: float | None = None) -> list[ReplicaState]:
+        """Replicas a request can go to now: healthy and not ejected (/ready, overflow)."""
+        now = time.monotonic() if now is None else now
+        return [r for r in self.replicas.values() if r.available(now)]
 
     def _has_slot(self, replica: ReplicaState) -> bool:
         limit = self.policy.max_inflight_per_replica
@@ -152,7 +155,8 @@ class PoolState:
 
         None when no healthy replica is left to try; PoolSaturated when the wait times out, or
         at once for a sheddable request (priority below 0). A request still waiting when the
-        policy is reloaded goes to the pool's new generation (its replicas, added or removed).
+        policy is reloaded goes to the pool's new generation (its replicas, added or removed);
+        when the reload removed the pool, PoolSaturated (``removed``) at once.
         """
         skip = set(exclude)
         deadline = time.monotonic() + self.policy.queue_timeout_s
@@ -169,6 +173,8 @@ class PoolState:
         dispatch: Dispatch | None = None
         try:
             while True:
+                if queue.closed:  # a reload removed the pool: no generation serves it now
+                    raise PoolSaturated(self.name, removed=self.model)
                 pool = self.latest()
                 now = time.monotonic()
                 if not any(r.available(now) and r.name not in skip for r in pool.replicas.values()):
@@ -179,7 +185,7 @@ class PoolState:
                 if ticket is None:
                     ticket = queue.join(priority)
                 offered = await queue.wait(ticket, min(remaining, _RECHECK_S))
-                if not offered and not queue.first(ticket):
+                if queue.closed or (not offered and not queue.first(ticket)):
                     continue  # its own recheck, with others still ahead of it
                 pool = self.latest()
                 decision = pool.decide(features, skip)
@@ -255,25 +261,6 @@ class PoolState:
             self._settle(dispatch)
             dispatch.ttft_s = ttft_s
 
-    def observe_usage(self, dispatch: Dispatch, usage: PromptUsage) -> None:
-        """The replica reported the prompt's size: learn characters per token, the request's
-        true prefill work, and how far the prefix index's belief held."""
-        if usage.prompt_tokens <= 0:
-            return
-        if dispatch.request.hashed_bytes > 0:
-            ratio = dispatch.request.hashed_bytes / usage.prompt_tokens
-            self.learned.chars_per_token += _CHARS_PER_TOKEN_WEIGHT * (
-                ratio - self.learned.chars_per_token
-            )
-        if usage.cached_tokens is not None:
-            dispatch.uncached_tokens = max(usage.prompt_tokens - usage.cached_tokens, 0)
-            expected = usage.prompt_tokens - dispatch.decision.uncached_tokens
-            if dispatch.exact_cached is not None and dispatch.estimated_cached is not None:
-                # The decision read the events; the belief sizes the estimate, so judge that.
-                expected = dispatch.estimated_cached
-            dispatch.replica.index_belief.observe(expected, usage.cached_tokens)
-            self.learned.prediction_errors.observe(dispatch, usage.cached_tokens)
-
     def end(self, dispatch: Dispatch, now: float | None = None) -> None:
         if dispatch.pending:
             self._settle(dispatch)
@@ -311,6 +298,10 @@ class PoolState:
         )
 
     def apply_engine_stats(self, replica: ReplicaState, stats: EngineStats) -> None:
+        if replica.engine.restarted(stats):  # a new process on the address: its cache is empty
+            self.router.forget(replica.name)
+            if replica.kv_events is not None:
+                replica.kv_events.blocks.clear()
         replica.engine = stats
         replica.started_since_scrape = 0
         replica.slots.observe(stats.running, stats.waiting)
@@ -332,29 +323,34 @@ class PoolState:
         healthy = self.healthy()
         return sum(r.engine.kv_usage for r in healthy) / len(healthy) if healthy else 0.0
 
+    def queue_depth(self) -> float:
+        """Requests waiting for the pool: in every gateway instance, and in the engines."""
+        return self.gateway_waiting + self.counts.remote.waiting + self.engine_waiting()
+
     def update_desired(self, now: float) -> None:
         """Called once per scrape round, so the stabilisation window counts real time."""
         remote = self.counts.remote
-        depth = self.gateway_waiting + remote.waiting + self.engine_waiting()
         self.autoscale.update(
             now,
             self.healthy(),
-            depth,
+            self.queue_depth(),
             self.mean_kv_usage(),
             self.counts.arrivals + remote.arrivals,
             self.counts.completions + remote.completions,
         )
 
     def load(self, backlog: bool = False) -> PoolLoad:
-        """``backlog``: also whether every healthy replica has a first token pending, which
-        only a tier's overflow by prediction reads (a pass over the replicas, skipped else)."""
-        healthy = self.healthy()
-        pending = backlog and all(r.pending_requests + r.remote_pending_requests for r in healthy)
+        """Counting the routable replicas: a pool whose replicas are all down or ejected is
+        saturated, so a tier overflows from it. ``backlog``: also whether every one has a
+        first token pending, which only a tier's overflow by prediction reads (a pass over
+        the replicas, skipped else)."""
+        ready = self.routable()
+        pending = backlog and all(r.pending_requests + r.remote_pending_requests for r in ready)
         return PoolLoad(
-            len(healthy),
-            self.gateway_waiting + self.engine_waiting(),
+            len(ready),
+            self.gateway_waiting + sum(r.engine.waiting for r in ready),  # an ejected one's: moot
             self.policy.saturation_queue_per_replica,
-            bool(healthy) and pending,
+            bool(ready) and pending,
         )
 
 
@@ -377,10 +373,12 @@ class Fleet:
             if previous.outbox is not None:
                 self.attach(previous.outbox)
             # Last, once nothing can fail: a reload refused midway leaves no trace.
-            for name, pool in self.pools.items():
-                old = previous.pools.get(name)
-                if old is not None:
-                    old.successor = pool
+            for name, old in previous.pools.items():
+                successor = self.pools.get(name)
+                if successor is None:
+                    old.queue.close()  # its waiters are answered; those in flight finish
+                else:
+                    old.successor = successor
 
     def attach(self, outbox: Outbox) -> None:
         """Share this fleet's dispatches with other instances (a reload's fleet inherits it)."""

@@ -39,6 +39,16 @@ class EngineStats:
     waiting: float = 0.0
     kv_usage: float = 0.0
     kv_capacity_tokens: int | None = None
+    prefix_lookups: float | None = None
+    """Prompt tokens the engine has looked up in its prefix cache since it started (a counter:
+    vllm:prefix_cache_queries_total); None where it does not say."""
+
+    def restarted(self, later: EngineStats) -> bool:
+        """Whether ``later``, scraped after these, is another process's: a counter went back.
+        A replica restarted on its address (a crashed container's) has an empty cache, which
+        the index would otherwise claim until its first KV event or its eviction."""
+        last, now = self.prefix_lookups, later.prefix_lookups
+        return last is not None and now is not None and now < last
 
 
 @dataclass(slots=True, eq=False)

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.fleet.replicas import EngineStats
-from replica.vllm_metrics import CACHE_CONFIG, KV_USAGE, NUM_RUNNING, NUM_WAITING
+from replica.vllm_metrics import (
+    CACHE_CONFIG,
+    KV_USAGE,
+    NUM_RUNNING,
+    NUM_WAITING,
+    PREFIX_CACHE_QUERIES,
+    total,
+)
 
-_WANTED = (NUM_RUNNING, NUM_WAITING, KV_USAGE, CACHE_CONFIG)
+_WANTED = (NUM_RUNNING, NUM_WAITING, KV_USAGE, CACHE_CONFIG, PREFIX_CACHE_QUERIES)
+_LOOKUPS = total(PREFIX_CACHE_QUERIES)
 
 
 def _relevant_lines(text: str) -> str:
@@ -21,23 +32,38 @@ def _relevant_lines(text: str) -> str:
     return "\n".join(keep) + "\n"
 
 
-def parse_engine_stats(text: str) -> EngineStats:
-    """Sums over label sets (several served model names or LoRA adapters share one engine)."""
-    stats = EngineStats()
-    kv_usage: list[float] = []
+def parse_engine_stats(text: str, last: EngineStats | None = None) -> EngineStats:
+    """Sums over label sets (several served model names or LoRA adapters share one engine).
+
+    A figure with a sample that is not a finite number >= 0 (NaN, inf, negative: a broken
+    exporter) is not believed: it keeps its value from ``last``, the previous scrape's, as a
+    missed scrape does. Taken as 0 it would pass for an idle engine; kept, it is at worst old.
+    """
+    last = EngineStats() if last is None else last
+    samples: dict[str, list[float]] = {NUM_RUNNING: [], NUM_WAITING: [], KV_USAGE: [], _LOOKUPS: []}
+    capacity: int | None = None
     for family in text_string_to_metric_families(_relevant_lines(text)):
         for sample in family.samples:
-            if sample.name == NUM_RUNNING:
-                stats.running += sample.value
-            elif sample.name == NUM_WAITING:
-                stats.waiting += sample.value
-            elif sample.name == KV_USAGE:
-                kv_usage.append(sample.value)
-            elif sample.name == CACHE_CONFIG:
-                stats.kv_capacity_tokens = _kv_tokens(sample.labels)
-    if kv_usage:
-        stats.kv_usage = max(kv_usage)
-    return stats
+            if sample.name == CACHE_CONFIG:
+                capacity = _kv_tokens(sample.labels)
+            elif sample.name in samples:
+                samples[sample.name].append(sample.value)
+    lookups = samples[_LOOKUPS]  # absent: None, an engine that does not say
+    return EngineStats(
+        _believed(samples[NUM_RUNNING], sum, last.running),
+        _believed(samples[NUM_WAITING], sum, last.waiting),
+        _believed(samples[KV_USAGE], max, last.kv_usage),
+        capacity,
+        _believed(lookups, sum, last.prefix_lookups or 0.0) if lookups else None,
+    )
+
+
+def _believed(values: list[float], combine: Callable[[list[float]], float], last: float) -> float:
+    if not values:
+        return 0.0  # the family is absent: the engine does not export it
+    if all(math.isfinite(v) and v >= 0 for v in values):
+        return combine(values)
+    return last
 
 
 def _kv_tokens(labels: dict[str, str]) -> int | None:

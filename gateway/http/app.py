@@ -60,6 +60,7 @@ from gateway.settings import Settings
 from gateway.shared_state import make_shared_state
 from gateway.shared_state.worker_mesh import MeshPlace
 from gateway.state_backend import choose_backend, policy_refusal
+from gateway.supervisor import reload_every_worker
 from gateway.telemetry.logs import REQUEST_ID
 from gateway.telemetry.metrics import NO_POOL, GatewayMetrics
 from router_policies.schema import Policy
@@ -84,8 +85,10 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         inflight.add(task)
     try:
         response = await _answer_errors(request, handler)
-        if not response.prepared and request.body_exists and not request.content.is_eof():
-            await _discard_body(request, response)
+        if not response.prepared:  # models, probes, admin: the id, as on every answer
+            response.headers.setdefault(headers.REQUEST_ID, REQUEST_ID.get())
+            if request.body_exists and not request.content.is_eof():
+                await _discard_body(request, response)
         return response
     finally:
         if task is not None:
@@ -138,7 +141,7 @@ def completion_handler(endpoint: Endpoint) -> Handler:
         fleet = app[POLICY].fleet
         tenant = app[LIMITER].authenticate(fleet.policy.limits, request.headers)
         raw = await read_body(request, app[SETTINGS].body_timeout_s)
-        exchange = AiohttpExchange(request)
+        exchange = AiohttpExchange(request, app[SETTINGS].send_timeout_s)
         forward = functools.partial(app[FORWARDER].forward, exchange)
         await complete(app, fleet, tenant, endpoint, request.headers, raw, started, forward)
         assert exchange.response is not None
@@ -165,7 +168,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    pools = {name: len(p.healthy()) for name, p in request.app[POLICY].fleet.pools.items()}
+    pools = {name: len(p.routable()) for name, p in request.app[POLICY].fleet.pools.items()}
     if request.app[LIFECYCLE].draining:
         # Load balancers take the pod out while it still serves what they already sent.
         return _json({"ready": False, "draining": True, "healthy_replicas": pools}, 503)
@@ -204,15 +207,10 @@ def admin(handler: Handler) -> Handler:
 
 
 async def admin_reload(request: web.Request) -> web.Response:
-    result = await request.app[POLICY].reload()
-    return _json(
-        {
-            "reloaded": result.ok,
-            "problems": list(result.problems),
-            "warnings": list(result.warnings),
-        },
-        200 if result.ok else 422,
-    )
+    result = await reload_every_worker(request.app[POLICY])
+    problems, warnings = list(result.problems), list(result.warnings)
+    answer = {"reloaded": result.ok, "problems": problems, "warnings": warnings}
+    return _json(answer, 200 if result.ok else 422)
 
 
 async def admin_policy(request: web.Request) -> web.Response:
@@ -228,12 +226,11 @@ async def admin_route(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     raw = await read_body(request, settings.body_timeout_s)
     parsed = parse_request(endpoint, raw, settings.max_json_depth)
-    memory = request.app[MEMORY]
+    memory, fleet = request.app[MEMORY], request.app[POLICY].fleet
     if parsed.previous_response_id is not None:
         await memory.responses.find(parsed.previous_response_id)  # stored through another process
-    resolution = resolve(
-        request.app[POLICY].fleet, parsed, request.headers.get(headers.TIER), memory
-    )
+    await memory.large_conversations.recall(fleet.tiers.get(parsed.model), parsed.body)
+    resolution = resolve(fleet, parsed, request.headers.get(headers.TIER), memory)
     # As a dispatch would: a stored response's replica, or an adapter's warm replicas.
     hooks = resolution.hooks
     exclude = hooks.exclude(resolution.pool.replicas, [], 0) if hooks is not None else ()

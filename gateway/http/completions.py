@@ -34,7 +34,7 @@ from gateway.app_keys import (
 )  # fmt: skip
 from gateway.fleet.pools import Fleet
 from gateway.http import responses_lookup
-from gateway.http.errors import ApiError, internal_error
+from gateway.http.errors import ApiError, WithHeaders, internal_error
 from gateway.http.front import FrontExchange, Request
 from gateway.http.request_body import Endpoint, parse_request
 from gateway.rate_limit.limiter import Admission, RateLimiter, Tenant
@@ -92,20 +92,18 @@ async def complete(
         await responses_lookup.readable_home(
             memory.responses, parsed.previous_response_id, owner, "previous_response_id"
         )
-    tiered = fleet.tiers.get(parsed.model)
-    if tiered is not None:
-        await memory.large_conversations.recall(tiered, parsed.body)
+    await memory.large_conversations.recall(fleet.tiers.get(parsed.model), parsed.body)
     resolution = resolve(fleet, parsed, sent.get(headers.TIER), memory)
     pool = resolution.pool
-    # Before the limits and the demand counts: a malformed hint is the client's error.
-    features = with_client_hints(resolution.features, parsed.body, sent, pool.policy.session)
-    if resolution.hooks is not None:
-        resolution.hooks.owner = owner
     limiter = app[LIMITER]
     admission = None
-    if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
-        admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
     try:
+        # Before the limits and the demand counts: a malformed hint is the client's error.
+        features = with_client_hints(resolution.features, parsed.body, sent, pool.policy.session)
+        if resolution.hooks is not None:
+            resolution.hooks.owner = owner
+        if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
+            admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
         pool.counts.arrivals += 1
         tiers, verdict = resolution.tier_router, resolution.verdict
         # Generation only (the prefix-routed endpoints): a tokenizer or embeddings call is
@@ -137,6 +135,9 @@ async def complete(
         # settled all the same, by the usage seen if any, else by how it ended.
         if admission is not None:
             _settle_ended(limiter, admission, _ended_status(exc))
+        if isinstance(exc, ApiError) and resolution.verdict is not None:
+            # Refused once classified: it says its tier as a replica's answer does.
+            raise WithHeaders(exc, resolution.response_headers()) from exc
         raise
     if admission is not None:
         limiter.settle(admission, status)

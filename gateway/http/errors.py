@@ -65,8 +65,10 @@ def no_healthy_replica(pool: str) -> ApiError:
     )
 
 
-SHED_RETRY_AFTER_S = 1
-"""What a shed request is told to wait (Retry-After): about one request's service time."""
+BUSY_RETRY_AFTER_S = 1
+"""What a request refused by a busy pool (shed, or queued past its timeout) is told to wait
+(Retry-After): about one request's service time, so the SDKs' own retries come back soon
+rather than after their exponential back-off or at once."""
 
 
 class RetryLater(ApiError):
@@ -85,18 +87,30 @@ class RetryLater(ApiError):
 
 def pool_saturated(saturated: PoolSaturated, waited_s: float) -> ApiError:
     pool = saturated.pool
+    if saturated.removed is not None:
+        # Retryable: the retry is routed under the new policy, which serves the model from
+        # another pool or tier, or says model_not_found: either is an answer a client can use.
+        return RetryLater(
+            503,
+            f"Pool {pool!r} of model {saturated.removed!r} was removed by a policy reload "
+            "while the request waited for a replica; retry to route it under the new policy.",
+            BUSY_RETRY_AFTER_S,
+            type_="service_unavailable_error",
+            code="pool_removed",
+        )
     if saturated.shed:
         return RetryLater(
             429,
             f"Every replica of pool {pool!r} is busy, and the request is sheddable (priority "
             "below 0).",
-            SHED_RETRY_AFTER_S,
+            BUSY_RETRY_AFTER_S,
             type_="requests",
             code="pool_saturated",
         )
-    return ApiError(
+    return RetryLater(
         503,
         f"Every replica of pool {pool!r} stayed busy for {waited_s:g} s.",
+        BUSY_RETRY_AFTER_S,
         type_="service_unavailable_error",
         code="pool_saturated",
     )

@@ -7,7 +7,8 @@ write, or a streamed one whose head leaves with its first chunk.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from aiohttp import web
@@ -55,11 +56,12 @@ class AiohttpExchange:
     """An exchange aiohttp serves: a whole answer is returned to it from the handler, a
     streamed one written through its StreamResponse."""
 
-    __slots__ = ("_request", "response")
+    __slots__ = ("_request", "_send_timeout_s", "response")
     direct = False  # aiohttp's writes are coroutines
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.Request, send_timeout_s: float) -> None:
         self._request = request
+        self._send_timeout_s = send_timeout_s
         self.response: web.StreamResponse | None = None
 
     @property
@@ -80,15 +82,26 @@ class AiohttpExchange:
         if length is not None:
             response.content_length = length
         await response.prepare(self._request)
-        await response.write(first)
+        await self.write(first)
 
     async def write(self, chunk: bytes) -> None:
         assert self.response is not None
-        await self.response.write(chunk)
+        await self._within_send_timeout(self.response.write(chunk))
 
     async def end(self) -> None:
         assert self.response is not None
-        await self.response.write_eof()
+        await self._within_send_timeout(self.response.write_eof())
+
+    async def _within_send_timeout(self, writing: Awaitable[None]) -> None:
+        # A client that reads nothing holds its replica's batch slot and KV cache: past the
+        # send timeout it counts as gone, as on the front's connections.
+        try:
+            async with asyncio.timeout(self._send_timeout_s):
+                await writing
+        except TimeoutError:
+            if self._request.transport is not None:
+                self._request.transport.abort()
+            raise ConnectionResetError("the client read nothing within the send timeout") from None
 
     def write_nowait(self, chunk: bytes) -> None:
         raise NotImplementedError("aiohttp writes only through `write`")

@@ -254,7 +254,7 @@ class FrontConnection(asyncio.Protocol):
         endpoint = _ENDPOINTS.get(head.url)
         fast = parser.get_method() == b"POST" and parser.get_http_version() == "1.1"
         length = framed_body_length(head.fields, end + 4, front.max_body_bytes) if fast else -1
-        if endpoint is None or length < 0:
+        if endpoint is None or length <= 0:  # llhttp forgets an empty body's Connection: close
             return False
         total = end + 4 + length
         if len(buffer) < total:
@@ -267,9 +267,9 @@ class FrontConnection(asyncio.Protocol):
         self._waiting_body = None
         body = bytes(buffer[end + 4 : total])
         del buffer[:total]
-        headers = CIMultiDictProxy(
-            CIMultiDict((n.decode("latin-1"), v.decode("latin-1")) for n, v in head.fields)
-        )
+        # Values decoded as aiohttp decodes them: a key or a hint reads the same either way.
+        fields = ((n.decode("latin-1"), v.decode(errors="surrogateescape")) for n, v in head.fields)
+        headers = CIMultiDictProxy(CIMultiDict(fields))
         if not parser.should_keep_alive():
             self._closing = True  # the answer says so, and the connection closes after it
         request = Request(endpoint, headers, body)

@@ -102,6 +102,10 @@ def body_late(timeout_s: float) -> UnreadBody:
 
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The body, decoded per its Content-Encoding, within `timeout_s` of the headers."""
+    # Two lines are a list, as one "gzip, identity" is (aiohttp would decode by the last).
+    encoding = ", ".join(request.headers.getall("Content-Encoding", ()))
+    if encoding and coding(encoding) is None:
+        raise unsupported_encoding(encoding)
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()
@@ -137,16 +141,35 @@ def body_too_large(limit: int) -> ApiError:
 
 
 DECODED_ENCODINGS = frozenset(("gzip", "deflate", "br", "zstd"))
-"""The Content-Encodings aiohttp decodes as it reads a body for `serve`; a body under any
-other is read as it came."""
+"""The Content-Encodings aiohttp decodes as it reads a body for `serve`."""
+_AS_IT_CAME = frozenset(("", "identity"))
+
+
+def coding(encoding: str) -> str | None:
+    """The one content coding a Content-Encoding names ("" for none), or None for one the
+    gateway cannot read (unknown, or a list: aiohttp decodes one coding, and a body read as
+    it came would be parsed as JSON it is not)."""
+    name = encoding.strip().lower() if encoding.isascii() else "?"
+    return name if name in DECODED_ENCODINGS or name in _AS_IT_CAME else None
+
+
+def unsupported_encoding(encoding: str) -> UnreadBody:
+    return UnreadBody(
+        415,
+        f"The request body's Content-Encoding {encoding[:64]!r} is not one the gateway reads: "
+        f"{', '.join(sorted(DECODED_ENCODINGS))} or identity.",
+        param="Content-Encoding", code="unsupported_content_encoding",
+    )  # fmt: skip
 
 
 def decode_body(raw: bytes, encoding: str, limit: int) -> bytes:
     """``raw`` decoded per its Content-Encoding as `serve` reads it (aiohttp's decompressors,
     for a body that arrived whole, as Envoy hands it to the picker); ``limit``: the most bytes
     it may decode to, as a compressed body must not get round the body limit."""
-    name = encoding.strip().lower() if encoding.isascii() else ""
-    if name not in DECODED_ENCODINGS or not raw:
+    name = coding(encoding)
+    if name is None:
+        raise unsupported_encoding(encoding)
+    if name in _AS_IT_CAME or not raw:
         return raw
     try:
         decompressor: BrotliDecompressor | ZLibDecompressor | ZSTDDecompressor
@@ -168,10 +191,20 @@ def decode_body(raw: bytes, encoding: str, limit: int) -> bytes:
     return decoded
 
 
+def with_member(raw: bytes, name: str, value: object) -> bytes:
+    """The JSON object ``raw`` byte for byte (a number past 64 bits or a float's spelling would
+    not survive a parse and a dump), with ``name`` set to ``value`` as its last member: JSON's
+    parsers, Python's that vLLM reads a body with among them, keep a repeated key's last."""
+    end = raw.rstrip().rindex(b"}")  # an object: parse_request saw it
+    return b"%s,%s:%s}" % (raw[:end], orjson.dumps(name), orjson.dumps(value))
+
+
 def parse_request(endpoint: Endpoint, raw: bytes, max_depth: int = 64) -> ParsedRequest:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit exceeded"):
+            raise too_deeply_nested(max_depth) from None  # orjson's own limit, at 1024 levels
         raise bad_request(f"The request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
@@ -304,11 +337,15 @@ def _check_depth(body: dict[str, Any], raw: bytes, max_depth: int) -> None:
         for child in children:
             if isinstance(child, dict | list):
                 if depth + 1 > max_depth:
-                    raise bad_request(
-                        f"The request body is nested deeper than {max_depth} levels.",
-                        param="body", code="too_deeply_nested",
-                    )  # fmt: skip
+                    raise too_deeply_nested(max_depth)
                 stack.append((child, depth + 1))
+
+
+def too_deeply_nested(max_depth: int) -> ApiError:
+    return bad_request(
+        f"The request body is nested deeper than {max_depth} levels.",
+        param="body", code="too_deeply_nested",
+    )  # fmt: skip
 
 
 def _check_optional(body: dict[str, Any], name: str, kind: type, described: str) -> None:

@@ -201,7 +201,9 @@ class PickerExchange:
             kind = message.WhichOneof("request")
             if kind == "response_headers":
                 sent = message.response_headers.headers.headers
-                values = {h.key: (h.raw_value or h.value.encode()).decode() for h in sent}
+                values = {
+                    h.key: (h.raw_value or h.value.encode()).decode(errors="replace") for h in sent
+                }
                 status = int(values.get(":status", "0") or 0)
                 changed = on_status(status, values.get("content-type", ""), values.get(SERVED, ""))
                 mutation = _mutation({**self._answer_headers, **changed}, remove=(SERVED,))

@@ -18,7 +18,7 @@ from gateway import headers
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.pools import PoolSaturated
 from gateway.fleet.replicas import Dispatch, ReplicaState
-from gateway.http.errors import ApiError, no_healthy_replica, pool_saturated
+from gateway.http.errors import ApiError, WithHeaders, no_healthy_replica, pool_saturated
 from gateway.picker.envoy_config import FALLBACKS
 from gateway.picker.exchange import PickerExchange
 from gateway.relay import answers
@@ -68,7 +68,7 @@ class Picker:
         if dispatch is None:
             error = error or no_healthy_replica(pool.name)
             outcome.status = error.status
-            await exchange.refuse(error)
+            await exchange.refuse(WithHeaders(error, routed.refusal_headers()))  # as serve's
             return
         routed.dispatched()
         answer = _Answer(self._metrics, self._outliers, routed, dispatch)

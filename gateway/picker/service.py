@@ -38,7 +38,8 @@ def header_map(message: Any) -> CIMultiDict[str]:
     """An ext_proc HeaderMap as the gateway's handlers read headers (names case-insensitive;
     Envoy sends the values as raw bytes)."""
     return CIMultiDict(
-        (h.key, h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value)
+        # Decoded as `serve` decodes them (aiohttp's way): a tenant's key digests the same.
+        (h.key, h.raw_value.decode(errors="surrogateescape") if h.raw_value else h.value)
         for h in message.headers
     )
 
@@ -89,7 +90,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         fleet = app[POLICY].fleet  # one generation of the policy for the whole request
         try:
             tenant = app[LIMITER].authenticate(fleet.policy.limits, sent)
-            encoding = sent.get("content-encoding", "")
+            encoding = ", ".join(sent.getall("content-encoding", ()))  # two lines: a list
             decoded = decode_body(body, encoding, app[SETTINGS].max_body_bytes)
             if decoded is not body:
                 # Envoy forwards what the picker read: the replica (vLLM) does not decode.

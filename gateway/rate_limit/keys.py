@@ -10,7 +10,9 @@ from router_policies.limits_settings import LimitsSettings, TenantLimits
 
 def hash_key(key: str) -> str:
     """The digest the policy file lists for ``key`` (what `llm-gateway hash-key` prints)."""
-    return hashlib.sha256(key.encode()).hexdigest()
+    # A header's bytes that are not UTF-8 arrive as surrogates (aiohttp's decoding, and the
+    # command line's): they are hashed as the bytes they were, never an error.
+    return hashlib.sha256(key.encode(errors="surrogateescape")).hexdigest()
 
 
 def bearer(headers: Mapping[str, str]) -> str | None:

@@ -122,7 +122,7 @@ class Forwarder:
             except PoolSaturated as saturated:
                 error = pool_saturated(saturated, pool.policy.queue_timeout_s)
                 outcome.status = error.status
-                await _answer(exchange, {headers.REQUEST_ID: routed.request_id}, error)
+                await _answer(exchange, routed.refusal_headers(), error)
                 return error.status
             if dispatch is None:
                 break
@@ -229,7 +229,7 @@ class Forwarder:
     async def _give_up(self, req: Forwarding, failure: Failure | None) -> int:
         exchange, routed, outcome = req.exchange, req.routed, req.outcome
         pool = routed.pool
-        hdrs = {headers.REQUEST_ID: routed.request_id, headers.POOL: pool.name}
+        hdrs = routed.refusal_headers()
         if failure is None:
             error = no_healthy_replica(pool.name)
             outcome.status = error.status

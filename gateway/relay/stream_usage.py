@@ -16,9 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
-from gateway.http.request_body import Endpoint, ParsedRequest
+from gateway.http.request_body import Endpoint, ParsedRequest, with_member
 
 _ASKED = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS))
 """Where usage comes only if asked for (a /v1/responses stream always ends with it)."""
@@ -42,6 +40,9 @@ _STRADDLE = len(_NULL_USAGE) - 1
 _NOT_ASKED = (None, False)
 """`include_usage` values vLLM reads as no usage (`in` compares by equality: 0 is among them,
 as pydantic reads it)."""
+_FALSE_WORDS = frozenset(("0", "off", "f", "false", "n", "no"))
+"""The strings pydantic's lax booleans read as false, in any case: vLLM takes `"false"` as no
+usage, and a stream that went uncounted would escape its tenant's token limit."""
 
 
 def asking_usage(parsed: ParsedRequest) -> bytes | None:
@@ -52,16 +53,19 @@ def asking_usage(parsed: ParsedRequest) -> bytes | None:
         return None
     options: Mapping[str, Any] | None = parsed.body.get("stream_options")
     if options is None:
-        return orjson.dumps({**parsed.body, "stream_options": {"include_usage": True}})
+        return with_member(parsed.raw, "stream_options", {"include_usage": True})
     # Left out, null or false (0 alike), vLLM sends no usage (measured on vLLM 0.32: `{}` gets
     # none; older releases defaulted to true). Anything else goes as sent: vLLM reads it, or
     # answers the client's own 400.
-    if options.get("include_usage") not in _NOT_ASKED:
+    include = options.get("include_usage")
+    if include not in _NOT_ASKED and not (
+        isinstance(include, str) and include.lower() in _FALSE_WORDS
+    ):
         return None
     # Without include_usage vLLM ignores continuous_usage_stats: asked for the usage, it would
     # put one on every chunk, which the client did not ask for and would not be dropped.
     asked = {k: v for k, v in options.items() if k != "continuous_usage_stats"}
-    return orjson.dumps({**parsed.body, "stream_options": {**asked, "include_usage": True}})
+    return with_member(parsed.raw, "stream_options", {**asked, "include_usage": True})
 
 
 class UsageDropped:

@@ -344,7 +344,7 @@ class Upstreams:
         for name, value in headers:
             if "\r" in value or "\n" in value:
                 continue  # never a header's own line
-            head.append(f"{name}: {value}\r\n".encode("latin-1", "replace"))
+            head.append(f"{name}: {value}\r\n".encode(errors="surrogateescape"))  # as sent
         head.append(b"\r\n")
         data = b"".join(head) + body
         conn = pool.take()

@@ -26,7 +26,7 @@ from typing import Any
 
 from gateway.fleet.replicas import ReplicaState
 from router_policies.adapter_placement import AdapterSettings, preferred_replicas
-from router_policies.tier_memory import conversation_key, follow_up
+from router_policies.tier_memory import conversation_keys
 from router_policies.tier_router import TierRouter
 
 RESPONSE_HOMES = 100_000
@@ -126,20 +126,24 @@ class LargeConversations:
 
     def __init__(self) -> None:
         self.publish: Callable[[str, int], None] | None = None
-        self.fetch: Callable[[str, int], Awaitable[bool]] | None = None
+        self.fetch: Callable[[str, tuple[int, ...]], Awaitable[bool]] | None = None
+        """Whether another process sent the conversation large under any of its keys."""
 
-    async def recall(self, tiers: TierRouter, body: Mapping[str, Any]) -> None:
-        """Before scoring: a follow-up of a conversation another process sent large is
-        remembered here too. Nothing to ask for a first turn, or without a backend."""
-        if self.fetch is None or not tiers.settings.conversation_memory or not follow_up(body):
+    async def recall(self, tiers: TierRouter | None, body: Mapping[str, Any]) -> None:
+        """Before scoring (a dry run's too, or it would disagree with the real decision): a
+        follow-up of a conversation another process sent large is remembered here too, as
+        the fact it is, not as traffic. Nothing to ask for a first turn (a classification
+        consults no memory for it), or without a tier model or a backend."""
+        if tiers is None or self.fetch is None or not tiers.settings.conversation_memory:
             return
-        key = conversation_key(body)
+        keys = conversation_keys(body)
         if (
-            key is not None
-            and not tiers.conversations.went_large(key)
-            and await self.fetch(tiers.model, key)
+            keys is not None
+            and len(keys) > 1
+            and not tiers.conversations.any_went_large(keys)
+            and await self.fetch(tiers.model, keys)
         ):
-            tiers.remember(key)
+            tiers.remember(keys[-1])
 
     def tell(self, tiers: TierRouter, conversation: int) -> None:
         if self.publish is not None:

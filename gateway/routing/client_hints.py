@@ -5,6 +5,7 @@ it forces."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -23,6 +24,10 @@ _MAX_KEY = 256
 _MAX_OBJECTIVE_MS = 3_600_000.0
 _PRIORITIES = range(-1000, 1001)
 _TIERS = {tier.value: tier for tier in Tier}
+_PLAIN_INTEGER = re.compile(r"\s*[+-]?[0-9]{1,6}\s*", re.ASCII)
+"""What a header's integer is written as: Python's int() would also read other scripts' digits
+and underscores, which the connections the front serves and aiohttp's decode differently."""
+_PLAIN_NUMBER = re.compile(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*", re.ASCII)
 
 
 def session_key(body: Mapping[str, Any], sent: Mapping[str, str], settings: SessionSettings) -> str:
@@ -33,8 +38,10 @@ def session_key(body: Mapping[str, Any], sent: Mapping[str, str], settings: Sess
             break
         value = body.get(field)
         key = value if isinstance(value, str) else ""
-    if len(key) > _MAX_KEY:
-        key = xxhash.xxh3_128_hexdigest(key.encode())
+    if len(key) > _MAX_KEY or not key.isascii():
+        # A header's bytes that are not UTF-8 arrive as surrogates: the digest is of the bytes
+        # sent, and plain text wherever the key goes (logs, Redis).
+        key = xxhash.xxh3_128_hexdigest(key.encode(errors="surrogateescape"))
     return key
 
 
@@ -44,10 +51,7 @@ def ttft_objective_s(sent: Mapping[str, str]) -> float | None:
     text = sent.get(name)
     if text is None:
         return None
-    try:
-        ms = float(text)
-    except ValueError:
-        ms = math.nan
+    ms = float(text) if _PLAIN_NUMBER.fullmatch(text) else math.nan
     if not 0 < ms <= _MAX_OBJECTIVE_MS:  # NaN fails too
         raise bad_request(
             f"Header {name} must be a number of milliseconds above 0 and at most "
@@ -62,10 +66,7 @@ def priority(sent: Mapping[str, str]) -> int:
     text = sent.get(headers.PRIORITY)
     if text is None:
         return 0
-    try:
-        value = int(text)
-    except ValueError:
-        value = _PRIORITIES.stop
+    value = int(text) if _PLAIN_INTEGER.fullmatch(text) else _PRIORITIES.stop
     if value not in _PRIORITIES:
         raise bad_request(
             f"Header {headers.PRIORITY} must be an integer from {_PRIORITIES.start} to "

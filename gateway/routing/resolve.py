@@ -7,12 +7,10 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-import orjson
-
 from gateway import headers
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
 from gateway.http.errors import ApiError, bad_request, model_not_found
-from gateway.http.request_body import Endpoint, ParsedRequest
+from gateway.http.request_body import Endpoint, ParsedRequest, with_member
 from gateway.routing.affinity import RouteHooks, RoutingMemory, adapter_replicas
 from gateway.routing.client_hints import forced_tier
 from router_policies.cost.ttft import IDLE, predicted_s
@@ -144,8 +142,9 @@ def resolve(
                 rule = _RULES[compared_for]
                 choice, features, compared = _compare(rule, choice, settings, fleet, parsed)
         pool = fleet.pools[choice.pool]
+        raw = with_member(parsed.raw, "model", pool.model)  # the client's bytes, but the model
         body = {**parsed.body, "model": pool.model}
-        parsed = dataclasses.replace(parsed, body=body, raw=orjson.dumps(body), model=pool.model)
+        parsed = dataclasses.replace(parsed, body=body, raw=raw, model=pool.model)
     if features is None:
         salt = parsed.cache_salt if adapter is None else f"{parsed.cache_salt}\x00lora:{adapter}"
         features = _features(pool, parsed, parsed.model, salt)

@@ -69,10 +69,20 @@ class Routed:
         if self.parsed.previous_response_id is None:
             # A follow-up's prompt holds the stored conversation too, which the gateway never
             # saw: its size would teach a wrong characters-per-token and index belief.
-            self.pool.observe_usage(dispatch, usage)
+            self.pool.learned.observe(dispatch, usage)
         if self.on_usage is not None:
             self.on_usage(data)
         return True
+
+    def refusal_headers(self) -> dict[str, str]:
+        """What an answer the gateway gives itself once the pool is chosen carries (no
+        replica answered): the request's id, its pool, and the tier and rate limits as a
+        replica's answer would."""
+        return {
+            **self.extra_headers,
+            headers.REQUEST_ID: self.request_id,
+            headers.POOL: self.pool.name,
+        }
 
     def answer_headers(self, replica: str, decided: Route) -> dict[str, str]:
         """What every answer carries besides the replica's own: the request's id, where it

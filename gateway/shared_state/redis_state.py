@@ -172,11 +172,13 @@ class RedisState(SharedState):
         with contextlib.suppress(*_FAILURES):
             await self._client.set(key, value, ex=ttl_s)
 
-    async def _fetch_large(self, model: str, conversation: int) -> bool:
+    async def _fetch_large(self, model: str, conversation: tuple[int, ...]) -> bool:
+        """Whether any of the conversation's keys went large: one round trip for all."""
         if not self._link.up:
             return False
         try:
-            return bool(await self._client.exists(self._large_key(model, conversation)))
+            keys = [self._large_key(model, key) for key in conversation]
+            return bool(await self._client.exists(*keys))
         except _FAILURES:
             return False
 

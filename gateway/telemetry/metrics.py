@@ -19,6 +19,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
+from gateway.telemetry.retired_series import LabelledSeries, RetiredSeries
 
 REQUESTS = "gateway_requests"  # exposed as gateway_requests_total
 RETRIES = "gateway_retries"
@@ -95,13 +96,16 @@ _REPLICA_GAUGES: tuple[tuple[str, str, ReplicaFigure], ...] = (
 
 _PoolFamily = type[GaugeMetricFamily | CounterMetricFamily]
 _POOL_FAMILIES: tuple[tuple[str, str, _PoolFamily, PoolFigure], ...] = (
-    (POOL_GATEWAY_WAITING, "Requests for the pool waiting inside the gateway for a replica.",
+    (POOL_GATEWAY_WAITING,
+     "Requests for the pool waiting inside this gateway instance for a replica.",
      GaugeMetricFamily, lambda pool: pool.gateway_waiting),
     (POOL_QUEUE_DEPTH,
-     "Requests waiting in the gateway plus the healthy replicas' waiting queues.",
-     GaugeMetricFamily, lambda pool: pool.load().queue_depth),
-    (POOL_HEALTHY_REPLICAS, "Healthy replicas in the pool.",
-     GaugeMetricFamily, lambda pool: pool.load().healthy),
+     "Requests waiting in the gateway (every instance sharing state) plus the healthy "
+     "replicas' waiting queues: the autoscaling signal's input.",
+     GaugeMetricFamily, lambda pool: pool.queue_depth()),
+    (POOL_HEALTHY_REPLICAS,
+     "Replicas requests can go to: passing health checks and not ejected (as /ready counts).",
+     GaugeMetricFamily, lambda pool: len(pool.routable())),
     (POOL_KV_USAGE, "Mean KV-cache usage 0-1 over the healthy replicas.",
      GaugeMetricFamily, lambda pool: pool.mean_kv_usage()),
     (POOL_ARRIVALS,
@@ -195,6 +199,10 @@ class GatewayMetrics:
 
     def __init__(self, current: Callable[[], Fleet]) -> None:
         self.registry = CollectorRegistry()
+        # Registered first: it drops the series of removed pools before the others are read.
+        self.registry.register(
+            RetiredSeries(current, self._by_fleet, self._forget_pool, unpooled=NO_POOL)
+        )
         self.requests = Counter(
             REQUESTS, "Requests answered, by pool, route and HTTP status.",
             ["pool", "route", "code"], registry=self.registry,
@@ -262,6 +270,18 @@ class GatewayMetrics:
         self.registry.register(FleetCollector(current))
         self._answered: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self._ttft: dict[str, Histogram] = {}
+
+    def _by_fleet(self) -> list[LabelledSeries]:
+        """The labelled metrics whose series name a pool (and replica) of the policy."""
+        by_pool = ("pool",)
+        return [
+            (self.requests, ("pool", "route", "code")), (self.retries, by_pool),
+            (self.ttft, by_pool), (self.duration, by_pool), (self.ejections, ("pool", "replica")),
+        ]  # fmt: skip
+
+    def _forget_pool(self, pool: str) -> None:
+        self._answered = {key: kids for key, kids in self._answered.items() if key[0] != pool}
+        self._ttft.pop(pool, None)
 
     def answered(self, pool: str, route: str, status: int, started: float) -> None:
         """A request ended: counted, and its duration observed."""

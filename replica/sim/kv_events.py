@@ -18,6 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -102,11 +103,13 @@ class EventPublisher:
         self._ctx = zmq.asyncio.Context()
         self._pub.set_hwm(config.hwm)
         self._pub.bind(config.endpoint)
+        self._endpoints = [config.endpoint]
         self._replay: zmq.asyncio.Socket | None = None
         self._replay_task: asyncio.Task[None] | None = None
         if config.replay_endpoint:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.bind(config.replay_endpoint)
+            self._endpoints.append(config.replay_endpoint)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._seq = 0
         self._encode = msgspec.msgpack.Encoder().encode
@@ -144,3 +147,11 @@ class EventPublisher:
                 await self._replay_task
         self._ctx.destroy(linger=0)
         self._pub_ctx.destroy(linger=0)
+        self._remove_socket_files()
+
+    def _remove_socket_files(self) -> None:
+        for endpoint in self._endpoints:
+            # ZeroMQ leaves an ipc:// socket's file behind, one per replica started, forever
+            # (an abstract one, ipc://@name, has no file).
+            if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+                Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)

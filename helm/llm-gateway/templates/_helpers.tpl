@@ -211,3 +211,30 @@ plain value. */}}
   value: {{ printf "redis://%s-redis:6379/0" (include "llm-gateway.fullname" .) | quote }}
 {{- end -}}
 {{- end -}}
+
+{{/* Refuses a gateway.env key the chart sets itself (a Deployment with the name twice: which
+one a pod gets is not what either value says), naming the value that sets it. The admin token
+and the Redis URL are the chart's only when it sets them (gateway.adminToken, redis.*): without,
+gateway.env may carry them. */}}
+{{- define "llm-gateway.checkEnv" -}}
+{{- $g := .Values.gateway }}
+{{- $managed := dict
+  "GATEWAY_HOST" "nothing: the pods listen on 0.0.0.0, which their probes and Service need"
+  "GATEWAY_PORT" "gateway.port (the picker's: picker.httpPort)"
+  "GATEWAY_POLICY" "policy (the chart's ConfigMap)"
+  "GATEWAY_LOG_LEVEL" "gateway.logLevel"
+  "GATEWAY_WORKERS" "gateway.workers"
+  "GATEWAY_SHUTDOWN_DELAY_S" "gateway.shutdownDelaySeconds"
+  "GATEWAY_DRAIN_TIMEOUT_S" "gateway.drainTimeoutSeconds" }}
+{{- if or $g.adminToken $g.existingAdminTokenSecret }}
+{{- $_ := set $managed "GATEWAY_ADMIN_TOKEN" "gateway.adminToken or gateway.existingAdminTokenSecret alone" }}
+{{- end }}
+{{- if include "llm-gateway.redisConfigured" . }}
+{{- $_ := set $managed "GATEWAY_REDIS_URL" "redis.url, redis.existingUrlSecret or redis.enabled alone" }}
+{{- end }}
+{{- range $name := keys ($g.env | default dict) | sortAlpha }}
+{{- if hasKey $managed $name }}
+{{- fail (printf "gateway.env.%s: the chart sets %s itself; use %s" $name $name (get $managed $name)) }}
+{{- end }}
+{{- end }}
+{{- end -}}
