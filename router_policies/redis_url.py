@@ -8,13 +8,15 @@ A URL carries its password in the userinfo (``redis://user:password@host``) or i
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 SCHEMES = ("redis", "rediss", "unix")
 MASK = "***"
 
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 _DB_PATH = re.compile(r"/?|/\d+")
+_TIMEOUT_OPTIONS = frozenset(("socket_timeout", "socket_connect_timeout"))
+"""What redis-py would read from the URL over the gateway's own bound on each call."""
 
 
 def mask(url: str) -> str:
@@ -40,6 +42,12 @@ def problem(url: str) -> str | None:
         _ = parts.port  # parsing it is the check: a bad port raises ValueError
     except ValueError as exc:
         return f"{shown!r} is not a valid URL: {exc}"
+    timeouts = sorted(_TIMEOUT_OPTIONS & {name.lower() for name in parse_qs(parts.query)})
+    if timeouts:
+        return (
+            f"{shown!r}: {', '.join(timeouts)} in the URL would override GATEWAY_STATE_TIMEOUT_S, "
+            "which bounds every Redis call a request waits for: set that instead"
+        )
     if parts.scheme not in SCHEMES:
         return f"{shown!r} must start with redis://, rediss:// (TLS) or unix:// (a socket)"
     if parts.scheme == "unix":

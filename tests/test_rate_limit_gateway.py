@@ -317,6 +317,34 @@ async def test_the_token_estimate_is_corrected_by_the_reported_usage() -> None:
     assert after.headers[headers.RATELIMIT_REMAINING_TOKENS] == "880"
 
 
+class _AwayWhileAdmitting(LocalStore):
+    """A store that does not answer a take (Redis away: the request is served unlimited),
+    then answers again by the time the request's usage is settled."""
+
+    away = False
+
+    async def take(self, keys: Any, limits: Any, costs: Any) -> Verdict:
+        if self.away:
+            return None  # type: ignore[return-value]  # what RedisStore answers when away
+        return await super().take(keys, limits, costs)
+
+
+async def test_a_request_served_while_the_store_was_away_is_never_refunded() -> None:
+    # Nothing was taken for it: a refund of its estimate would refill the bucket.
+    store = _AwayWhileAdmitting(clock=lambda: 0.0)
+    limiter, acme = _limiter(store), _acme(1000)
+    spent = await limiter.admit(acme, tokens=900)
+    assert spent.headers[headers.RATELIMIT_REMAINING_TOKENS] == "100"
+    store.away = True
+    unlimited = await limiter.admit(acme, tokens=20_000)
+    store.away = False
+    unlimited.observe(_USAGE_120)
+    limiter.settle(unlimited, 200)
+    await limiter.settled()
+    after = await limiter.admit(acme, tokens=0)
+    assert after.headers[headers.RATELIMIT_REMAINING_TOKENS] == "100"
+
+
 class _RefusesShowingEnough(LocalStore):
     """A refusal whose views show the bucket just holding the cost: a figure rounded on its
     way back from a store."""

@@ -176,12 +176,31 @@ async def test_redis_down_fails_open_once_logged_and_counted_then_limits_return(
             with caplog.at_level(logging.WARNING, logger="gateway.rate_limit.redis_store"):
                 assert await store.take(["{t}:requests"], one, [1]) is None  # served
                 assert await store.take(["{t}:requests"], one, [1]) is None
-            assert registry.get_sample_value("errors_total") == 2
+                await store.adjust("{t}:tokens", Limit(100), -5.0)  # a correction: no request
+            assert registry.get_sample_value("errors_total") == 2  # the requests served unlimited
             assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
             await server.restart()  # empty: the buckets are soft state, full again
             assert (await store.take(["{t}:requests"], one, [1])).allowed  # type: ignore[union-attr]
             assert not (await store.take(["{t}:requests"], one, [1])).allowed  # type: ignore[union-attr]
         finally:
+            await store.close()
+
+
+async def test_a_redis_out_of_memory_is_logged_as_refusing_writes_not_unreachable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with running_redis() as server:
+        admin = redis.asyncio.from_url(server.url)
+        store = RedisStore(server.url, _errors(), timeout_s=0.5, retry_s=0.0)
+        try:
+            await admin.config_set("maxmemory", "1")  # noeviction: every write refused
+            with caplog.at_level(logging.WARNING, logger="gateway.rate_limit.redis_store"):
+                assert await store.take(["{t}:requests"], [Limit(5)], [1]) is None  # served
+            [warning] = [r.getMessage() for r in caplog.records]
+            assert "Redis refuses writes" in warning
+        finally:
+            await admin.config_set("maxmemory", "0")
+            await admin.aclose()
             await store.close()
 
 

@@ -96,6 +96,9 @@ def test_redis_and_socket_urls_are_accepted(url: str) -> None:
         ("redis:///0", "has no host"),
         ("redis://cache:6379/zero", "the path must be a database number"),
         ("unix://", "names no socket"),
+        # redis-py would read it over GATEWAY_STATE_TIMEOUT_S: a hung Redis holds requests.
+        ("redis://cache:6379/0?socket_timeout=8", "would override GATEWAY_STATE_TIMEOUT_S"),
+        ("unix:///run/redis.sock?socket_connect_timeout=9", "socket_connect_timeout in the URL"),
     ],
 )
 def test_a_url_redis_cannot_use_is_refused_with_its_line(

@@ -145,6 +145,20 @@ async def test_lookups_need_a_key_and_find_only_the_tenants_own_responses() -> N
         assert again.previous_response_id == response_id
 
 
+async def test_a_tenant_cannot_continue_a_response_whose_owner_the_gateway_cannot_tell() -> None:
+    # Stored where the gateway did not see it (as after Redis restarted empty): routed anyway,
+    # another tenant's response would be read wherever the replica happens to hold it.
+    async with tenants_gateway() as gateway, fresh_connections(gateway.url, ACME_KEY) as acme:
+        _, replica, _ = await store(acme, 0)
+        async with AsyncOpenAI(
+            base_url=f"http://{replica}/v1", api_key="-", max_retries=0
+        ) as direct:
+            unseen = await direct.responses.create(model=MODEL, input="Whose?", max_output_tokens=2)
+        with pytest.raises(openai.NotFoundError) as follow:
+            await acme.responses.create(model=MODEL, input="Mine?", previous_response_id=unseen.id)
+        assert follow.value.param == "previous_response_id"
+
+
 async def test_lookups_count_against_the_tenants_request_limit() -> None:
     async with (
         tenants_gateway(requests_per_minute=3) as gateway,

@@ -40,9 +40,11 @@ async def readable_home(
     homes: ResponseHomes, response_id: str, tenant: str | None, param: str
 ) -> ReplicaRef | None:
     """Where the response is stored (None: unknown to the gateway); a 404 when it belongs to
-    another tenant."""
+    another tenant, or, for a tenant, when the gateway cannot tell whose it is (a restarted,
+    empty Redis; one stored while Redis was away): routed anyway, another tenant's would be
+    read wherever the replica happens to hold it."""
     home = await homes.find(response_id)
-    if home is not None and not home.readable_by(tenant):
+    if (home is None and tenant is not None) or (home is not None and not home.readable_by(tenant)):
         raise not_found(response_id, param)
     return home
 

@@ -233,7 +233,9 @@ class RateLimiter:
         counted = plan.tokens_counted
         if verdict is None:  # no limits, or the store did not answer (fail open)
             plan.admitted.inc()
-            return Admission(tenant.name, {}, counted, tokens, token_limit)
+            # Nothing was taken from a bucket: nothing to correct there once its usage is
+            # known (a refund of what was never charged would refill the bucket).
+            return Admission(tenant.name, {}, counted, tokens)
         out = _headers(kinds, verdict.views)
         if verdict.allowed:
             plan.admitted.inc()

@@ -143,7 +143,7 @@ class RedisStore:
         args: list[str | float] = ["take"]
         for limit, cost, extra, back in zip(limits, costs, extras, returned, strict=True):
             args += [limit.per_minute, cost, extra, back]
-        reply = await self._run(keys, args)
+        reply = await self._run(keys, args, check=True)
         if reply is None:
             return None
         allowed, retry, *figures = (float(v) for v in reply)
@@ -157,16 +157,22 @@ class RedisStore:
     def adjust_now(self, key: str, limit: Limit, delta: float) -> bool:
         return False  # always a round trip
 
-    async def _run(self, keys: Sequence[str], args: list[str | float]) -> list[bytes] | None:
+    async def _run(
+        self, keys: Sequence[str], args: list[str | float], *, check: bool = False
+    ) -> list[bytes] | None:
+        """The script's reply, None when Redis does not answer: for a ``check`` (a take, not
+        a usage correction), a request served unlimited, which the errors metric counts."""
         if self._down and time.monotonic() < self._down_until:
-            self._errors.inc()
+            if check:
+                self._errors.inc()
             return None
         try:
             reply: list[bytes] = await self._script(
                 keys=[self._prefix + k for k in keys], args=args
             )
         except FAILURES as exc:
-            self._errors.inc()
+            if check:
+                self._errors.inc()
             self._down_until = time.monotonic() + self._retry_s
             if not self._down:
                 self._down = True

@@ -17,10 +17,21 @@ from redis.exceptions import (
     OutOfMemoryError,
     ReadOnlyError,
     RedisError,
+    ResponseError,
 )
 
 FAILURES = (RedisError, OSError, TimeoutError)
 """What a call to Redis raises when Redis cannot serve it."""
+
+
+_WRITE_REFUSALS = ("OOM command not allowed", "READONLY You can't write")
+
+
+def _refused_in_script(exc: BaseException) -> bool:
+    # Inside a Lua script (the rate limits') Redis's OOM and READONLY come back as a plain
+    # ResponseError, "Error running script (...): @user_script:8: -OOM command not allowed...",
+    # not as the exceptions redis-py maps them to elsewhere.
+    return isinstance(exc, ResponseError) and any(why in str(exc) for why in _WRITE_REFUSALS)
 
 
 def _tls_refused(exc: BaseException) -> ssl.SSLCertVerificationError | None:
@@ -46,6 +57,6 @@ def describe(exc: BaseException) -> str:
             f"TLS verification failed ({tls.verify_message or name}): fix the certificate or "
             "the CA this process trusts"
         )
-    if isinstance(exc, (OutOfMemoryError, ReadOnlyError)):
+    if isinstance(exc, (OutOfMemoryError, ReadOnlyError)) or _refused_in_script(exc):
         return f"refuses writes ({name})"
     return f"unreachable ({name})"
