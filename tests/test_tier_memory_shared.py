@@ -5,6 +5,8 @@ run (POST /admin/route) says so too. The shared memory is asked about follow-ups
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -33,14 +35,20 @@ async def tier_of(url: str, body: dict[str, Any]) -> str:
         return response.headers[headers.POOL]
 
 
-async def test_a_follow_up_through_another_instance_keeps_the_conversations_large_tier() -> None:
+@contextlib.asynccontextmanager
+async def redis_and_tiers() -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """A Redis's URL, and a tier policy over one small and one large simulated replica."""
     async with (
         running_redis() as redis,
         running_sims(1, "small-model") as [small],
         running_sims(1, "large-model") as [large],
     ):
-        policy = tiered_policy({"small": small, "large": large})
-        shared = {**FAST_PROBES, "GATEWAY_REDIS_URL": redis.url}
+        yield redis.url, tiered_policy({"small": small, "large": large})
+
+
+async def test_a_follow_up_through_another_instance_keeps_the_conversations_large_tier() -> None:
+    async with redis_and_tiers() as (redis_url, policy):
+        shared = {**FAST_PROBES, "GATEWAY_REDIS_URL": redis_url}
         first, second, alone = await asyncio.gather(
             start_gateway(policy, env=shared),
             start_gateway(policy, env=shared),
@@ -57,13 +65,8 @@ async def test_a_follow_up_through_another_instance_keeps_the_conversations_larg
 
 
 async def test_a_dry_run_through_another_instance_reads_the_shared_memory_too() -> None:
-    async with (
-        running_redis() as redis,
-        running_sims(1, "small-model") as [small],
-        running_sims(1, "large-model") as [large],
-    ):
-        policy = tiered_policy({"small": small, "large": large})
-        shared = {**FAST_PROBES, "GATEWAY_REDIS_URL": redis.url, "GATEWAY_ADMIN_TOKEN": "admin"}
+    async with redis_and_tiers() as (redis_url, policy):
+        shared = {**FAST_PROBES, "GATEWAY_REDIS_URL": redis_url, "GATEWAY_ADMIN_TOKEN": "admin"}
         first, second = await asyncio.gather(
             start_gateway(policy, env=shared), start_gateway(policy, env=shared)
         )
