@@ -15,8 +15,11 @@ MASK = "***"
 
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 _DB_PATH = re.compile(r"/?|/\d+")
-_TIMEOUT_OPTIONS = frozenset(("socket_timeout", "socket_connect_timeout"))
-"""What redis-py would read from the URL over the gateway's own bound on each call."""
+_TIMEOUT_OPTIONS = frozenset(
+    ("socket_timeout", "socket_connect_timeout", "retry_on_timeout", "retry_on_error")
+)
+"""What redis-py would read from the URL over the gateway's own bound on each call (a retry
+on a timeout doubles the wait)."""
 
 
 def mask(url: str) -> str:
@@ -46,7 +49,7 @@ def problem(url: str) -> str | None:
     if timeouts:
         return (
             f"{shown!r}: {', '.join(timeouts)} in the URL would override GATEWAY_STATE_TIMEOUT_S, "
-            "which bounds every Redis call a request waits for: set that instead"
+            "which bounds every Redis call a request waits for: leave it out (set that instead)"
         )
     if parts.scheme not in SCHEMES:
         return f"{shown!r} must start with redis://, rediss:// (TLS) or unix:// (a socket)"

@@ -1,6 +1,6 @@
 """The simulated replica speaks the rest of vLLM's OpenAI server: n > 1, batches of prompts,
-/v1/responses (stored, streamed), /v1/embeddings, /v1/score, /v1/rerank and LoRA adapters,
-in vLLM's shapes, read back with the official openai client where it has a method."""
+continuous usage stats, /v1/responses (stored, streamed, incomplete when cut), /v1/embeddings,
+/v1/score, /v1/rerank and LoRA adapters, in vLLM's shapes, read back with the official openai client where it has a method."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import openai
+import orjson
 import pytest
 import pytest_asyncio
 
@@ -75,7 +76,10 @@ async def test_responses_store_a_conversation_for_previous_response_id(sim: str)
     first = await openai_.responses.create(
         model=MODEL, instructions="Be brief.", input="Where is my parcel?", max_output_tokens=6
     )
-    assert first.id.startswith("resp_") and first.status == "completed"
+    # Cut by max_output_tokens: vLLM says incomplete, and still stores it.
+    assert first.id.startswith("resp_") and first.status == "incomplete"
+    assert first.incomplete_details is not None
+    assert first.incomplete_details.reason == "max_output_tokens"
     assert first.output_text and first.usage is not None and first.usage.output_tokens == 6
     follow = await openai_.responses.create(
         model=MODEL, input="And when?", previous_response_id=first.id, max_output_tokens=4
@@ -104,6 +108,44 @@ async def test_streamed_response_events_carry_the_same_text(sim: str) -> None:
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert "".join(deltas) == whole.output_text
     assert completed is not None and completed.output_text == whole.output_text
+    assert completed.status == whole.status == "incomplete"
+    assert completed.incomplete_details == whole.incomplete_details
+
+
+async def test_a_response_not_cut_by_max_output_tokens_is_completed(sim: str) -> None:
+    # The sim's default length stands for the model ending its answer.
+    made = await client(sim).responses.create(model=MODEL, input="Tell me.")
+    assert made.status == "completed" and made.incomplete_details is None
+
+
+async def test_continuous_usage_stats_put_each_choices_usage_on_every_chunk(sim: str) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    bodies: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "hi"}),
+    ]
+    for path, body in bodies:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{sim}{path}", json={**body, "model": MODEL, "max_tokens": 2, "n": 2,
+                                               "stream": True, "stream_options": options}) as got,
+        ):  # fmt: skip
+            events = (await got.read()).split(b"\n\n")
+        chunks = [orjson.loads(e[6:]) for e in events if e.startswith(b"data: {")]
+        *choice_chunks, last = chunks
+        prompt = last["usage"]["prompt_tokens"]
+        running: dict[int, list[int]] = {0: [], 1: []}
+        for chunk in choice_chunks:
+            usage = chunk["usage"]
+            assert usage["total_tokens"] == prompt + usage["completion_tokens"]
+            assert usage["prompt_tokens"] == prompt
+            assert ("completion_tokens_details" in usage) == (path == "/v1/chat/completions")
+            running[chunk["choices"][0]["index"]].append(usage["completion_tokens"])
+        # Chat's role chunk counts none yet; each choice's count grows with its tokens.
+        counted = [0, 1, 2] if path == "/v1/chat/completions" else [1, 2]
+        assert running == {0: counted, 1: counted}, path
+        assert last["choices"] == [] and last["usage"]["completion_tokens"] == 4
+        assert last["usage"]["prompt_tokens_details"] is not None
 
 
 async def test_embeddings_as_floats_and_base64(sim: str) -> None:

@@ -170,6 +170,19 @@ def test_a_replica_holding_another_prompt_with_the_lead_confirms_it_at_once() ->
     assert known is not None and known.keys == (1, 2, 3)
 
 
+def test_what_is_kept_of_a_lead_stops_a_block_past_it_whatever_follows_it() -> None:
+    # The prompt's own blocks (a long user message's thousands) are no part of the lead: kept,
+    # they would cost memory by the prompt's length for each of up to _LEADS leads.
+    leads = LeadKeys()
+    key = ("small", ROOT, 1, 100)
+    leads.learn(key, tuple(range(1, 5000)), 2, tokenized(1))
+    assert leads.known(key) is None  # one prompt does not say where the lead ends...
+    assert len(leads._leads[key].keys) == 3  # ...but it ends within 2 blocks
+    leads.learn(key, (1, 2, 3, 9), 2, tokenized(2))
+    known = leads.known(key)
+    assert known is not None and known.keys == (1, 2, 3)
+
+
 def test_a_replica_holding_under_half_the_lead_confirms_nothing() -> None:
     leads = LeadKeys()
     key = ("small", ROOT, 1, 100)

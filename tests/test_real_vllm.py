@@ -93,7 +93,7 @@ async def test_a_stream_whose_usage_the_gateway_asked_for_comes_as_the_client_as
     fleet: RealFleet,
 ) -> None:
     # The gateway asks vLLM for the usage the client did not: vLLM then sends a usage event
-    # and puts "usage": null on every other chunk. The client gets neither, as from vLLM.
+    # (some servers also put "usage": null on every other chunk). The client gets neither.
     body = {
         "model": SERVED, "messages": [{"role": "user", "content": "Count to five."}],
         "max_tokens": 8, "temperature": 0, "stream": True, "ignore_eos": True,

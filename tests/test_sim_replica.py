@@ -1,14 +1,16 @@
 """The simulated replica's OpenAI/vLLM HTTP surface: chat and text completions in OpenAI
 format, max-token defaults, streamed text that equals the whole answer and whose first byte waits
-for the first token, cached prompt tokens in usage (until /reset_prefix_cache), OpenAI error
-bodies, the echoed x-request-id, /health and /v1/models."""
+for the first token, cached prompt tokens in usage (until /reset_prefix_cache), vLLM's error
+bodies and limits, the echoed x-request-id, /health and /v1/models."""
 
 import time
+from typing import Any
 
 import aiohttp
 import openai
 import orjson
 import pytest
+from aiohttp.test_utils import TestServer
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.sim import STREAM_OPTIONS_USAGE, Serve, base_url, client_for
@@ -144,7 +146,8 @@ async def test_repeated_long_prompt_reports_cached_tokens(serve: Serve) -> None:
     assert cached(after_reset) == 0
 
 
-async def test_errors_use_the_openai_error_body(serve: Serve) -> None:
+async def test_errors_use_vllms_error_body(serve: Serve) -> None:
+    # vLLM 0.32's body, not OpenAI's: type names the exception, code repeats the status.
     server = await serve(max_model_len=64)
     async with client_for(server) as client:
         with pytest.raises(openai.NotFoundError) as not_found:
@@ -153,8 +156,17 @@ async def test_errors_use_the_openai_error_body(serve: Serve) -> None:
             )
         with pytest.raises(openai.BadRequestError) as too_long:
             await client.completions.create(model="sim-model", prompt="x" * 1000)
-    assert not_found.value.code == "model_not_found"
-    assert too_long.value.code == "context_length_exceeded"
+    assert not_found.value.body == {
+        "message": "The model `gpt-4` does not exist. Valid aliases: sim-model.",
+        "type": "NotFoundError", "param": "model", "code": 404,
+    }  # fmt: skip
+    assert too_long.value.body == {
+        "message": "This model's maximum context length is 64 tokens. However, your prompt "
+        "contains at least 65 input tokens, which exceeds this limit even without any output "
+        "tokens. Please reduce the length of the input prompt. (parameter=input_tokens, "
+        "value=65)",
+        "type": "BadRequestError", "param": "input_tokens", "code": 400,
+    }  # fmt: skip
 
     url = base_url(server)
     async with aiohttp.ClientSession() as session:
@@ -169,7 +181,66 @@ async def test_errors_use_the_openai_error_body(serve: Serve) -> None:
                 assert response.status == 400, body
                 error = orjson.loads(await response.read())["error"]
                 assert set(error) == {"message", "type", "param", "code"}
-                assert error["type"] == "invalid_request_error" and error["message"]
+                assert error["type"] == "BadRequestError" and error["code"] == 400, body
+                assert error["message"]
+
+
+async def _error(server: TestServer, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(base_url(server) + path, json=body) as response,
+    ):
+        return response.status, (await response.json()).get("error")
+
+
+async def test_the_limits_vllm_checks_are_refused_in_its_words(serve: Serve) -> None:
+    server = await serve(max_model_len=64)
+    hi = [{"role": "user", "content": "hi"}]
+    assert await _error(server, "/v1/chat/completions", {"messages": hi, "max_tokens": 65}) == (
+        400,
+        {
+            "message": "max_tokens=65 cannot be greater than max_model_len=64. Please request "
+            "fewer output tokens. (parameter=max_tokens, value=65)",
+            "type": "BadRequestError", "param": "max_tokens", "code": 400,
+        },
+    )  # fmt: skip
+    assert await _error(server, "/v1/completions", {"prompt": "hi", "temperature": -1}) == (
+        400,
+        {
+            "message": "temperature must be non-negative, got -1.0. "
+            "(parameter=temperature, value=-1.0)",
+            "type": "BadRequestError", "param": "temperature", "code": 400,
+        },
+    )  # fmt: skip
+    status, error = await _error(
+        server, "/v1/chat/completions", {"messages": hi, "temperature": -0.5}
+    )
+    assert status == 400 and error["param"] == "temperature"
+    for body, param in [
+        ({"max_output_tokens": 65}, "max_output_tokens"),
+        ({"temperature": -1}, "temperature"),
+    ]:
+        status, error = await _error(server, "/v1/responses", {"input": "hi", **body})
+        assert (status, error["param"], error["type"]) == (400, param, "BadRequestError")
+    # A prompt that fills the whole context leaves max_tokens nothing.
+    status, error = await _error(server, "/v1/completions", {"prompt": [7] * 64})
+    assert status == 400 and error["message"] == (
+        "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
+    )
+
+
+async def test_max_tokens_past_the_context_is_clamped_as_vllm_does(serve: Serve) -> None:
+    # vLLM refuses only max_tokens over max_model_len; prompt + max_tokens over it just
+    # shortens the output to what the context has room for, per prompt of a batch.
+    server = await serve(max_model_len=64)
+    async with client_for(server) as client:
+        one = await client.completions.create(model="sim-model", prompt=[7] * 60, max_tokens=64)
+        batch = await client.completions.create(
+            model="sim-model", prompt=[[7] * 60, [8] * 50], max_tokens=20
+        )
+    assert one.choices[0].finish_reason == "length"
+    assert one.usage is not None and one.usage.completion_tokens == 4
+    assert [len(c.text.split()) for c in batch.choices] == [4, 14]
 
 
 async def test_request_id_is_echoed(serve: Serve) -> None:

@@ -118,7 +118,7 @@ async def test_generation_prompt_options(post: Post) -> None:
     status, error = await post(
         "/tokenize", {**CHAT, "continue_final_message": True, "add_generation_prompt": True}
     )
-    assert status == 400 and error["error"]["type"] == "invalid_request_error"
+    assert status == 400 and error["error"]["type"] == "BadRequestError"
 
 
 async def test_chat_render_is_vllms_generate_request(post: Post) -> None:
@@ -162,6 +162,12 @@ async def test_detokenize_inverts_what_the_replica_produced(post: Post) -> None:
     assert words["prompt"] == "".join(word + " " for word in VOCAB[:3])
 
 
+async def test_detokenize_of_an_id_outside_the_vocabulary_is_no_text(post: Post) -> None:
+    # vLLM's tokenizer skips ids it has no piece for; the sim's vocabulary is what it has seen.
+    status, body = await post("/detokenize", {"tokens": [987654321, 0, 2**40]})
+    assert (status, body) == (200, {"prompt": VOCAB[0] + " "})
+
+
 async def test_detokenize_of_a_prompt_sent_only_for_generation(post: Post) -> None:
     _, _ = await post("/v1/completions", {"prompt": "a prompt never tokenized", "max_tokens": 1})
     _, body = await post("/detokenize", {"tokens": tokenize("a prompt never tokenized", 4)})
@@ -180,17 +186,18 @@ async def test_detokenize_of_a_prompt_sent_only_for_generation(post: Post) -> No
         ("/tokenize", {**CHAT, "chat_template": "{{ messages }}"}, 400, "chat_template"),
         ("/tokenize", {"messages": []}, 400, "messages"),
         ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
-        ("/detokenize", {"tokens": [987654321]}, 400, "tokens"),
         ("/v1/chat/completions/render", {"messages": [{"content": "x"}]}, 400, "messages"),
-        ("/v1/completions/render", {"prompt": "x" * 400}, 400, None),
+        ("/v1/completions/render", {"prompt": "x" * 400}, 400, "input_tokens"),
     ],
 )
-async def test_errors_use_the_openai_error_body(
+async def test_errors_use_vllms_error_body(
     post: Post, path: str, body: object, status: int, param: str | None
 ) -> None:
     got, answer = await post(path, body, max_model_len=64)
     assert got == status
     assert set(answer["error"]) == {"message", "type", "param", "code"}
+    kind = {400: "BadRequestError", 404: "NotFoundError"}[status]
+    assert answer["error"]["type"] == kind and answer["error"]["code"] == status
     assert answer["error"]["param"] == param and answer["error"]["message"]
 
 

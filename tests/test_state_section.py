@@ -99,6 +99,7 @@ def test_redis_and_socket_urls_are_accepted(url: str) -> None:
         # redis-py would read it over GATEWAY_STATE_TIMEOUT_S: a hung Redis holds requests.
         ("redis://cache:6379/0?socket_timeout=8", "would override GATEWAY_STATE_TIMEOUT_S"),
         ("unix:///run/redis.sock?socket_connect_timeout=9", "socket_connect_timeout in the URL"),
+        ("redis://cache/0?retry_on_timeout=true", "retry_on_timeout in the URL"),
     ],
 )
 def test_a_url_redis_cannot_use_is_refused_with_its_line(

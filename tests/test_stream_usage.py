@@ -13,6 +13,7 @@ import pytest
 
 from gateway.http.request_body import Endpoint, parse_request
 from gateway.relay.stream_usage import USAGE_EVENT_MAX_BYTES, UsageDropped, asking_usage
+from gateway.relay.usage import PromptUsage, final_usage_part, prompt_usage
 from tests.conftest import (
     MODEL,
     in_process_gateway,
@@ -124,8 +125,9 @@ async def test_the_client_gets_the_usage_event_exactly_when_vllm_would_send_it(
         events = (await response.read()).split(b"\n\n")
     chunks = [orjson.loads(e.removeprefix(b"data: ")) for e in events if e.startswith(b"data: {")]
     assert [c["usage"]["completion_tokens"] for c in chunks if c.get("usage")] == [2] * usage
-    # Asked for the usage, vLLM puts `"usage": null` on every other chunk: only then.
-    assert all(("usage" in c) == usage for c in chunks)
+    # vLLM 0.32 puts no usage field on the other chunks, asked or not (OpenAI's `"usage": null`
+    # is not vLLM's): only continuous_usage_stats would.
+    assert not any("usage" in c for c in chunks if c["choices"])
     assert events[-2] == b"data: [DONE]"
 
 
@@ -246,3 +248,38 @@ async def test_switched_off_a_stream_without_usage_teaches_nothing() -> None:
         assert all([chunk.choices async for chunk in stream])
         await asyncio.sleep(0.2)
         assert await learned_chars_per_token(gateway.url, ADMIN_TOKEN) == untaught
+
+
+def test_a_streams_usage_is_read_from_its_final_event_only() -> None:
+    # vLLM's continuous_usage_stats: each chunk carries its choice's running usage (one
+    # prompt's, in a batch); only the event without choices counts the whole request.
+    chunk = b'data: {"choices":[{"index":1,"text":"a"}],"usage":{"prompt_tokens":3}}\n\n'
+    final = b'data: {"choices":[],"usage":{"prompt_tokens":16,"total_tokens":20}}\n\n'
+    assert final_usage_part(chunk) is None
+    part = final_usage_part(chunk + final)
+    assert part is not None and prompt_usage(part) == PromptUsage(16, None)
+
+
+async def test_a_batch_streamed_with_usage_on_every_chunk_teaches_what_its_final_usage_says() -> (
+    None
+):
+    body: dict[str, Any] = {
+        "model": MODEL, "prompt": ["Tell me about parcels. " * 20, "And boxes?"],
+        "max_tokens": 4, "stream": True,
+    }  # fmt: skip
+    taught = []
+    for options in (
+        {"include_usage": True},
+        {"include_usage": True, "continuous_usage_stats": True},
+    ):
+        async with (
+            in_process_sims(1, MODEL, **ZERO_DELAY) as urls,
+            in_process_gateway(pool_policy(urls), admin_token=ADMIN_TOKEN) as gateway,
+        ):
+            url = str(gateway.make_url("")).rstrip("/")
+            async with gateway.post(
+                "/v1/completions", json={**body, "stream_options": options}
+            ) as r:
+                assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
+            taught.append(await learned_chars_per_token(url, ADMIN_TOKEN))
+    assert taught[0] == taught[1]

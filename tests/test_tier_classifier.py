@@ -17,7 +17,7 @@ import pytest
 
 from bench.tier_eval import load_examples
 from router_policies.calibration import QuantileThreshold
-from router_policies.tier_classifier import extract_features, score
+from router_policies.tier_classifier import _CODE, extract_features, score
 from router_policies.tier_settings import TierWeights
 from tests.tiers import dialogue
 
@@ -390,3 +390,18 @@ def test_target_share_zero_sends_nothing_large_and_one_sends_everything() -> Non
         everything.observe(s)
     assert not any(s >= none.threshold for s in scores)
     assert all(s >= everything.threshold for s in scores)
+
+
+def test_a_code_cue_reads_one_lines_indentation_never_a_run_of_blank_lines() -> None:
+    # A \s* from every line start would scan a whole run of blank lines again and again:
+    # quadratic, 1.3 s on the event loop for a message of 8,000 newlines.
+    cases = (
+        ("\n\n\n  def f(x):", "  def "),
+        ("\n\n \n}\n\n", "}"),
+        ("f(x)\n\n:", None),
+        ("\r\n\r\n  def f(x):", "  def "),  # CRLF line ends: the \r is a blank of its line
+        ("int main(void) {\r\n", "main(void) {\r"),
+    )
+    for text, cue in cases:
+        found = _CODE.search(text)
+        assert (found.group(0) if found else None) == cue

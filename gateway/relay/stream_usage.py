@@ -6,8 +6,8 @@ OpenAI SDKs leave out:
 such a stream would teach routing nothing (characters per token, how far the prefix index's
 belief held) and leave a tenant's token charge at its estimate. The gateway asks the replica
 for the usage on the client's behalf and drops that one event from what the client gets, and
-the `"usage":null` vLLM then puts on each of the others, so the client receives the stream it
-asked for.
+the `"usage":null` some servers then put on each of the others (vLLM 0.32 omits it; OpenAI's
+API sends it), so the client receives the stream it asked for.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ _USAGE = b'"usage":{'
 """Unescaped quotes: never inside a JSON string, so model output cannot fake these marks."""
 _NO_CHOICES = b'"choices":[]'
 _NULL_USAGE = b',"usage":null'
-"""What vLLM puts on each chunk but the usage one once the usage is asked for (compact JSON,
-after the choices): the client did not ask for it, so it does not get it."""
+"""What some servers of vLLM's API put on each chunk but the usage one once the usage is asked
+for (compact JSON, after the choices): the client did not ask for it, so it does not get it."""
 _STRADDLE = len(_NULL_USAGE) - 1
 _NOT_ASKED = (None, False)
 """`include_usage` values vLLM reads as no usage (`in` compares by equality: 0 is among them,
@@ -70,7 +70,7 @@ def asking_usage(parsed: ParsedRequest) -> bytes | None:
 
 class UsageDropped:
     """What the client gets of a stream whose usage the gateway asked for: whole events, less
-    the one that carries the usage alone and the `"usage":null` vLLM then puts on the others.
+    the one that carries the usage alone and the `"usage":null` a server may put on the others.
     An event split between two reads waits for its end (no client could read it before),
     unless it outgrows USAGE_EVENT_MAX_BYTES; ``rest`` is what is held when the stream stops.
     Each read's bytes are looked through a bounded number of times, however they are split."""

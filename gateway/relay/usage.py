@@ -33,3 +33,15 @@ def prompt_usage(data: bytes) -> PromptUsage | None:
         return None
     cached = _CACHED_TOKENS.search(data, prompt.end())
     return PromptUsage(int(prompt.group(1)), int(cached.group(1)) if cached else None)
+
+
+_FINAL_EVENT = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+"""A chat or completions stream's last event, the one whose usage counts the whole request."""
+
+
+def final_usage_part(data: bytes) -> bytes | None:
+    """``data`` from a chat or completions stream's final event on, None if it holds none:
+    with `continuous_usage_stats` every chunk before it carries one choice's running usage
+    (one prompt's of a batch), which would misteach the pool and undercharge a tenant."""
+    found = _FINAL_EVENT.search(data)
+    return None if found is None else data[found.start() :]

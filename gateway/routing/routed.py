@@ -9,8 +9,8 @@ from gateway import headers
 from gateway.fleet.pools import PoolState
 from gateway.fleet.replicas import Dispatch
 from gateway.http.exchange import Exchange
-from gateway.http.request_body import ParsedRequest
-from gateway.relay.usage import prompt_usage
+from gateway.http.request_body import Endpoint, ParsedRequest
+from gateway.relay.usage import final_usage_part, prompt_usage
 from gateway.routing.affinity import RouteHooks
 from gateway.routing.resolve import Resolution
 from gateway.telemetry.metrics import NO_POOL
@@ -18,6 +18,8 @@ from router_policies.decision import Route
 from router_policies.fingerprint import RequestFeatures
 from router_policies.value import value
 
+_CHOICES_STREAMED = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS))
+"""Streams of chunks with choices, whose usage comes in a final event without any."""
 CLIENT_CLOSED = 499
 """Status recorded for a request whose client went away first (nginx's convention)."""
 
@@ -66,6 +68,13 @@ class Routed:
         usage = prompt_usage(data)
         if usage is None:
             return False
+        if self.parsed.stream and self.parsed.endpoint in _CHOICES_STREAMED:
+            final = final_usage_part(data)
+            if final is None:
+                return False
+            data, usage = final, prompt_usage(final)
+            if usage is None:
+                return False
         if self.parsed.previous_response_id is None:
             # A follow-up's prompt holds the stored conversation too, which the gateway never
             # saw: its size would teach a wrong characters-per-token and index belief.

@@ -146,7 +146,9 @@ class LeadKeys:
             # prompt would show, one round trip sooner. Less than half the lead held may be a
             # lead partly evicted: that waits for a second prompt.
             confirmed = held >= max(1, lead_blocks // 2)
-            kept = keys[: min(held, lead_blocks + 1)] if confirmed else keys
+            # Never more than a block past the lead: the rest is this prompt's own (a 100 KB
+            # message's thousands of keys, held per lead up to _LEADS of them).
+            kept = keys[: min(held, lead_blocks + 1) if confirmed else lead_blocks + 1]
             self._leads[key] = _Lead(kept, per_token, prompt, confirmed)
             if len(self._leads) > self._capacity:
                 self._leads.popitem(last=False)

@@ -24,6 +24,7 @@ from aiohttp import web
 from replica.openai_api import REQUEST_ID, ApiError
 from replica.sim.config import SimConfig
 from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest, merged
+from replica.sim.errors import VllmError
 from replica.sim.protocol import load_body, render_chat_body
 from replica.sim.tokenizer import adapter_salt, prompt_hash, tokenize
 
@@ -59,7 +60,7 @@ class PoolingHandlers:
             and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item)
         ):
             return list(item)
-        raise ApiError(400, f"'{param}' must hold strings or token-id lists", param=param)
+        raise VllmError(400, f"'{param}' must hold strings or token-id lists", param=param)
 
     def _inputs(self, body: Mapping[str, Any]) -> list[Tokens]:
         if isinstance(body.get("messages"), list):
@@ -71,7 +72,7 @@ class PoolingHandlers:
             return [self._tokens(v, "input") for v in value]
         if isinstance(value, str):
             return [self._tokens(value, "input")]
-        raise ApiError(400, "'input' must be a string or a non-empty list", param="input")
+        raise VllmError(400, "'input' must be a string or a non-empty list", param="input")
 
     async def _prefill(self, request_id: str, prompts: list[Tokens], salt: int) -> None:
         """Runs every prompt through the engine (its prefill is the pooling model's work)."""
@@ -82,9 +83,9 @@ class PoolingHandlers:
             async for _ in merged(requests):
                 pass
         except RequestRejected as exc:
-            raise ApiError(400, str(exc)) from exc
+            raise VllmError(400, str(exc)) from exc
         except EngineFailed as exc:
-            raise ApiError(500, str(exc), type_="internal_server_error") from exc
+            raise VllmError(500, str(exc)) from exc
         finally:
             for request in requests:
                 self.engine.abort(request)
@@ -101,7 +102,7 @@ class PoolingHandlers:
             prompts = self._inputs(body)
             encoding = body.get("encoding_format") or "float"
             if encoding not in ("float", "base64"):
-                raise ApiError(400, "'encoding_format' must be 'float' or 'base64'",
+                raise VllmError(400, "'encoding_format' must be 'float' or 'base64'",
                                param="encoding_format")  # fmt: skip
             await self._prefill(request_id, prompts, salt)
         except ApiError as exc:
@@ -146,7 +147,7 @@ class PoolingHandlers:
         if len(left) == 1:
             left = left * len(right)
         if len(left) != len(right):
-            raise ApiError(400, f"'{names[0]}' and '{names[1]}' must have the same length, or "
+            raise VllmError(400, f"'{names[0]}' and '{names[1]}' must have the same length, or "
                            f"'{names[0]}' one item", param=names[0])  # fmt: skip
         return [
             (self._tokens(a, names[0]), self._tokens(b, names[1]))
@@ -179,7 +180,7 @@ class PoolingHandlers:
                 None,
             )
             if names is None:
-                raise ApiError(400, "'text_1' and 'text_2' are required", param="text_1")
+                raise VllmError(400, "'text_1' and 'text_2' are required", param="text_1")
             pairs = self._pairs(body[names[0]], body[names[1]], names)
             scores = await self._scores(request_id, pairs, salt)
         except ApiError as exc:
@@ -208,12 +209,12 @@ class PoolingHandlers:
             body, model, salt = await self._read(request)
             query, documents = body.get("query"), body.get("documents")
             if not isinstance(query, str):
-                raise ApiError(400, "'query' must be a string", param="query")
+                raise VllmError(400, "'query' must be a string", param="query")
             if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
-                raise ApiError(400, "'documents' must be a list of strings", param="documents")
+                raise VllmError(400, "'documents' must be a list of strings", param="documents")
             top_n = body.get("top_n") or 0
             if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0:
-                raise ApiError(400, "'top_n' must be an integer >= 0", param="top_n")
+                raise VllmError(400, "'top_n' must be an integer >= 0", param="top_n")
             pairs = self._pairs(query, documents, ("query", "documents")) if documents else []
             scores = await self._scores(request_id, pairs, salt) if pairs else []
         except ApiError as exc:

@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 import orjson
 
-from replica.openai_api import ApiError
 from replica.sim.config import SimConfig
+from replica.sim.errors import VllmError, invalid
 from replica.sim.tokenizer import TemplateError, render_chat, tokenize
 
 Kind = Literal["chat", "completion"]
@@ -26,6 +26,10 @@ class ParsedRequest:
     max_tokens: int
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False
+    """A usage object on every chunk (``stream_options.continuous_usage_stats``)."""
+    requested_max_tokens: int = 0
+    """max_tokens as asked (or defaulted), before clamping to each prompt's room."""
     prompt_text: str | None = None
     """The rendered prompt, or None when the client sent token ids."""
     batch: tuple[tuple[list[int], str | None], ...] = ()
@@ -35,13 +39,47 @@ class ParsedRequest:
     model: str = ""
     """The model or LoRA adapter named (the served model when the body names none)."""
 
+    def max_tokens_for(self, prompt_tokens: list[int], max_model_len: int) -> int:
+        """The output budget of one prompt of the batch: vLLM clamps per prompt."""
+        return min(self.requested_max_tokens or self.max_tokens, max_model_len - len(prompt_tokens))
+
     @property
     def prompts(self) -> tuple[tuple[list[int], str | None], ...]:
         return self.batch or ((self.prompt_tokens, self.prompt_text),)
 
 
-def _bad(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param)
+def _bad(message: str, param: str | None = None) -> VllmError:
+    return VllmError(400, message, param=param)
+
+
+def too_few(max_tokens: int) -> VllmError:
+    """vLLM's SamplingParams check, which names max_tokens whatever field the body used."""
+    return invalid(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
+
+
+def temperature(body: Mapping[str, Any]) -> None:
+    """vLLM's SamplingParams check: a negative temperature is refused."""
+    value = body.get("temperature")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+        value = float(value)
+        raise invalid(f"temperature must be non-negative, got {value}.", "temperature", value)
+
+
+def check_prompt_length(tokens: list[int], text: str | None, max_model_len: int) -> None:
+    """vLLM's prompt length check: a prompt longer than the context is refused outright."""
+    if len(tokens) <= max_model_len:
+        return
+    # vLLM's tokenizer stops at max_model_len + 1 tokens of a text prompt, so for text it
+    # can only say "at least"; token ids are counted whole.
+    count = max_model_len + 1 if text is not None else len(tokens)
+    qualifier = "at least " if count == max_model_len + 1 else ""
+    raise invalid(
+        f"This model's maximum context length is {max_model_len} tokens. However, your "
+        f"prompt contains {qualifier}{count} input tokens, which exceeds this limit even "
+        "without any output tokens. Please reduce the length of the input prompt.",
+        "input_tokens",
+        count,
+    )
 
 
 def flag(body: Mapping[str, Any], name: str, default: bool, within: str | None = None) -> bool:
@@ -111,15 +149,24 @@ def _one_prompt(prompt: Any, config: SimConfig) -> tuple[list[int], str | None]:
     raise _bad("'prompt' must be a non-empty string or list of token ids", "prompt")
 
 
-def _max_tokens(body: Mapping[str, Any], kind: Kind) -> int | None:
+def _max_tokens(body: Mapping[str, Any], kind: Kind, max_model_len: int) -> int | None:
     value = body.get("max_completion_tokens") if kind == "chat" else None
     param = "max_completion_tokens"
     if value is None:
         value, param = body.get("max_tokens"), "max_tokens"
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _bad(f"'{param}' must be an integer >= 1", param)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _bad(f"'{param}' must be an integer", param)
+    if value < 1:
+        raise too_few(value)
+    if value > max_model_len:
+        raise invalid(
+            f"{param}={value} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            param,
+            value,
+        )
     return value
 
 
@@ -134,8 +181,11 @@ def load_body(raw: bytes, config: SimConfig) -> Body:
     model = body.get("model")
     # vLLM serves its one model when the field is left out.
     if model is not None and not config.serves(model):
-        raise ApiError(
-            404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+        # vLLM lists its served model names, not its adapters, as the valid aliases.
+        raise VllmError(
+            404,
+            f"The model `{model}` does not exist. Valid aliases: {config.model}.",
+            param="model",
         )
     return body
 
@@ -162,29 +212,34 @@ def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> Parsed
         and stream_options is not None
         and flag(stream_options, "include_usage", False, within="stream_options")
     )
+    # Per-chunk usage, which vLLM sends only when usage is asked for at all.
+    continuous_usage = (
+        include_usage
+        and stream_options is not None
+        and flag(stream_options, "continuous_usage_stats", False, within="stream_options")
+    )
 
+    temperature(body)
     batch = _prompts(body, kind, config)
     tokens, text = batch[0]
-    longest = max(len(prompt) for prompt, _ in batch)
-    max_tokens = _max_tokens(body, kind)
-    room = config.max_model_len - longest
-    if max_tokens is None:
-        max_tokens = min(config.default_max_tokens, room)
-    if room < 1 or max_tokens > room:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {config.max_model_len} tokens. However, "
-            f"you requested {longest + max(max_tokens, 1)} tokens ({longest} in the "
-            f"prompt, {max(max_tokens, 1)} in the completion). Please reduce the length of "
-            "the prompt or completion.",
-            code="context_length_exceeded",
-        )
+    for prompt, prompt_text in batch:
+        check_prompt_length(prompt, prompt_text, config.max_model_len)
+    requested = _max_tokens(body, kind, config.max_model_len)
+    if requested is None:
+        requested = config.default_max_tokens
+    # vLLM clamps max_tokens to what the context has left after each prompt rather than
+    # refusing the request (``get_max_tokens``).
+    max_tokens = min(requested, config.max_model_len - len(tokens))
+    if max_tokens < 1:  # a prompt filling the whole context leaves no room
+        raise too_few(max_tokens)
     return ParsedRequest(
         kind=kind,
         prompt_tokens=tokens,
         max_tokens=max_tokens,
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
+        requested_max_tokens=requested,
         prompt_text=text,
         batch=tuple(batch) if len(batch) > 1 else (),
         n=n,
@@ -208,11 +263,19 @@ class ResponseFormat:
     object_whole = ""
     object_chunk = ""
 
-    def __init__(self, request_id: str, model: str, created: int, include_usage: bool) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        created: int,
+        include_usage: bool,
+        continuous_usage: bool = False,
+    ) -> None:
         self.id = f"{self.id_prefix}{request_id}"
         self.model = model
         self.created = created
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
 
     def _envelope(self, object_: str, choices: list[Body]) -> Body:
         return {
@@ -230,22 +293,39 @@ class ResponseFormat:
         body["usage"] = usage_
         return body
 
-    def opening_chunks(self, index: int = 0) -> list[Body]:
+    def opening_chunks(self, index: int = 0, prompt_tokens: int = 0) -> list[Body]:
         return []
 
-    def chunk(self, text: str, finish_reason: str | None, index: int = 0) -> Body:
-        return self._chunk([self._chunk_choice(text, finish_reason, index)])
+    def chunk(
+        self,
+        text: str,
+        finish_reason: str | None,
+        index: int = 0,
+        counts: tuple[int, int] = (0, 0),
+    ) -> Body:
+        """One token's chunk; ``counts`` (prompt tokens, output tokens so far) of its choice
+        fill the usage object that continuous usage stats put on every chunk."""
+        return self._chunk([self._chunk_choice(text, finish_reason, index)], counts)
+
+    def running_usage(self, prompt_tokens: int, completion_tokens: int) -> Body:
+        """vLLM's per-chunk usage: one choice's counts, without prompt token details."""
+        return {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+        }
 
     def usage_chunk(self, usage_: Body) -> Body:
         body = self._envelope(self.object_chunk, [])
         body["usage"] = usage_
         return body
 
-    def _chunk(self, choices: list[Body]) -> Body:
+    def _chunk(self, choices: list[Body], counts: tuple[int, int]) -> Body:
         body = self._envelope(self.object_chunk, choices)
-        if self.include_usage:
-            # OpenAI sends "usage": null on every chunk but the last when usage is asked for.
-            body["usage"] = None
+        # Without continuous usage stats vLLM's chunks carry no usage field at all (OpenAI's
+        # carry "usage": null); the usage-only chunk at the end comes either way.
+        if self.continuous_usage:
+            body["usage"] = self.running_usage(*counts)
         return body
 
     def _whole_choice(self, text: str, finish_reason: str, index: int) -> Body:
@@ -260,10 +340,15 @@ class ChatFormat(ResponseFormat):
     object_whole = "chat.completion"
     object_chunk = "chat.completion.chunk"
 
-    def opening_chunks(self, index: int = 0) -> list[Body]:
+    def opening_chunks(self, index: int = 0, prompt_tokens: int = 0) -> list[Body]:
         role = {"role": "assistant", "content": ""}
         choice = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
-        return [self._chunk([choice])]
+        return [self._chunk([choice], (prompt_tokens, 0))]
+
+    def running_usage(self, prompt_tokens: int, completion_tokens: int) -> Body:
+        # vLLM's chat usage carries completion_tokens_details; its completions usage does not.
+        return {**super().running_usage(prompt_tokens, completion_tokens),
+                "completion_tokens_details": None}  # fmt: skip
 
     def _whole_choice(self, text: str, finish_reason: str, index: int) -> Body:
         message = {"role": "assistant", "content": text}

@@ -20,17 +20,20 @@ from aiohttp import web
 from replica.openai_api import REQUEST_ID, ApiError
 from replica.sim.config import SimConfig
 from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest
-from replica.sim.protocol import flag, load_body
+from replica.sim.errors import VllmError, invalid
+from replica.sim.protocol import check_prompt_length, flag, load_body, temperature
 from replica.sim.tokenizer import TemplateError, adapter_salt, detokenize, render_chat, tokenize
 
 Message = dict[str, Any]
 _STORED = 10_000
 """Responses kept for previous_response_id (vLLM keeps them all; the sim stays bounded)."""
 _TEXT_PARTS = ("input_text", "output_text", "text")
+_OPENAI_TYPE = "invalid_request_error"
+"""vLLM's responses store names its own errors so, in its otherwise vLLM-shaped body."""
 
 
-def _bad(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param)
+def _bad(message: str, param: str | None = None) -> VllmError:
+    return VllmError(400, message, param=param)
 
 
 def input_messages(input_: Any) -> list[Message]:
@@ -88,15 +91,23 @@ class ResponsesHandlers:
                 raise _bad(str(exc), "input") from exc
             tokens = tokenize(text, self.config.chars_per_token)
             max_tokens = body.get("max_output_tokens")
-            if max_tokens is None:
-                max_tokens = self.config.default_max_tokens
-            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            if max_tokens is not None and (
+                isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+            ):
                 raise _bad("'max_output_tokens' must be an integer >= 1", "max_output_tokens")
-            if len(tokens) + max_tokens > self.config.max_model_len:
-                raise _bad(
-                    f"This model's maximum context length is {self.config.max_model_len} "
-                    f"tokens; the input has {len(tokens)}.", "input",
+            temperature(body)
+            check_prompt_length(tokens, text, self.config.max_model_len)
+            if max_tokens is not None and max_tokens > self.config.max_model_len:
+                raise invalid(
+                    f"max_output_tokens={max_tokens} cannot be greater than max_model_len="
+                    f"{self.config.max_model_len}. Please request fewer output tokens.",
+                    "max_output_tokens", max_tokens,
                 )  # fmt: skip
+            room = self.config.max_model_len - len(tokens)
+            # As for chat: vLLM clamps the output budget to the room the context has left.
+            max_tokens = min(
+                room, self.config.default_max_tokens if max_tokens is None else max_tokens
+            )
             stream = flag(body, "stream", False)
             store = flag(body, "store", True)
             salt = adapter_salt(self.config.model, model)
@@ -114,10 +125,10 @@ class ResponsesHandlers:
             else:
                 response = await self._whole(sim_request, answer, headers)
         except EngineFailed as exc:
-            return ApiError(500, str(exc), type_="internal_server_error").response(headers)
+            return VllmError(500, str(exc)).response(headers)
         finally:
             self.engine.abort(sim_request)
-        if store and answer.status == "completed":
+        if store and answer.status in ("completed", "incomplete"):
             conversation = [*history, *new, {"role": "assistant", "content": answer.text}]
             self._store(answer.id, conversation, answer.body())
         return response
@@ -133,7 +144,10 @@ class ResponsesHandlers:
         stored = self.stored.get(response_id)
         if stored is None:
             # vLLM's own answer, shape and all.
-            raise ApiError(404, f"Response with id '{response_id}' not found.", param="response_id")
+            raise VllmError(
+                404, f"Response with id '{response_id}' not found.", param="response_id",
+                type_=_OPENAI_TYPE,
+            )  # fmt: skip
         self.stored.move_to_end(response_id)
         return stored
 
@@ -150,9 +164,10 @@ class ResponsesHandlers:
             self._stored(request.match_info["response_id"])
         except ApiError as exc:
             return exc.response()
-        return ApiError(
-            400, "Cannot cancel a synchronous response.", param="response_id"
-        ).response()
+        refusal = VllmError(
+            400, "Cannot cancel a synchronous response.", param="response_id", type_=_OPENAI_TYPE
+        )
+        return refusal.response()
 
     def _store(self, response_id: str, conversation: list[Message], body: dict[str, Any]) -> None:
         self.stored[response_id] = (conversation, body)
@@ -165,7 +180,7 @@ class ResponsesHandlers:
         async for token, _ in sim_request.stream():
             answer.text += detokenize(token)
         if sim_request.finish_reason in (None, "abort"):
-            return ApiError(503, "request aborted", type_="service_unavailable").response(headers)
+            return VllmError(503, "request aborted").response(headers)
         answer.finish(sim_request)
         return web.Response(
             body=orjson.dumps(answer.body()), content_type="application/json", headers=headers
@@ -224,7 +239,11 @@ class _Answer:
         self.usage: dict[str, Any] | None = None
 
     def finish(self, sim_request: SimRequest) -> None:
-        self.status = "completed"
+        # vLLM: a response cut by max_output_tokens is incomplete (its message item still
+        # reads completed). Without that field the sim's default length stands for the model
+        # ending its answer, which vLLM reports as completed.
+        cut = self.request.get("max_output_tokens") is not None
+        self.status = "incomplete" if cut and sim_request.finish_reason == "length" else "completed"
         prompt, output = sim_request.num_prompt_tokens, sim_request.num_output_tokens
         self.usage = {
             "input_tokens": prompt,
@@ -237,13 +256,17 @@ class _Answer:
     def part(self) -> dict[str, Any]:
         return {"type": "output_text", "text": self.text, "annotations": [], "logprobs": None}
 
+    @property
+    def done(self) -> bool:
+        return self.status in ("completed", "incomplete")
+
     def item(self) -> dict[str, Any]:
-        done = self.status == "completed"
+        done = self.done
         return {
             "id": self.item_id,
             "type": "message",
             "role": "assistant",
-            "status": self.status,
+            "status": "completed" if done else self.status,
             "content": [self.part()] if done else [],
         }
 
@@ -255,7 +278,7 @@ class _Answer:
             "created_at": self.created_at,
             "model": self.model,
             "status": self.status,
-            "output": [self.item()] if self.status == "completed" else [],
+            "output": [self.item()] if self.done else [],
             "usage": self.usage,
             "instructions": request.get("instructions"),
             "previous_response_id": request.get("previous_response_id"),
@@ -271,7 +294,9 @@ class _Answer:
             "metadata": request.get("metadata"),
             "background": False,
             "error": None,
-            "incomplete_details": None,
+            "incomplete_details": (
+                {"reason": "max_output_tokens"} if self.status == "incomplete" else None
+            ),
             "user": None,
         }
 

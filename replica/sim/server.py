@@ -19,6 +19,7 @@ from replica.openai_api import REQUEST_ID, ApiError
 from replica.sim import pooling, responses
 from replica.sim.config import SimConfig
 from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest, merged
+from replica.sim.errors import VllmError
 from replica.sim.metrics import SimMetrics
 from replica.sim.protocol import FORMATS, Kind, ResponseFormat, parse_request, usage
 from replica.sim.tokenization import Vocabulary, add_routes
@@ -70,7 +71,8 @@ class _Handlers:
                 for sample in range(parsed.n):
                     sim_requests.append(
                         self.engine.submit(
-                            f"{request_id}-{p}-{sample}", tokens, parsed.max_tokens,
+                            f"{request_id}-{p}-{sample}", tokens,
+                            parsed.max_tokens_for(tokens, self.config.max_model_len),
                             salt=salt, sample=sample,
                         )
                     )  # fmt: skip
@@ -80,16 +82,19 @@ class _Handlers:
             return exc.response(headers)
         except RequestRejected as exc:
             self._abort(sim_requests)
-            return ApiError(400, str(exc)).response(headers)
+            return VllmError(400, str(exc)).response(headers)
 
-        fmt = FORMATS[kind](request_id, parsed.model, int(time.time()), parsed.include_usage)
+        fmt = FORMATS[kind](
+            request_id, parsed.model, int(time.time()), parsed.include_usage,
+            parsed.continuous_usage,
+        )  # fmt: skip
         usage_of = functools.partial(_usage, sim_requests, parsed.n)
         try:
             if parsed.stream:
                 return await self._stream(request, sim_requests, fmt, usage_of, headers)
             return await self._whole(request, sim_requests, fmt, usage_of, headers)
         except EngineFailed as exc:
-            return ApiError(500, str(exc), type_="internal_server_error").response(headers)
+            return VllmError(500, str(exc)).response(headers)
         finally:
             # No-op when it finished; otherwise the client is gone (cancelled or write failed).
             self._abort(sim_requests)
@@ -117,9 +122,7 @@ class _Handlers:
             reason = sim_request.finish_reason
             if reason is None or reason == "abort":
                 # Only the server shutting down aborts a request whose client is still there.
-                return ApiError(503, "request aborted", type_="service_unavailable").response(
-                    headers
-                )
+                return VllmError(503, "request aborted").response(headers)
             choices.append(("".join(texts), reason))
         return _json(fmt.whole(choices, usage_of()), headers)
 
@@ -140,14 +143,18 @@ class _Handlers:
         )
         await response.prepare(request)
         try:
-            opened: set[int] = set()
+            sent = [0] * len(sim_requests)  # tokens streamed per choice, for running usage
             async for index, token, reason in merged(sim_requests):
-                body = _sse(fmt.chunk(detokenize(token), reason, index))
-                if index not in opened:
+                prompt_tokens = sim_requests[index].num_prompt_tokens
+                sent[index] += 1
+                body = _sse(
+                    fmt.chunk(detokenize(token), reason, index, (prompt_tokens, sent[index]))
+                )
+                if sent[index] == 1:
                     # Like vLLM, the role chunk goes out with the first token, not before it:
                     # a client timing its first byte measures time to first token.
-                    opened.add(index)
-                    body = b"".join(_sse(chunk) for chunk in fmt.opening_chunks(index)) + body
+                    opening = fmt.opening_chunks(index, prompt_tokens)
+                    body = b"".join(_sse(chunk) for chunk in opening) + body
                 await response.write(body)
             if any(r.finish_reason == "abort" for r in sim_requests):
                 # Only a shutdown aborts a live stream: end it without [DONE], as a cut.

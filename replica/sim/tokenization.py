@@ -22,6 +22,7 @@ from aiohttp import web
 
 from replica.openai_api import REQUEST_ID, ApiError
 from replica.sim.config import SimConfig
+from replica.sim.errors import VllmError
 from replica.sim.protocol import Body, Kind, flag, load_body, parse_body, render_chat_body
 from replica.sim.tokenizer import VOCAB, token_strs, tokenize
 
@@ -56,20 +57,15 @@ class Vocabulary:
             self._known.update(zip(tokenize(text, self.chars_per_token), chunks, strict=True))
 
     def detokenize(self, tokens: Iterable[int]) -> str:
-        """The text of ``tokens``; ApiError 400 for an id this replica never produced."""
+        """The text of ``tokens``. An id this replica never produced reads as nothing, as an id
+        outside the vocabulary does in vLLM (its tokenizer skips it): the sim's vocabulary is
+        whatever it has seen, so any other id is outside it."""
         self._learn()
         pieces: list[str] = []
         for token in tokens:
             text = self._known.get(token)
             if text is None:
-                if not 0 <= token < len(VOCAB):
-                    raise ApiError(
-                        400,
-                        f"token id {token} is not in this replica's vocabulary (the sim can "
-                        "only detokenize ids it produced: recent prompts and output tokens)",
-                        param="tokens",
-                    )
-                text = VOCAB[token] + " "
+                text = VOCAB[token] + " " if 0 <= token < len(VOCAB) else ""
             pieces.append(text)
         return "".join(pieces)
 
@@ -92,7 +88,7 @@ class TokenizationHandlers:
         if "messages" in body:
             if body.get("chat_template") is not None:
                 # vLLM refuses a per-request template unless started trusting them.
-                raise ApiError(
+                raise VllmError(
                     400,
                     "Chat template is passed with request, but --trust-request-chat-template "
                     "is not set. Refused request with untrusted chat template.",
@@ -101,7 +97,7 @@ class TokenizationHandlers:
             return render_chat_body(body)
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
-            raise ApiError(400, "'prompt' must be a string", param="prompt")
+            raise VllmError(400, "'prompt' must be a string", param="prompt")
         return prompt
 
     async def tokenize(self, request: web.Request) -> web.Response:
@@ -134,7 +130,7 @@ class TokenizationHandlers:
             if not isinstance(tokens, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**63 for t in tokens
             ):
-                raise ApiError(400, "'tokens' must be a list of token ids", param="tokens")
+                raise VllmError(400, "'tokens' must be a list of token ids", param="tokens")
             prompt = self.vocabulary.detokenize(tokens)
         except ApiError as exc:
             return exc.response(headers)
@@ -152,7 +148,8 @@ class TokenizationHandlers:
             self.vocabulary.remember(text)
             rendered.append(
                 self._generate_request(
-                    body, parsed.n, parsed.max_tokens, parsed.stream, stream_options, tokens,
+                    body, parsed.n, parsed.max_tokens_for(tokens, self.config.max_model_len),
+                    parsed.stream, stream_options, tokens,
                     f"{prefix}{given or uuid.uuid4().hex}",
                 )
             )  # fmt: skip
