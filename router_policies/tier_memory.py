@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 import xxhash
@@ -60,17 +60,10 @@ def conversation_keys(body: Mapping[str, Any]) -> tuple[int, ...] | None:
     return None if opening is None else (opening,)
 
 
-def conversation_key(body: Mapping[str, Any]) -> int | None:
-    """The key a request's conversation is remembered under when it goes large."""
-    keys = conversation_keys(body)
-    return keys[-1] if keys else None
-
-
-def follow_up(body: Mapping[str, Any]) -> bool:
-    """Whether a chat or /v1/responses request continues a conversation: a message follows
-    its first user message (an answer, a tool's call or result, another user turn). Only
-    those can have gone large before."""
-    keys = conversation_keys(body)
+def continues(keys: tuple[int, ...] | None) -> TypeGuard[tuple[int, ...]]:
+    """Whether a request with these ``conversation_keys`` continues a conversation: a message
+    follows its first user message (an answer, a tool's call or result, another user turn).
+    Only those can have gone large before."""
     return keys is not None and len(keys) > 1
 
 
@@ -94,7 +87,7 @@ class ConversationTiers:
     def any_went_large(self, keys: tuple[int, ...]) -> bool:
         """Whether a follow-up's conversation went large, under any of its keys
         (``conversation_keys``); a first turn's never did, whatever its opening did."""
-        return len(keys) > 1 and any(self.went_large(key) for key in keys)
+        return continues(keys) and any(self.went_large(key) for key in keys)
 
     def remember(self, key: int, capacity: int) -> None:
         self._large[key] = None

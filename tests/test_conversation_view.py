@@ -14,7 +14,7 @@ import pytest
 from gateway.http.request_body import Endpoint, parse_request
 from router_policies import conversation
 from router_policies.tier_classifier_learned import LearnedTierModel
-from router_policies.tier_memory import conversation_key, follow_up
+from tests.tiers import conversation_key, follow_up
 
 BODY: dict[str, Any] = {
     "model": "auto",

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from router_policies.schema import InvalidPolicy
-from router_policies.tier_memory import conversation_key, conversation_keys, follow_up
+from router_policies.tier_memory import conversation_keys
 from router_policies.tier_router import TierRouter
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import Tier
 from tests.tiers import EASY_FOLLOW_UP as EASY
-from tests.tiers import HARD, OPENING, as_responses, dialogue
+from tests.tiers import HARD, OPENING, as_responses, conversation_key, dialogue, follow_up
 
 
 def router(**settings: Any) -> TierRouter:

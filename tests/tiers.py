@@ -14,6 +14,7 @@ from gateway.routing.resolve import Resolution, resolve
 from replica.processes import ManagedProcess
 from router_policies.decision import Route
 from router_policies.schema import parse_policy
+from router_policies.tier_memory import continues, conversation_keys
 
 EASY = "What is the capital of France?"
 HARD = (
@@ -46,6 +47,17 @@ def as_responses(chat: dict[str, Any]) -> dict[str, Any]:
     the turns as input items."""
     system, *turns = chat["messages"]
     return {"instructions": system["content"], "input": turns}
+
+
+def conversation_key(body: dict[str, Any]) -> int | None:
+    """The key a request's conversation is remembered under when it goes large."""
+    keys = conversation_keys(body)
+    return keys[-1] if keys else None
+
+
+def follow_up(body: dict[str, Any]) -> bool:
+    """Whether a request continues a conversation (router_policies/tier_memory.py)."""
+    return continues(conversation_keys(body))
 
 
 def fleet(

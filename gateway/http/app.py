@@ -35,17 +35,12 @@ from gateway.fleet.kv_events import KvEventSubscriptions
 from gateway.fleet.monitor import ProbeSettings, ReplicaMonitor
 from gateway.fleet.outlier import OutlierDetector, OutlierSettings
 from gateway.http import responses_lookup
+from gateway.http.body_read import UnreadBody, body_too_large, read_body
 from gateway.http.completions import complete, count_error, request_id
 from gateway.http.errors import ApiError, aiohttp_error, expectation_failed, internal_error
 from gateway.http.exchange import AiohttpExchange
 from gateway.http.models_list import model_card, model_list
-from gateway.http.request_body import (
-    Endpoint,
-    UnreadBody,
-    body_too_large,
-    parse_request,
-    read_body,
-)
+from gateway.http.request_body import Endpoint, parse_request
 from gateway.policy.reload import PolicyHolder
 from gateway.rate_limit.keys import bearer
 from gateway.rate_limit.make import make_limiter

@@ -26,6 +26,7 @@ from typing import cast
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.http.body_read import body_late
 from gateway.http.connections import (
     MAX_HEAD_BYTES,
     RequestHead,
@@ -33,7 +34,7 @@ from gateway.http.connections import (
     response_head,
 )
 from gateway.http.errors import ApiError, shutting_down
-from gateway.http.request_body import Endpoint, body_late
+from gateway.http.request_body import Endpoint
 
 log = logging.getLogger(__name__)
 

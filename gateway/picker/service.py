@@ -22,9 +22,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from multidict import CIMultiDict
 
 from gateway.app_keys import LIFECYCLE, LIMITER, POLICY, SETTINGS
+from gateway.http.body_read import declared_encoding, decode_body
 from gateway.http.completions import complete, count_error, request_id
 from gateway.http.errors import ApiError, internal_error
-from gateway.http.request_body import Endpoint, decode_body
+from gateway.http.request_body import Endpoint
 from gateway.picker.exchange import Envoy, PickerExchange, endpoint_subset, go_on
 from gateway.picker.picker import Picker
 from gateway.telemetry.logs import REQUEST_ID
@@ -90,8 +91,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         fleet = app[POLICY].fleet  # one generation of the policy for the whole request
         try:
             tenant = app[LIMITER].authenticate(fleet.policy.limits, sent)
-            encoding = ", ".join(sent.getall("content-encoding", ()))  # two lines: a list
-            decoded = decode_body(body, encoding, app[SETTINGS].max_body_bytes)
+            decoded = decode_body(body, declared_encoding(sent), app[SETTINGS].max_body_bytes)
             if decoded is not body:
                 # Envoy forwards what the picker read: the replica (vLLM) does not decode.
                 exchange.decoded, body = decoded, decoded

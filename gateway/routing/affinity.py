@@ -26,7 +26,7 @@ from typing import Any
 
 from gateway.fleet.replicas import ReplicaState
 from router_policies.adapter_placement import AdapterSettings, preferred_replicas
-from router_policies.tier_memory import conversation_keys
+from router_policies.tier_memory import continues, conversation_keys
 from router_policies.tier_router import TierRouter
 
 RESPONSE_HOMES = 100_000
@@ -138,8 +138,7 @@ class LargeConversations:
             return
         keys = conversation_keys(body)
         if (
-            keys is not None
-            and len(keys) > 1
+            continues(keys)
             and not tiers.conversations.any_went_large(keys)
             and await self.fetch(tiers.model, keys)
         ):
