@@ -4,9 +4,10 @@ Stopping, as a pod behind a load balancer needs it: on SIGTERM /ready turns 503 
 requests are still accepted for `shutdown_delay_s` (the load balancer needs that long to stop
 sending); then the socket closes and requests in flight get `drain_timeout_s` to finish; any
 left then end with an error the client can read (a 503, or an SSE error event on a started
-stream). A second SIGTERM or SIGINT skips what is left of the wait. What follows (closing
-connections, stopping the probes and the Redis sharing, the event loop's teardown) is bounded
-too: a step still hanging ``_EXIT_BOUND_S`` later is logged once and the process exits anyway.
+stream). A second SIGTERM or SIGINT skips what is left of the wait; one while the gateway starts
+ends it, status 0, before it listens. What follows (closing connections, stopping the probes
+and the Redis sharing, the event loop's teardown) is bounded too: a step still hanging
+``_EXIT_BOUND_S`` later is logged once and the process exits anyway.
 
 With ``workers`` > 1 the process forks that many workers before any event loop starts; each
 listens on the same port with SO_REUSEPORT (the kernel spreads connections over them) and
@@ -92,6 +93,13 @@ async def serve(
 ) -> None:
     """Serves until SIGTERM or SIGINT, then drains; ``extend`` adds to the app before it
     starts (the picker's gRPC server)."""
+    loop = asyncio.get_running_loop()
+    # From the start: the first health round before listening lasts up to the probe timeout,
+    # and a stop signal meanwhile would otherwise end the process unlogged (SIGTERM's default)
+    # or with a KeyboardInterrupt traceback (SIGINT's).
+    signalled = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, signalled.set)
     beating = None
     if heartbeat is not None:
         beating = asyncio.create_task(keep_beating(*heartbeat), name="worker heartbeat")
@@ -116,8 +124,14 @@ async def serve(
         app, handler_cancellation=True, shutdown_timeout=_CANCEL_GRACE_S, **handler_args
     )
     await runner.setup()
+    if signalled.is_set():  # stopped while starting: nothing listens, nothing to drain
+        log.info("stopping: signal received while starting; exiting without listening")
+        exit_deadline.start()
+        await runner.cleanup()
+        if beating is not None:
+            beating.cancel()
+        return
     assert runner.server is not None
-    loop = asyncio.get_running_loop()
     gate, front = client_side(app, runner.server, **handler_args)
     if pod_metrics is not None:
         await pod_metrics.start()
@@ -135,9 +149,6 @@ async def serve(
         "llm-gateway listening on http://%s:%d (at most %d client connections)",
         settings.host, listener.sockets[0].getsockname()[1], gate.limit,
     )  # fmt: skip
-    signalled = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, signalled.set)
     loop.add_signal_handler(signal.SIGHUP, app[POLICY].reload_soon)
     try:
         await signalled.wait()
@@ -215,7 +226,10 @@ async def _drain(
     if not left:
         log.info("stopping: no request in flight")
         return
-    log.warning("stopping: drain deadline reached, ending %d requests in flight", len(left))
+    # The wait ends early only for a second signal: its operator asked for this, where a
+    # deadline reached may call for a longer drain timeout.
+    ended_by = "second signal received" if signalled.is_set() else "drain deadline reached"
+    log.warning("stopping: %s, ending %d requests in flight", ended_by, len(left))
     app[FORWARDER].closing = True
     for task in left:
         task.cancel()

@@ -109,8 +109,21 @@ def _fork(
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         code = run(settings, policy, place, beat)
     finally:
+        if os.getppid() != parent:
+            _leave_run_dir(place)
         logging.shutdown()
         os._exit(code)
+
+
+def _leave_run_dir(place: MeshPlace) -> None:
+    """A worker whose parent is gone (killed outright: its cleanup never ran) removes its own
+    sockets, and the run's directory once the last worker has: nobody else will. Only then: a
+    living parent removes the directory itself, and may start a replacement on these paths."""
+    # Never raises: the caller's os._exit must follow, or the child would run the parent's code.
+    with contextlib.suppress(OSError):
+        for path in (place.socket_path(place.index), place.metrics_socket_path(place.index)):
+            path.unlink(missing_ok=True)
+        place.directory.rmdir()  # fails while another worker's sockets are there: its to remove
 
 
 class _Supervisor:

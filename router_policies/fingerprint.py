@@ -1,10 +1,11 @@
 """Request features for routing: a chained block fingerprint of the canonical prompt.
 
-The canonical text puts system and developer messages (and tool definitions) first, then the
-turns in order, so that requests sharing a system prompt and earlier turns share a fingerprint
-prefix. Each block's digest is seeded by the previous one, so a digest identifies the whole
-prefix up to and including its block; the chain is seeded by the model name (and cache_salt),
-because replicas never share KV cache across models or salts.
+The canonical text is the messages in order, as the chat template renders them: the system and
+developer messages that open the conversation (and tool definitions) are its shared lead, so
+that requests sharing a system prompt and earlier turns share a fingerprint prefix. Each
+block's digest is seeded by the previous one, so a digest identifies the whole prefix up to
+and including its block; the chain is seeded by the model name (and cache_salt), because
+replicas never share KV cache across models or salts.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from router_policies.value import value
 _ROLE_SEP = b"\x1f"
 _MSG_END = b"\x1e"
 LEADING_ROLES = frozenset(("system", "developer"))
-"""Roles whose messages form the shared lead, wherever they stand in the conversation."""
+"""Roles whose messages form the shared lead where they open the conversation (before its first
+message of another role); later ones are turns, in place."""
 
 
 @value
@@ -75,7 +77,9 @@ def _model_seed(model: str, salt: str) -> int:
 def content_bytes(content: Any) -> bytes:
     """A message's content as the bytes routing reads: a string and the same text as text
     parts alike (chat's, and /v1/responses' input_text as the conversation view writes it);
-    any other part by its canonical JSON."""
+    any other part by its canonical JSON. Parts are joined with a newline, as vLLM's string
+    content format joins text parts: parts ["A", "B"] are the engine prompt of the string
+    "A\\nB", not of "AB"."""
     if isinstance(content, str):
         return content.encode()
     if content is None:
@@ -87,7 +91,7 @@ def content_bytes(content: Any) -> bytes:
                 parts.append(str(part.get("text", "")).encode())
             else:
                 parts.append(orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
-        return b"".join(parts)
+        return b"\n".join(parts)
     return orjson.dumps(content, option=orjson.OPT_SORT_KEYS)
 
 
@@ -98,8 +102,31 @@ def _message_bytes(message: Mapping[str, Any]) -> bytes:
     if tool_calls:
         # The chat template writes an assistant's calls into the prompt: two tool loops that
         # called differently hold different blocks from that turn on.
-        text += _ROLE_SEP + orjson.dumps(tool_calls, option=orjson.OPT_SORT_KEYS)
+        text += _ROLE_SEP + orjson.dumps(normal_calls(tool_calls), option=orjson.OPT_SORT_KEYS)
     return text + _MSG_END
+
+
+def normal_calls(tool_calls: Any) -> Any:
+    """The calls with each ``function.arguments`` string re-dumped compactly, its keys in their
+    order. vLLM parses the arguments before the template renders them (tojson), so their
+    whitespace never reaches the engine's prompt, while their key order does. A string (not
+    the parsed value) goes back: the calls are dumped with sorted keys, which would hide a
+    change of order. Arguments that do not parse are kept as sent."""
+    if not isinstance(tool_calls, list):
+        return tool_calls
+    return [_normal_call(call) for call in tool_calls]
+
+
+def _normal_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("arguments"), str):
+        return call
+    arguments: str = function["arguments"]
+    try:
+        compact = orjson.dumps(orjson.loads(arguments)).decode()
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):  # dumps nests less deep than loads
+        return call
+    return {**call, "function": {**function, "arguments": compact}}
 
 
 @value
@@ -110,13 +137,18 @@ class CanonicalPrompt:
 
 
 def canonical_chat(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> CanonicalPrompt:
-    leading = [m for m in messages if m.get("role") in LEADING_ROLES]
-    turns = [m for m in messages if m.get("role") not in LEADING_ROLES]
-    chunks = [_message_bytes(m) for m in leading]
+    """The messages in order, the tools after the opening system and developer messages (the
+    lead). A system or developer message later in the conversation (an app's RAG context or
+    agent step) stays in place: the template renders it there, so moving it ahead of the turns
+    would leave the request sharing no block of its own history."""
+    opening = next(
+        (i for i, m in enumerate(messages) if m.get("role") not in LEADING_ROLES), len(messages)
+    )
+    chunks = [_message_bytes(m) for m in messages[:opening]]
     if tools:
         chunks.append(b"tools" + _ROLE_SEP + orjson.dumps(tools, option=orjson.OPT_SORT_KEYS))
     lead = sum(map(len, chunks))
-    chunks.extend(_message_bytes(m) for m in turns)
+    chunks.extend(_message_bytes(m) for m in messages[opening:])
     return CanonicalPrompt(b"".join(chunks), lead)
 
 

@@ -11,6 +11,7 @@ mistake named with the line of its key from the same parse (router_policies/yaml
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -115,6 +116,37 @@ class InvalidPolicy(ValueError):
         self.problems = problems
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What PyYAML found wrong, and where: never its own message, which quotes the offending
+    line, and that line is as likely as any to hold a Redis password or a pasted API key (it
+    reaches check-policy's output, the serve log and the /admin/reload answer)."""
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML refuses: its code only
+        return f"character {exc.position + 1}: not valid YAML: {exc.reason}"
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return f"not valid YAML ({type(exc).__name__})"
+    where = ""
+    if exc.problem_mark is not None:
+        where = f"line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1}: "
+    what = exc.problem or "a syntax error"
+    if exc.context is not None and exc.context_mark is not None:
+        mark = exc.context_mark
+        what = f"{what}, {exc.context} (line {mark.line + 1}, column {mark.column + 1})"
+    elif exc.context is not None:
+        what = f"{what}, {exc.context}"
+    # The problem and context quote tokens too (an undefined alias, an unknown tag): a
+    # password that starts with "*" or "!" would be printed whole.
+    return f"{where}not valid YAML: {_QUOTED.sub(_token_or_hidden, what)}"
+
+
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_SYNTAX = re.compile(r"'([^\w\s]|<[a-z ]+>)'")
+"""What PyYAML quotes that is syntax, not the file's text: one punctuation mark, a token name."""
+
+
+def _token_or_hidden(quoted: re.Match[str]) -> str:
+    return quoted[0] if _SYNTAX.fullmatch(quoted[0]) else "'...'"
+
+
 EMPTY_FILE = "the file is empty (no settings, at most comments): a policy needs a `pools:` mapping"
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -128,7 +160,7 @@ def read_validated(text: str, model: type[Model]) -> tuple[Model, Locations]:
     except KeyProblems as exc:
         raise InvalidPolicy(capped(exc.problems)) from None
     except yaml.YAMLError as exc:
-        raise InvalidPolicy([f"not valid YAML: {exc}"]) from None
+        raise InvalidPolicy([_yaml_problem(exc)]) from None
     if data is None:
         raise InvalidPolicy([EMPTY_FILE])
     locations = Locations(root)

@@ -1,19 +1,22 @@
 """Redis URLs as operators write them: which ones redis-py can use, and how to show one safely.
 
 A URL carries its password in the userinfo (``redis://user:password@host``) or in the query
-(``?password=...``); redis-py reads both, so both are masked wherever a URL is shown: logs,
-``check-policy``, ``/admin/policy``, error messages.
+(``?password=...``, ``?ssl_password=...`` for a TLS key, any name percent-encoded since
+redis-py decodes names); redis-py reads all of them, so all are masked wherever a URL is shown:
+logs, ``check-policy``, ``/admin/policy``, error messages.
 """
 
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 SCHEMES = ("redis", "rediss", "unix")
 MASK = "***"
 
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_QUERY_PARAMETER = re.compile(r"([?&])([^=&#]*)=([^&]*)")
+"""A value runs to the next '&', past a '#': redis-py stops a password at the '#' (the URL's
+fragment), but what follows was meant as part of it."""
 _DB_PATH = re.compile(r"/?|/\d+")
 _TIMEOUT_OPTIONS = frozenset(
     ("socket_timeout", "socket_connect_timeout", "retry_on_timeout", "retry_on_error")
@@ -33,7 +36,16 @@ def mask(url: str) -> str:
         # No colon: redis-py reads a user name, but operators put passwords there too.
         shown = f"{user}:{MASK}" if colon else MASK
         url = f"{scheme}://{shown}@{host}"
-    return _QUERY_PASSWORD.sub(rf"\g<1>{MASK}", url)
+    return _QUERY_PARAMETER.sub(_masked_parameter, url)
+
+
+def _masked_parameter(found: re.Match[str]) -> str:
+    """A query parameter as written, its value masked where its name, decoded as redis-py
+    decodes it (parse_qs), names a password of any kind."""
+    separator, name, value = found.groups()
+    if "password" in unquote_plus(name).lower():
+        value = MASK
+    return f"{separator}{name}={value}"
 
 
 def problem(url: str) -> str | None:

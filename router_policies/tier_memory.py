@@ -25,7 +25,7 @@ import orjson
 import xxhash
 
 from router_policies.conversation import chat_messages
-from router_policies.fingerprint import content_bytes
+from router_policies.fingerprint import content_bytes, normal_calls
 
 
 def conversation_keys(body: Mapping[str, Any]) -> tuple[int, ...] | None:
@@ -52,7 +52,9 @@ def conversation_keys(body: Mapping[str, Any]) -> tuple[int, ...] | None:
         if opening is not None:
             tool_calls = message.get("tool_calls")
             if tool_calls:  # an answer that only calls tools differs by its calls
-                digest.update(b"\x1e" + orjson.dumps(tool_calls, option=orjson.OPT_SORT_KEYS))
+                digest.update(
+                    b"\x1e" + orjson.dumps(normal_calls(tool_calls), option=orjson.OPT_SORT_KEYS)
+                )
             return opening, digest.intdigest()
         digest.update(b"\x1e")
         if role == "user":

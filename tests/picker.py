@@ -1,6 +1,6 @@
 """Shared helpers of the endpoint-picker tests behind Envoy: the picker, Envoy and simulated
-replicas as real processes, a long shared system prompt, a replica that answers 503, and an
-OpenAI client for Envoy's listener."""
+replicas as real processes (one pool, or two behind a tier), a long shared system prompt, a
+replica that answers 503, and an OpenAI client for Envoy's listener."""
 
 from __future__ import annotations
 
@@ -47,6 +47,33 @@ async def behind_envoy(
             )
             try:
                 yield picker, envoy, policy
+            finally:
+                await envoy.stop()
+        finally:
+            await picker.stop()
+
+
+@contextlib.asynccontextmanager
+async def tiers_behind_envoy() -> AsyncIterator[EnvoyProcess]:
+    """A small and a large pool of one simulated replica each behind the tier `auto`, the
+    picker and Envoy, all real processes."""
+    async with (
+        running_sims(1, "small-model") as [small],
+        running_sims(1, "large-model") as [large],
+    ):
+        policy = {
+            "pools": {
+                "small": {"model": "small-model", "replicas": [small.url]},
+                "large": {"model": "large-model", "replicas": [large.url]},
+            },
+            "tiers": {"auto": {"small": "small", "large": "large"}},
+        }
+        picker = await start_picker(policy, env=FAST_PROBES)
+        try:
+            assert picker.picker_port is not None
+            envoy = await start_envoy(policy, picker.picker_port)
+            try:
+                yield envoy
             finally:
                 await envoy.stop()
         finally:

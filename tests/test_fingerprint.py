@@ -13,6 +13,7 @@ from router_policies.fingerprint import (
     block_hashes,
     canonical_chat,
     canonical_prompt,
+    canonical_responses,
     fingerprint,
 )
 from router_policies.prefix_index import PrefixIndex
@@ -50,9 +51,50 @@ def test_a_later_turn_extends_the_earlier_turns_fingerprint() -> None:
     assert f2.block_hashes[:full_blocks] == f1.block_hashes[:full_blocks]
 
 
-def test_system_messages_come_first_wherever_they_appear() -> None:
+def test_a_system_message_after_the_first_turn_stays_in_place() -> None:
+    """Chat templates render a system or developer message an app inserts mid-conversation
+    (RAG context, an agent step) where it stands: the request shares every block of the
+    history before it, and only the opening system message is the lead."""
+    history = [
+        SYSTEM,
+        {"role": "user", "content": "Tell me about tides. " * 20},
+        {"role": "assistant", "content": "Tides are the rise and fall of the sea. " * 10},
+    ]
+    whole = len(canonical_chat(history).text) // 128
+    for role in ("system", "developer"):
+        later = [
+            *history,
+            {"role": role, "content": "Context update: the moon is full tonight."},
+            {"role": "user", "content": "And tonight?"},
+        ]
+        prompt = canonical_chat(later)
+        assert prompt.text.startswith(canonical_chat(history).text)
+        assert prompt.lead_bytes == canonical_chat([SYSTEM]).lead_bytes
+        assert (
+            chat_features(later).block_hashes[:whole] == chat_features(history).block_hashes[:whole]
+        )
     user = {"role": "user", "content": "hi"}
-    assert canonical_chat([user, SYSTEM]) == canonical_chat([SYSTEM, user])
+    assert canonical_chat([user, SYSTEM]) != canonical_chat([SYSTEM, user])
+    assert canonical_chat([user, SYSTEM]).lead_bytes == 0
+
+
+def test_the_lead_is_every_system_and_developer_message_before_the_first_turn() -> None:
+    developer = {"role": "developer", "content": "Answer in French."}
+    user = {"role": "user", "content": "hi"}
+    opening = canonical_chat([SYSTEM, developer], tools=[{"type": "function"}])
+    prompt = canonical_chat([SYSTEM, developer, user], tools=[{"type": "function"}])
+    assert prompt.lead_bytes == opening.lead_bytes == len(opening.text)
+    assert prompt.text.startswith(opening.text)
+
+
+def test_a_responses_system_item_after_the_first_turn_stays_in_place_as_in_chat() -> None:
+    question = {"role": "user", "content": "Where is it?"}
+    update = {"role": "developer", "content": "Context update: it moved."}
+    responses = canonical_responses(
+        {"instructions": SYSTEM["content"], "input": [question, update]}
+    )
+    assert responses == canonical_chat([SYSTEM, question, update])
+    assert responses.lead_bytes == canonical_chat([SYSTEM]).lead_bytes
 
 
 def test_model_and_cache_salt_seed_the_chain() -> None:
@@ -72,6 +114,47 @@ def test_text_parts_fingerprint_like_plain_content() -> None:
     parts = {"role": "user", "content": [{"type": "text", "text": "hello"}]}
     plain = {"role": "user", "content": "hello"}
     assert canonical_chat([parts]) == canonical_chat([plain])
+
+
+def test_text_parts_are_joined_with_a_newline_as_vllm_joins_them() -> None:
+    """vLLM's string content format (and the sim) render parts ["A", "B"] joined by a newline:
+    the same engine prompt as that string, not as "AB"."""
+    parts = {
+        "role": "user",
+        "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}],
+    }
+    assert canonical_chat([parts]) == canonical_chat([{"role": "user", "content": "A\nB"}])
+    assert canonical_chat([parts]) != canonical_chat([{"role": "user", "content": "AB"}])
+
+
+def _called(arguments: str) -> list[dict[str, Any]]:
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": arguments}}
+    return [
+        SYSTEM,
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18 C, clear"},
+    ]
+
+
+def test_tool_call_arguments_match_whatever_their_whitespace_but_not_their_key_order() -> None:
+    """vLLM parses a call's arguments before the template renders them, so a client that
+    re-serialises its history compactly sends the same engine prompt; a change of key order
+    is a different prompt (tojson keeps it)."""
+    spaced = canonical_chat(_called('{"city": "Paris", "unit": "celsius"}'))
+    assert canonical_chat(_called('{"city":"Paris","unit":"celsius"}')) == spaced
+    assert canonical_chat(_called('{\n  "city" : "Paris",\n  "unit" : "celsius"\n}')) == spaced
+    assert canonical_chat(_called('{"unit": "celsius", "city": "Paris"}')) != spaced
+
+
+def test_tool_call_arguments_that_do_not_parse_are_hashed_as_sent() -> None:
+    broken = '{"city": "Par'
+    assert canonical_chat(_called(broken)) == canonical_chat(_called(broken))
+    assert canonical_chat(_called(broken)) != canonical_chat(_called('{"city":"Par'))
+    assert b'{\\"city\\": \\"Par' in canonical_chat(_called(broken)).text
+    # Deeper than orjson writes (255 levels) though it reads it: hashed as sent, never an error.
+    deep = "[" * 300 + "]" * 300
+    assert deep.encode() in canonical_chat(_called(deep)).text
 
 
 def test_tool_loops_that_called_differently_part_at_the_call() -> None:

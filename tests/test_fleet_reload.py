@@ -93,7 +93,9 @@ def test_changed_fingerprint_settings_clear_the_index() -> None:
         assert decision.matched_blocks == 0
 
 
-def test_removed_replicas_are_dropped_and_new_ones_start_fresh() -> None:
+def test_removed_replicas_are_dropped_and_new_ones_start_fresh_and_unused_until_probed() -> None:
+    # A replica still loading (its port open, no answer yet) would hold each request sent to it
+    # up to the first-byte timeout: at start-up no replica is used before a probe, nor after.
     old = fleet([A, B])
     pool = small(old)
     send_to(pool, B, features(pool))
@@ -104,9 +106,25 @@ def test_removed_replicas_are_dropped_and_new_ones_start_fresh() -> None:
     assert list(new.replicas) == [name(A), name(C)]
     assert new.replicas[name(A)] is a_state
     added = new.replicas[name(C)]
-    assert (added.healthy, added.inflight, added.probed) == (True, 0, False)
-    decision = new.decide(features(new))
-    assert decision is not None and decision.replica in {name(A), name(C)}
+    assert (added.healthy, added.inflight, added.probed) == (False, 0, False)
+    assert new.decide(features(new), exclude=[name(A)]) is None
+
+    added.record_probe(True, unhealthy_after=1, healthy_after=1)
+
+    decision = new.decide(features(new), exclude=[name(A)])
+    assert decision is not None and decision.replica == name(C)
+
+
+def test_a_replica_moved_to_another_pool_keeps_what_the_probes_found_until_probed_there() -> None:
+    policy = {"model": MODEL, "replicas": [A, B]}
+    old = Fleet(parse_policy({"pools": {"small": policy}}))
+    for replica in small(old).replicas.values():
+        replica.record_probe(replica.url == A, unhealthy_after=1, healthy_after=1)
+
+    renamed = Fleet(parse_policy({"pools": {"renamed": policy}}), previous=old)
+
+    health = {r.name: r.healthy for r in renamed.pools["renamed"].replicas.values()}
+    assert health == {name(A): True, name(B): False}
 
 
 async def test_requests_waiting_for_a_slot_stay_first_in_line_across_a_reload() -> None:
@@ -171,6 +189,9 @@ async def test_a_request_waiting_for_a_slot_goes_to_a_replica_a_reload_adds() ->
     await asyncio.sleep(0.05)
 
     new = small(fleet([A, B], previous=old, max_inflight_per_replica=1, queue_timeout_s=5))
+    await asyncio.sleep(0.3)  # a recheck, before B's first probe: nothing for it yet
+    assert not waiting.done()
+    new.replicas[name(B)].record_probe(True, unhealthy_after=1, healthy_after=1)
 
     got = await asyncio.wait_for(waiting, 1.0)  # within a recheck, not at the queue timeout
     assert got is not None and got.replica is new.replicas[name(B)]

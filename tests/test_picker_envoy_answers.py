@@ -1,6 +1,7 @@
-"""Behind Envoy, the bodies the picker reads and what it counts: a body is read per its
-Content-Encoding as `serve` reads it, Envoy's failovers are retries, and Envoy's own 413 is in
-the OpenAI shape. Real processes: simulated replicas, the picker, Envoy."""
+"""Behind Envoy, the bodies the picker reads and sends and what it counts: a body is read per
+its Content-Encoding as `serve` reads it, a tiered request reaches its pool's model, Envoy's
+failovers are retries, Envoy's own 413 is in the OpenAI shape, and no answer names the replica's
+address. Real processes: simulated replicas, the picker, Envoy."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from openai.types.chat import ChatCompletionMessageParam
 
+from gateway.picker.envoy_config import SERVED
 from tests.conftest import MODEL, chat, fake_replica, get_text, metric
-from tests.picker import SYSTEM, Unavailable, behind_envoy, client
+from tests.picker import SYSTEM, Unavailable, behind_envoy, client, tiers_behind_envoy
+from tests.tiers import EASY, HARD
 
 pytestmark = pytest.mark.envoy
 
@@ -92,3 +96,37 @@ async def test_a_body_over_the_limit_is_refused_by_envoy_in_the_openai_shape() -
             error = (await a.json())["error"]
     assert error["code"] == "request_too_large"
     assert error["type"] == "invalid_request_error"
+
+
+async def test_a_tiered_request_reaches_its_pool_naming_the_pools_model() -> None:
+    """The tier `auto` is no model a replica knows: whether the picker asks for a stream's
+    usage or the request goes as the client wrote it, the replica gets its pool's model."""
+    async with tiers_behind_envoy() as envoy:
+        sdk = client(envoy)
+        for text, model in ((EASY, "small-model"), (HARD, "large-model")):
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": text}]
+            whole = await sdk.chat.completions.create(model="auto", messages=messages, max_tokens=2)
+            assert whole.model == model
+            stream = await sdk.chat.completions.create(
+                model="auto",
+                messages=messages,
+                max_tokens=2,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [chunk async for chunk in stream]
+            assert {chunk.model for chunk in chunks} == {model}
+            assert chunks[-1].usage is not None
+
+
+async def test_no_answer_names_the_replica_that_served_it() -> None:
+    """Not one the picker lets through untouched (a GET), nor any while it is away."""
+    async with behind_envoy(1) as (picker, envoy, _), aiohttp.ClientSession() as session:
+        async with session.get(f"{envoy.listen_url}/v1/models") as listed:
+            assert listed.status == 200
+            assert SERVED not in listed.headers
+        await picker.kill()
+        raw = await client(envoy).chat.completions.with_raw_response.create(
+            **chat(SYSTEM, "hello", max_tokens=2)
+        )
+        assert SERVED not in raw.headers

@@ -46,7 +46,7 @@ async def follow(envoy: ClosingEnvoy) -> tuple[list[bytes], list[int]]:
     """What the picker was told: the chunks, and how the answer ended."""
     chunks: list[bytes] = []
     ends: list[int] = []
-    exchange = PickerExchange(cast(Envoy, envoy))
+    exchange = PickerExchange(cast(Envoy, envoy), b"{}")
     try:
         await exchange.follow(lambda *_: {}, chunks.append, ends.append)
     except asyncio.CancelledError:

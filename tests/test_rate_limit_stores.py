@@ -269,12 +269,13 @@ async def test_a_refund_goes_back_into_the_lease_instead_of_to_redis() -> None:
     async with running_redis() as server:
         store = LeasedStore(RedisStore(server.url, _errors()), lease_s=0.5)
         tokens = Limit(60_000)  # leases of 500 tokens
-        first = await store.take(["{t}:tokens"], [tokens], [400])
+        await store.take(["{t}:tokens"], [tokens], [400])  # from Redis, with the lease
         before = await script_calls(server.url)
+        first = await store.take(["{t}:tokens"], [tokens], [400])  # from the lease: 100 left
         await store.adjust("{t}:tokens", tokens, -300)  # estimated 400, used 100
         second = await store.take(["{t}:tokens"], [tokens], [350])  # 100 + 300 left: local
         calls = await script_calls(server.url) - before
         await store.close()
     assert first is not None and second is not None and second.allowed
     assert calls == 0
-    assert second.views[0].remaining == pytest.approx(60_000 - 100 - 350, abs=2)
+    assert second.views[0].remaining == pytest.approx(60_000 - 400 - 100 - 350, abs=2)

@@ -1,15 +1,22 @@
-"""The probe rounds: one pool's trouble must not stop the rounds' work on the others."""
+"""The probe rounds: one pool's trouble must not stop the rounds' work on the others; a
+reload's new replicas are probed at once; each change of health is logged once."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import socket
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from gateway.fleet.monitor import ProbeSettings, ReplicaMonitor
 from gateway.fleet.pools import Fleet
 from router_policies.schema import parse_policy
+from tests.conftest import eventually, fake_replica
 
 PROBES = ProbeSettings(
     health_interval_s=1, health_timeout_s=1, unhealthy_after=1, healthy_after=1,
@@ -48,3 +55,102 @@ async def test_one_pool_failing_its_autoscale_update_leaves_the_others_updated_a
 
     assert second.autoscale.desired > 1
     assert [r.getMessage() for r in caplog.records] == ["autoscaling update of pool first failed"]
+
+
+async def _unused(_: web.Request) -> web.Response:
+    return web.Response(status=404)
+
+
+@contextlib.asynccontextmanager
+async def hung_replica() -> AsyncIterator[str]:
+    """A replica still loading: it accepts connections and never answers."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(_r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+@contextlib.contextmanager
+def refusing_addresses(n: int) -> Iterator[list[str]]:
+    """Addresses whose connections are refused: ports bound, never listened on."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(n):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        yield [f"http://127.0.0.1:{port}" for port in ports]
+
+
+def one_pool(urls: list[str]) -> dict[str, object]:
+    return {"pools": {"small": {"model": "m", "replicas": urls}}}
+
+
+async def test_a_replica_a_reload_adds_is_probed_at_once_and_used_only_once_healthy(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The rounds are a minute apart: only the probe a reload starts can find them in time.
+    probes = ProbeSettings(60, 0.5, 1, 1, 60)
+    async with (
+        fake_replica(_unused) as kept,
+        fake_replica(_unused) as ready,
+        hung_replica() as loading,
+        aiohttp.ClientSession() as session,
+    ):
+        fleets = [Fleet(parse_policy(one_pool([kept])))]
+        monitor = ReplicaMonitor(lambda: fleets[-1], session, probes)
+        await monitor.start()
+        try:
+            with caplog.at_level(logging.WARNING, logger="gateway.fleet"):
+                fleets.append(Fleet(parse_policy(one_pool([kept, ready, loading])), fleets[-1]))
+                pool = fleets[-1].pools["small"]
+                names = {url: url.removeprefix("http://") for url in (kept, ready, loading)}
+                assert [r.name for r in pool.routable()] == [names[kept]]
+
+                def ready_is_routable() -> bool:
+                    return names[ready] in {r.name for r in pool.routable()}
+
+                assert await eventually(ready_is_routable, within_s=5)
+
+                def loading_timed_out() -> bool:
+                    return pool.replicas[names[loading]].probed
+
+                assert await eventually(loading_timed_out, within_s=5)
+                assert [r.name for r in pool.routable()] == [names[kept], names[ready]]
+        finally:
+            await monitor.stop()
+    assert sorted(r.getMessage() for r in caplog.records) == sorted(
+        [
+            f"replica {names[loading]} of pool small is now unhealthy",
+            f"replica {names[ready]} of pool small is now healthy",
+        ]
+    )
+
+
+async def test_a_refused_connection_takes_a_replica_out_with_one_line_worded_as_a_probes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with refusing_addresses(2) as (first, second):
+        fleet = Fleet(parse_policy(one_pool([first, second])))
+        refused, probed = fleet.pools["small"].replicas.values()
+        for replica in (refused, probed):
+            replica.record_probe(True, unhealthy_after=1, healthy_after=1)
+        async with aiohttp.ClientSession() as session:
+            monitor = ReplicaMonitor(lambda: fleet, session, PROBES)
+            with caplog.at_level(logging.WARNING, logger="gateway.fleet"):
+                refused.mark_down()  # a request's connection refused,
+                refused.mark_down()  # then the next one's, sent before the first failed
+                await monitor.check_health_once()  # which finds the other one down too
+
+    assert [r.getMessage() for r in caplog.records] == [
+        f"replica {refused.name} of pool small is now unhealthy",
+        f"replica {probed.name} of pool small is now unhealthy",
+    ]

@@ -105,6 +105,26 @@ def test_whatever_follows_the_first_user_message_makes_a_follow_up() -> None:
     assert follow_up(as_responses({"messages": [system, user, reply]}))
 
 
+def test_a_conversation_is_known_whatever_the_spacing_of_its_tool_calls_arguments() -> None:
+    """vLLM parses a call's arguments before the template renders them: a client that re-dumps
+    its history between turns continues the same conversation, unless the keys' order moved."""
+    system, user = dialogue(HARD)["messages"]
+
+    def called(arguments: str) -> int | None:
+        function = {"name": "search", "arguments": arguments}
+        call = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "function": function}],
+        }
+        result = {"role": "tool", "tool_call_id": "c1", "content": "found"}
+        return conversation_key({"messages": [system, user, call, result]})
+
+    spaced = called('{"q": "rust", "n": 3}')
+    assert spaced == called('{"q":"rust","n":3}')
+    assert spaced != called('{"n": 3, "q": "rust"}')
+
+
 def answered(answer: str, *users: str) -> dict[str, Any]:
     """A conversation whose first user turn got ``answer``, then ``users``' turns."""
     system, first = dialogue(OPENING)["messages"]

@@ -12,6 +12,7 @@ import aiohttp
 
 from gateway.background import stop_tasks
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
+from gateway.fleet.replicas import log_health
 from gateway.fleet.scrape import parse_engine_stats
 
 log = logging.getLogger(__name__)
@@ -37,10 +38,15 @@ class ReplicaMonitor:
         self._session = session
         self._probes = probes
         self._tasks: list[asyncio.Task[None]] = []
+        self._probing: set[asyncio.Task[None]] = set()
+        """Probes of replicas a reload added, each held until it ends."""
         self._failing: set[str] = set()
         """Pools whose autoscaling update failed last round: logged once, not every round."""
 
     async def start(self) -> None:
+        # Before the first round: a reload from now on has its new replicas probed at once
+        # (reloads hand this on), as the round does for the start-up fleet.
+        self._current().probe_now = self.probe_now
         # One health round before serving, so /ready and routing start from the truth.
         await self.check_health_once()
         self._tasks = [
@@ -55,8 +61,24 @@ class ReplicaMonitor:
         ]
 
     async def stop(self) -> None:
-        await stop_tasks(self._tasks)
+        self._current().probe_now = None  # a reload while stopping: no probe on a closed session
+        await stop_tasks([*self._tasks, *self._probing])
         self._tasks = []
+
+    def probe_now(self, replicas: list[tuple[PoolState, ReplicaState]]) -> None:
+        """Probe these (a reload's new replicas) now, not at the next round: they get no
+        traffic until a probe says healthy (Fleet)."""
+        task = asyncio.get_running_loop().create_task(
+            self._check_these(replicas), name="new replica probes"
+        )
+        self._probing.add(task)
+        task.add_done_callback(self._probing.discard)
+
+    async def _check_these(self, replicas: list[tuple[PoolState, ReplicaState]]) -> None:
+        try:
+            await asyncio.gather(*(self._check(pool, r) for pool, r in replicas))
+        except Exception:  # as in a round: the next round probes them anyway
+            log.exception("replica probe round failed")
 
     @staticmethod
     async def _every(interval: float, round_: Callable[[], Awaitable[None]]) -> None:
@@ -94,11 +116,11 @@ class ReplicaMonitor:
                 ok = resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             ok = False
-        was = replica.healthy
+        was, first = replica.healthy, not replica.probed
         replica.record_probe(ok, probes.unhealthy_after, probes.healthy_after)
-        if replica.healthy != was:
-            state = "healthy" if replica.healthy else "unhealthy"
-            log.warning("replica %s of pool %s is now %s", replica.name, pool.name, state)
+        # A reload's new replica starts unhealthy: its failed first probe is news all the same.
+        if replica.healthy != was or (first and not ok):
+            log_health(replica, pool.name)
 
     async def _scrape(self, pool: PoolState, replica: ReplicaState) -> None:
         timeout = aiohttp.ClientTimeout(total=max(self._probes.scrape_interval_s, 0.5))

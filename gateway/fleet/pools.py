@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from gateway.fleet.autoscale import PoolAutoscale
@@ -57,7 +57,7 @@ class PoolState:
         for url in policy.replicas:
             replica = next((r for r in old.values() if r.url == url), None)
             if replica is None:
-                replica = ReplicaState.for_pool(url, policy)
+                replica = ReplicaState.for_pool(url, policy, name)
             self.replicas[replica.name] = replica
         self.events_on = any(policy.events_endpoint(url) for url in policy.replicas)
         """Some replica publishes KV-cache events the policy reads: requests get token keys."""
@@ -258,12 +258,12 @@ class PoolState:
     def first_byte(self, dispatch: Dispatch, ttft_s: float) -> None:
         """The replica started streaming: its prefill is done."""
         if dispatch.pending:
-            self._settle(dispatch)
+            dispatch.settle()
             dispatch.ttft_s = ttft_s
 
     def end(self, dispatch: Dispatch, now: float | None = None) -> None:
         if dispatch.pending:
-            self._settle(dispatch)
+            dispatch.settle()
         replica = dispatch.replica
         replica.inflight -= 1
         self.counts.completions += 1
@@ -286,16 +286,6 @@ class PoolState:
         )
         if dispatch.ttft_s is not None and self.policy.cost.learn:
             replica.learner.observe(dispatch.queued_tokens + own, dispatch.running, dispatch.ttft_s)
-
-    @staticmethod
-    def _settle(dispatch: Dispatch) -> None:
-        dispatch.pending = False
-        replica = dispatch.replica
-        replica.pending_requests -= 1
-        replica.started_since_scrape += 1
-        replica.pending_prefill_tokens = max(
-            replica.pending_prefill_tokens - dispatch.decision.uncached_tokens, 0.0
-        )
 
     def apply_engine_stats(self, replica: ReplicaState, stats: EngineStats) -> None:
         if replica.engine.restarted(stats):  # a new process on the address: its cache is empty
@@ -369,9 +359,12 @@ class Fleet:
         }
         self._by_model = {p.model: p for p in self.pools.values()}
         self.outbox: Outbox | None = None
+        self.probe_now: Callable[[list[tuple[PoolState, ReplicaState]]], None] | None = None
+        """Probes the replicas a reload adds, at once (the monitor's; reloads keep it)."""
         if previous is not None:
             if previous.outbox is not None:
                 self.attach(previous.outbox)
+            self.probe_now = previous.probe_now
             # Last, once nothing can fail: a reload refused midway leaves no trace.
             for name, old in previous.pools.items():
                 successor = self.pools.get(name)
@@ -379,6 +372,15 @@ class Fleet:
                     old.queue.close()  # its waiters are answered; those in flight finish
                 else:
                     old.successor = successor
+            # A replica new to its pool waits for a probe, as all do at start-up (one still loading
+            # would hold requests to the first-byte timeout); another pool's verdict stands in.
+            kept = {r for _, r in previous.replicas()}
+            known = {r.url: r.healthy for r in kept if r.probed}
+            added = [(pool, r) for pool, r in self.replicas() if r not in kept]
+            for _, replica in added:
+                replica.healthy = known.get(replica.url, False)
+            if added and self.probe_now is not None:
+                self.probe_now(added)
 
     def attach(self, outbox: Outbox) -> None:
         """Share this fleet's dispatches with other instances (a reload's fleet inherits it)."""

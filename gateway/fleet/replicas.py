@@ -3,6 +3,7 @@ the record of one dispatch there. Plain state, updated by the pool (gateway/flee
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -15,6 +16,8 @@ from router_policies.decision import Decision
 from router_policies.fingerprint import RequestFeatures
 from router_policies.index_belief import IndexBelief
 from router_policies.schema import PoolPolicy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -64,7 +67,11 @@ class ReplicaState:
     service_s: float = 0.0
     """Recent mean time a request stays here (dispatch to end)."""
     name: str = ""
+    pool: str = ""
+    """The pool it serves, for the log lines about it."""
     healthy: bool = True
+    """Routable as far as health goes. True before the first probe only in the start-up fleet,
+    which serves once that probe is done; a reload's new replicas wait for theirs (Fleet)."""
     inflight: int = 0
     """Requests this gateway has dispatched and not yet finished: counted at dispatch, so a
     burst sees its own effect before the next scrape."""
@@ -98,13 +105,13 @@ class ReplicaState:
         self.name = self.name or urlsplit(self.url).netloc
 
     @classmethod
-    def for_pool(cls, url: str, policy: PoolPolicy) -> ReplicaState:
+    def for_pool(cls, url: str, policy: PoolPolicy, pool: str = "") -> ReplicaState:
         """A replica new to the gateway: the pool's default rates until it learns its own."""
         cost = policy.cost
         learner = RateLearner(
             default_rates(policy.cost), forgetting=cost.forgetting, min_samples=cost.min_samples
         )
-        return cls(url, learner, DecayedCount(policy.load.recent_half_life_s))
+        return cls(url, learner, DecayedCount(policy.load.recent_half_life_s), pool=pool)
 
     def record_probe(self, ok: bool, unhealthy_after: int, healthy_after: int) -> None:
         if not self.probed:
@@ -133,8 +140,11 @@ class ReplicaState:
 
     def mark_down(self) -> None:
         """A refused connection is proof enough: stop sending here until probes succeed again."""
+        was = self.healthy
         self.healthy = False
         self.consecutive_successes = 0
+        if was:  # once: every request still on its way here is refused too
+            log_health(self, self.pool)
 
     def load(self) -> ReplicaLoad:
         inflight = float(self.inflight + self.remote_inflight)
@@ -149,6 +159,13 @@ class ReplicaState:
             self.slots.value,
             self.service_s,
         )
+
+
+def log_health(replica: ReplicaState, pool: str) -> None:
+    """The line each change of a replica's health gets, whether a probe or a refused connection
+    found it: an operator reads both directions in one wording."""
+    state = "healthy" if replica.healthy else "unhealthy"
+    log.warning("replica %s of pool %s is now %s", replica.name, pool, state)
 
 
 @dataclass(slots=True, eq=False)
@@ -176,3 +193,13 @@ class Dispatch:
     """Prompt tokens the estimate said it holds (None: the policy keeps no index)."""
     refused: bool = False
     """The replica answered 4xx: it judged the request invalid before any prefill."""
+
+    def settle(self) -> None:
+        """Its prefill is over (first byte, or the end): off the replica's pending counts."""
+        self.pending = False
+        replica = self.replica
+        replica.pending_requests -= 1
+        replica.started_since_scrape += 1
+        replica.pending_prefill_tokens = max(
+            replica.pending_prefill_tokens - self.decision.uncached_tokens, 0.0
+        )

@@ -88,9 +88,12 @@ async def complete(
         _log_prompt(endpoint, parsed.body)
     owner = tenant.name if tenant is not None else None
     memory = app[MEMORY]
+    tenants = bool(fleet.policy.limits.tenants)
+    if tenants:
+        responses_lookup.refuse_chosen_id(parsed)
     if parsed.previous_response_id is not None:
         await responses_lookup.readable_home(
-            memory.responses, parsed.previous_response_id, owner, "previous_response_id"
+            memory.responses, parsed.previous_response_id, owner, "previous_response_id", tenants
         )
     await memory.large_conversations.recall(fleet.tiers.get(parsed.model), parsed.body)
     resolution = resolve(fleet, parsed, sent.get(headers.TIER), memory)

@@ -45,9 +45,19 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
+ECHO_CHARS = 64
+"""How much of a client's value an error message repeats: enough to recognise it (a model's
+name, a response's id), never a megabyte body field sent back whole."""
+
+
+def echoed(value: str) -> str:
+    """``value`` cut to ECHO_CHARS, marked as cut where it was, for an error message."""
+    return value if len(value) <= ECHO_CHARS else f"{value[:ECHO_CHARS]}... ({len(value)} chars)"
+
+
 def model_not_found(model: str) -> ApiError:
     return ApiError(
-        404, f"The model {model!r} does not exist.", code="model_not_found", param="model"
+        404, f"The model {echoed(model)!r} does not exist.", code="model_not_found", param="model"
     )
 
 

@@ -19,7 +19,8 @@ from aiohttp import web
 
 from gateway import headers
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
-from gateway.http.errors import ApiError, WithHeaders
+from gateway.http.errors import ApiError, WithHeaders, bad_request, echoed
+from gateway.http.request_body import Endpoint, ParsedRequest
 from gateway.rate_limit import RateLimiter
 from gateway.routing.affinity import ReplicaRef, ResponseHomes, RoutingMemory
 from gateway.telemetry.logs import REQUEST_ID
@@ -33,20 +34,33 @@ _FORWARDED = ("Authorization", "traceparent", "tracestate", "Accept")
 
 def not_found(response_id: str, param: str = "response_id") -> ApiError:
     """vLLM's own answer for a response it does not hold."""
-    return ApiError(404, f"Response with id '{response_id}' not found.", param=param)
+    return ApiError(404, f"Response with id '{echoed(response_id)}' not found.", param=param)
 
 
 async def readable_home(
-    homes: ResponseHomes, response_id: str, tenant: str | None, param: str
+    homes: ResponseHomes, response_id: str, tenant: str | None, param: str, tenants: bool
 ) -> ReplicaRef | None:
     """Where the response is stored (None: unknown to the gateway); a 404 when it belongs to
-    another tenant, or, for a tenant, when the gateway cannot tell whose it is (a restarted,
-    empty Redis; one stored while Redis was away): routed anyway, another tenant's would be
-    read wherever the replica happens to hold it."""
+    another tenant, or, where the policy has ``tenants``, when the gateway cannot tell whose it
+    is (a restarted, empty Redis; one stored while Redis was away; forgotten): routed anyway,
+    another tenant's would be read wherever the replica happens to hold it. That holds for a
+    key `allow_unknown_keys` lets in as much as for a tenant's."""
     home = await homes.find(response_id)
-    if (home is None and tenant is not None) or (home is not None and not home.readable_by(tenant)):
+    if (home is None and tenants) or (home is not None and not home.readable_by(tenant)):
         raise not_found(response_id, param)
     return home
+
+
+def refuse_chosen_id(parsed: ParsedRequest) -> None:
+    """With tenants, a `/v1/responses` request may not choose its response's id: vLLM takes
+    one from the body's `request_id`, and an id another tenant's response has would have
+    vLLM overwrite that response (store=true), or its answer claim the id."""
+    if parsed.endpoint is Endpoint.RESPONSES and "request_id" in parsed.body:
+        raise bad_request(
+            "'request_id' is not accepted on /v1/responses: the gateway names stored "
+            "responses itself; leave it out, and use the id the answer carries.",
+            param="request_id", code="request_id_not_allowed",
+        )  # fmt: skip
 
 
 class ResponseLookup:
@@ -82,7 +96,9 @@ class ResponseLookup:
     async def _find(
         self, fleet: Fleet, owner: str | None, response_id: str
     ) -> tuple[PoolState, ReplicaState]:
-        home = await readable_home(self._memory.responses, response_id, owner, "response_id")
+        tenants = bool(fleet.policy.limits.tenants)
+        homes = self._memory.responses
+        home = await readable_home(homes, response_id, owner, "response_id", tenants)
         pool = fleet.pools.get(home.pool) if home is not None else None
         replica = pool.replicas.get(home.replica) if pool is not None and home else None
         if pool is None or replica is None:

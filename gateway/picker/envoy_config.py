@@ -20,7 +20,8 @@ Gateway API Inference Extension's endpoint-picker protocol)."""
 LB_NAMESPACE = "envoy.lb"
 SERVED = "x-gateway-destination-endpoint-served"
 """The endpoint that served the request (Envoy's %UPSTREAM_HOST%), on the answer's headers as
-the picker sees them: a fallback when the picked replica failed. The client never gets it."""
+the picker sees them: a fallback when the picked replica failed. The client never gets it (a
+filter after the picker on the answer's way removes it)."""
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET = "x-gateway-destination-endpoint-subset"
 """Where the proxy may name the endpoints (ip:port) the picker must choose among: a list under
@@ -89,6 +90,21 @@ def _too_large(max_body_bytes: int) -> dict[str, Any]:
     return {
         "filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": status}}},
         "body_format_override": {"json_format": {"error": error}},
+    }
+
+
+def _served_removed() -> dict[str, Any]:
+    """A filter ahead of the picker's that takes SERVED off every answer. Answers pass the
+    filters in reverse order, so it acts after the picker: on the answers the picker lets
+    through untouched (every path but the completions, the picker down under fail open) as
+    on those it follows. The route adds the header for the picker, and its own
+    `response_headers_to_remove` would act before the add, so the removal is here."""
+    return {
+        "name": "envoy.filters.http.header_mutation",
+        "typed_config": {
+            "@type": _TYPES + "extensions.filters.http.header_mutation.v3.HeaderMutation",
+            "mutations": {"response_mutations": [{"remove": SERVED}]},
+        },
     }
 
 
@@ -186,6 +202,7 @@ def bootstrap(
         },
         "local_reply_config": {"mappers": [_too_large(max_body_bytes)]},
         "http_filters": [
+            _served_removed(),
             {"name": _EXT_PROC, "typed_config": ext_proc},
             {
                 "name": "envoy.filters.http.router",

@@ -128,16 +128,19 @@ class PickerExchange:
     itself (an immediate response), or a pick, after which Envoy relays the replica's answer
     and the picker follows it."""
 
-    __slots__ = ("_answer_headers", "_envoy", "decoded", "picked", "subset")
+    __slots__ = ("_answer_headers", "_envoy", "decoded", "held", "picked", "subset")
 
-    def __init__(self, envoy: Envoy, subset: frozenset[str] | None = None) -> None:
+    def __init__(self, envoy: Envoy, held: bytes, subset: frozenset[str] | None = None) -> None:
         self._envoy = envoy
+        self.held = held
+        """The request's body as Envoy holds it (the client's bytes): what the replica gets
+        unless the pick sends another."""
         self.subset = subset
         """The endpoints (ip:port) the pick must be among, where the proxy named a subset."""
         self.picked = False
-        self.decoded: bytes | None = None
-        """The client's body decoded per its Content-Encoding, where it had one the gateway
-        decodes: what the replica gets, without that header."""
+        self.decoded = False
+        """Whether the gateway read the client's body decoded per its Content-Encoding: the
+        replica (vLLM, which does not decode) gets it decoded, without that header."""
         self._answer_headers: Mapping[str, str] = {}
 
     async def refuse(self, error: ApiError) -> None:
@@ -154,22 +157,24 @@ class PickerExchange:
         )
 
     async def pick(
-        self, endpoints: Sequence[str], answer_headers: Mapping[str, str], body: bytes | None
+        self, endpoints: Sequence[str], answer_headers: Mapping[str, str], body: bytes
     ) -> None:
         """Sends the request to ``endpoints[0]`` (ip:port), the others its fallbacks in turn,
-        with ``body`` in place of the client's where given (else the decoded body, where it
-        was encoded); its answer will carry ``answer_headers``."""
+        with ``body``, what `serve` would send (the body decoded, its model a tier's pool's,
+        asking for a stream's usage); its answer will carry ``answer_headers``."""
         value = ",".join(endpoints)
         metadata = struct_pb2.Struct()
         metadata.update({LB_NAMESPACE: {DESTINATION: value}})
         mutated = {DESTINATION: value}
-        if body is None:
-            body = self.decoded
-        if body is not None:
+        # Envoy forwards the body it holds unless told otherwise: only a changed one travels
+        # back (in the common case the same bytes object, which compares at no cost).
+        replaced = body != self.held
+        if replaced:
             mutated["content-length"] = str(len(body))
-        removed = ("content-encoding",) if self.decoded is not None else ()
+        # Whichever body goes, it is plain: vLLM would not decode it.
+        removed = ("content-encoding",) if self.decoded else ()
         common = pb.CommonResponse(header_mutation=_mutation(mutated, removed))
-        if body is not None:
+        if replaced:
             common.body_mutation.body = body
         await self._envoy.write(
             pb.ProcessingResponse(
@@ -181,16 +186,17 @@ class PickerExchange:
 
     async def follow(
         self,
-        on_status: Callable[[int, str, str], Mapping[str, str]],
+        on_status: Callable[[int, str, str, str], Mapping[str, str]],
         on_chunk: Callable[[bytes], None],
         on_end: Callable[[int], None],
         shown: UsageDropped | None = None,
     ) -> None:
         """Answers Envoy's messages about the replica's answer until its end, then tells
         ``on_end`` its status, or CLIENT_CLOSED when the stream ended first (the client left,
-        or Envoy gave up). ``on_status`` gets the status, the content type and the endpoint
-        that served, and returns headers that replace answer headers of the pick; ``shown``,
-        where the gateway asked for the stream's usage, is what of each chunk the client gets.
+        or Envoy gave up). ``on_status`` gets the status, the content type, the endpoint that
+        served and the content length ("" where none), and returns headers that replace
+        answer headers of the pick; ``shown``, where the gateway asked for the stream's usage,
+        is what of each chunk the client gets.
 
         The last message is taken in (its chunk, the end) before it is answered: once Envoy
         has the answer to the end of the stream it may close the stream at once, cancelling
@@ -205,7 +211,12 @@ class PickerExchange:
                     h.key: (h.raw_value or h.value.encode()).decode(errors="replace") for h in sent
                 }
                 status = int(values.get(":status", "0") or 0)
-                changed = on_status(status, values.get("content-type", ""), values.get(SERVED, ""))
+                changed = on_status(
+                    status,
+                    values.get("content-type", ""),
+                    values.get(SERVED, ""),
+                    values.get("content-length", ""),
+                )
                 mutation = _mutation({**self._answer_headers, **changed}, remove=(SERVED,))
                 if message.response_headers.end_of_stream:
                     on_end(status)

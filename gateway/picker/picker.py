@@ -19,14 +19,18 @@ from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.pools import PoolSaturated
 from gateway.fleet.replicas import Dispatch, ReplicaState
 from gateway.http.errors import ApiError, WithHeaders, no_healthy_replica, pool_saturated
+from gateway.http.request_body import Endpoint
 from gateway.picker.envoy_config import FALLBACKS
 from gateway.picker.exchange import PickerExchange
 from gateway.relay import answers
 from gateway.relay.stream_usage import UsageDropped, asking_usage
-from gateway.routing.routed import Outcome, Routed
+from gateway.routing.routed import CLIENT_CLOSED, Outcome, Routed
 from gateway.telemetry.metrics import GatewayMetrics
 from router_policies.decision import Decision, Route
 
+_MARKED_ENDS = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES))
+"""The streams whose end shows in their bytes (`data: [DONE]`, a Responses stream's final
+event): only these are known to have reached the client whole."""
 _TAIL = 512
 """Bytes of the previous chunk kept for finding `usage` split across two."""
 ADDRESS_TTL_S = 10.0
@@ -82,15 +86,31 @@ class Picker:
                 await self._addresses.of(r.url): r for r in (dispatch.replica, *fallbacks)
             }
             asked = asking_usage(routed.parsed) if self._stream_usage else None
-            await exchange.pick(list(answer.by_address), answer_headers, asked)
+            # What `serve` sends: the parsed body is the decoded one, its model a tier's pool's
+            # (the exchange sends it in place of Envoy's where the two differ).
+            body = asked if asked is not None else routed.parsed.raw
+            await exchange.pick(list(answer.by_address), answer_headers, body)
             shown = UsageDropped() if asked is not None else None
 
+            finished = False
+
             def ended(status: int) -> None:
+                nonlocal finished
+                finished = True
+                if status == CLIENT_CLOSED and answer.whole:
+                    # The client had all of it and closed before the answer's formal end (the
+                    # sync OpenAI SDK leaves at `data: [DONE]`): the replica's answer stands.
+                    status = answer.status
                 outcome.status = status
                 if 0 < status < 500:
                     self._outliers.success(answer.dispatch.replica)
 
-            await exchange.follow(answer.began, answer.chunk, ended, shown)
+            try:
+                await exchange.follow(answer.began, answer.chunk, ended, shown)
+            except asyncio.CancelledError:
+                if not finished:  # Envoy may end the stream by cancelling it: as on its end
+                    ended(CLIENT_CLOSED)
+                raise
         finally:
             pool.end(answer.dispatch)  # the fallback's, where one served
 
@@ -173,17 +193,27 @@ class _Answer:
         """The attempt whose answer this is: on a fallback when the picked replica failed."""
         self._moved = False
         self._watch = routed.hooks.answered if routed.hooks is not None else None
-        self._status = 0
+        self.status = 0
         self._stream = False
         self._waiting = True
         """For the stream's first token: its time is the TTFT and the prefill's end."""
         self._tail = b""
+        self._end: answers.StreamEnd | None = None
+        """Where the stream is: whether its end marker went by (a stream of an endpoint that
+        has one)."""
+        self._length: int | None = None
+        self._relayed = 0
+        """Bytes of the answer's body Envoy was let relay."""
 
-    def began(self, status: int, content_type: str, served: str) -> Mapping[str, str]:
-        """Takes the answer's status; the answer headers that change (the replica, when a
-        fallback served)."""
-        self._status = status
+    def began(self, status: int, content_type: str, served: str, length: str) -> Mapping[str, str]:
+        """Takes the answer's status and length; the answer headers that change (the
+        replica, when a fallback served)."""
+        self.status = status
         self._stream = content_type.startswith(answers.SSE) and status < 400
+        endpoint = self._routed.parsed.endpoint
+        if self._stream and endpoint in _MARKED_ENDS:
+            self._end = answers.StreamEnd(endpoint)
+        self._length = int(length) if length.isdigit() else None
         pool, now = self._routed.pool, time.monotonic()
         changed: dict[str, str] = {}
         fallback = self.by_address.get(served)
@@ -207,9 +237,20 @@ class _Answer:
         self._moved = True
         self._metrics.retries.labels(pool.name).inc()  # as `serve` counts its own retries
 
+    @property
+    def whole(self) -> bool:
+        """Whether all of the answer went by: a stream through its end marker, a body through
+        its length (one without either is never known whole)."""
+        if self._end is not None:
+            return self._end.ended
+        return not self._stream and self._length is not None and self._relayed >= self._length
+
     def chunk(self, chunk: bytes) -> None:
         routed, dispatch = self._routed, self.dispatch
         pool = routed.pool
+        self._relayed += len(chunk)
+        if self._end is not None:
+            self._end.feed(chunk)
         if (
             self._stream
             and self._waiting
@@ -219,7 +260,7 @@ class _Answer:
             self._metrics.ttft_of(pool.name).observe(time.perf_counter() - routed.started)
             if not self._moved:  # a fallback's wait began before it was known: no rate in it
                 pool.first_byte(dispatch, time.monotonic() - dispatch.at)
-        if self._watch is not None and not self._watch(dispatch.replica.name, self._status, chunk):
+        if self._watch is not None and not self._watch(dispatch.replica.name, self.status, chunk):
             self._watch = None
         seen = self._tail + chunk
         if routed.learn_usage(dispatch, seen):

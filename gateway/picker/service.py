@@ -86,7 +86,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             return
         started = time.perf_counter()
         REQUEST_ID.set(request_id(sent))
-        exchange = PickerExchange(envoy, subset)
+        exchange = PickerExchange(envoy, body, subset)
         app = self._app
         fleet = app[POLICY].fleet  # one generation of the policy for the whole request
         try:
@@ -94,7 +94,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             decoded = decode_body(body, declared_encoding(sent), app[SETTINGS].max_body_bytes)
             if decoded is not body:
                 # Envoy forwards what the picker read: the replica (vLLM) does not decode.
-                exchange.decoded, body = decoded, decoded
+                exchange.decoded, body = True, decoded
             forward = functools.partial(self._picker.forward, exchange)
             await complete(app, fleet, tenant, endpoint, sent, body, started, forward)
         except ApiError as error:

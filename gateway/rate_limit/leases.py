@@ -5,15 +5,18 @@ bucket's refill (GATEWAY_RATE_LIMIT_LEASE_S); the requests after it are taken fr
 in this process while it covers them and has not expired. What is leased counts as used in
 Redis, so the instances together never admit more than the limit. The price: an instance may
 hold, unspent, up to about ``lease_s`` of a tenant's rate that the others cannot use, until it
-returns the rest with its next call to Redis, or until the bucket has refilled that much. A
-limit too small to lease a whole request (under 120 per minute at 0.5 s) is taken from Redis
-on every request, as exactly as without leases. Refunds (the usage correction) go back into
-the lease they came from; only what the lease cannot absorb is written to Redis.
+returns the rest with its next call to Redis, or until the bucket has refilled that much, or
+until it stops (close() gives every lease back). A limit too small to lease a whole request
+(under 120 per minute at 0.5 s) is taken from Redis on every request, as exactly as without
+leases. Refunds (the usage correction) go back into the live lease while it holds no more than
+one lease's worth; the rest, a refund reaching an expired lease, or one that arrives while the
+lease is being renewed, is written to Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -21,9 +24,6 @@ from dataclasses import dataclass
 
 from gateway.rate_limit.redis_store import RedisStore
 from router_policies.rate_limit import SECONDS_PER_MINUTE, Bucket, BucketView, Limit, Verdict
-
-_MOST_HELD_LEASES = 4
-"""Refunds may grow a lease to this many leases' worth; beyond it, the excess goes to Redis."""
 
 
 @dataclass(slots=True)
@@ -111,10 +111,11 @@ class LeasedStore:
             # Redis down: served (fail open). Refused: its views count the leases already.
             return None if taken is None else taken[0]
         verdict, leased = taken
-        # Refunds that reached an old lease while Redis answered move into its successor.
+        # Refunds went to Redis while it answered (adjust_now): the new lease holds what it
+        # lent, no more than one lease.
         new = [
-            _Lease(lent + (old.left if old else 0.0), size, now + self._lease_s, seen)
-            for lent, old, size, seen in zip(leased, leases, sizes, verdict.views, strict=True)
+            _Lease(lent, size, now + self._lease_s, seen)
+            for lent, size, seen in zip(leased, sizes, verdict.views, strict=True)
         ]
         self._leases.update(zip(keys, new, strict=True))
         return _verdict(new, limits)
@@ -122,26 +123,45 @@ class LeasedStore:
     async def adjust(self, key: str, limit: Limit, delta: float) -> None:
         if self.adjust_now(key, limit, delta):
             return
-        lease = self._leases.get(key)
-        if lease is None or lease.left < delta:
-            await self._shared.adjust(key, limit, delta)
-            return
-        # A refund the lease would hold beyond its bound: the lease keeps the bound.
-        excess = lease.left - delta - _MOST_HELD_LEASES * lease.size
-        lease.left -= delta + excess
-        await self._shared.adjust(key, limit, -excess)
+        lease = self._live(key)
+        if lease is not None and delta < 0 and lease.left < lease.size:
+            # A refund larger than the lease has room for: the lease is filled to its size
+            # (spent here, no call), the rest goes back to Redis.
+            kept = lease.size - lease.left
+            lease.left = lease.size
+            delta += kept
+        await self._shared.adjust(key, limit, delta)
 
     def adjust_now(self, key: str, limit: Limit, delta: float) -> bool:
-        lease = self._leases.get(key)
-        if lease is None or lease.left < delta:
-            return False
-        if lease.left - delta > _MOST_HELD_LEASES * lease.size:
+        lease = self._live(key)
+        # Held at most one lease: more would be the tenant's rate that no other instance can
+        # use (the documented price of leasing is one lease per instance).
+        if lease is None or not 0.0 <= lease.left - delta <= lease.size:
             return False
         lease.left -= delta
         return True
 
+    def _live(self, key: str) -> _Lease | None:
+        """The lease a correction may go into: unexpired (an expired one is given back on the
+        next call, whenever that comes: it would hold the refund until then) and not being
+        renewed (its unspent part is on its way back to Redis)."""
+        lease = self._leases.get(key)
+        if lease is None or lease.expires <= self._clock() or key in self._renewing:
+            return None
+        return lease
+
     async def close(self) -> None:
+        """Gives back what every lease holds unspent (else the tenant's rate held in them is
+        lost to every instance until the bucket refills), then closes the client. Bounded:
+        each call fails open within the Redis timeout, the first failure skips the others
+        (Redis is then down, retry_s), and all of them together give up after twice the
+        timeout, so a Redis that is down or silent does not hold up the exit."""
+        held = [(key, lease) for key, lease in self._leases.items() if lease.left > 0]
         self._leases.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2 * self._shared.timeout_s):
+                for key, lease in held:
+                    await self._shared.adjust(key, Limit(lease.seen.limit), -lease.left)
         await self._shared.close()
 
 

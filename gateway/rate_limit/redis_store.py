@@ -2,8 +2,9 @@
 
 The script runs the rules of router_policies/rate_limit.py (the same table of cases tests
 both) atomically on the server, on the server's clock (TIME), so instances with skewed clocks
-still agree. A bucket is a hash {used, at} that expires once it would be full again: an
-absent bucket is a full one, and idle tenants cost no memory.
+still agree. A bucket is a hash {used, at, size, until} that expires once it would be full
+again: an absent bucket is a full one, and idle tenants cost no memory. ``size`` and ``until``
+keep a lowered limit's debt while instances disagree on the limit (store.py's _rate_of).
 
 Redis down or slower than the timeout (or refusing the password, the certificate, writes):
 the request is served (fail open), one warning saying which is logged per outage, each
@@ -32,34 +33,47 @@ log = logging.getLogger(__name__)
 # KEYS: the buckets. ARGV[1]: "take" or "adjust"; then per bucket: size per minute, cost, how
 # much more to lease when the cost is admitted (as much of it as the bucket still holds), and
 # what the caller returns of its previous lease. A bucket is {used, at}, as in
-# router_policies/rate_limit.py. Returns {allowed (1/0), retry_after_s, used of each bucket
-# after, leased of each}, as strings (Redis truncates Lua numbers).
+# router_policies/rate_limit.py, and {size, until}: the smallest size asked of it and the time
+# the bucket will be full at that size's rate (see _rate_of in store.py, the same rule).
+# Returns {allowed (1/0), retry_after_s, used of each bucket after, leased of each}, as
+# strings (Redis truncates Lua numbers).
 _SCRIPT = """
 redis.replicate_commands()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local n = #KEYS
-local sizes, costs, extras, used, leased = {}, {}, {}, {}, {}
+local sizes, costs, extras, used, leased, rates, smallest = {}, {}, {}, {}, {}, {}, {}
+local function fmt(x) return string.format('%.6f', x) end
 local function store(i)
-  redis.call('HSET', KEYS[i], 'used', string.format('%.6f', used[i]),
-             'at', string.format('%.6f', now))
-  -- Gone once full again: an absent bucket is a full one.
-  redis.call('PEXPIRE', KEYS[i], math.ceil(used[i] / (sizes[i] / 60) * 1000) + 1000)
+  redis.call('HSET', KEYS[i], 'used', fmt(used[i]), 'at', fmt(now))
+  if smallest[i] then
+    redis.call('HSET', KEYS[i], 'size', fmt(sizes[i]),
+               'until', fmt(now + used[i] / (sizes[i] / 60)))
+  end
+  -- Gone once full again, at the rate it refills: an absent bucket is a full one.
+  redis.call('PEXPIRE', KEYS[i], math.ceil(used[i] / (rates[i] / 60) * 1000) + 1000)
 end
 for i = 1, n do
   sizes[i] = tonumber(ARGV[4 * i - 2])
   costs[i] = tonumber(ARGV[4 * i - 1])
   extras[i] = tonumber(ARGV[4 * i])
   leased[i] = 0
-  local state = redis.call('HMGET', KEYS[i], 'used', 'at')
+  local state = redis.call('HMGET', KEYS[i], 'used', 'at', 'size', 'until')
+  -- A smaller size asked by another instance (one that has reloaded a lowered limit while
+  -- this one has not) refills the bucket until it is full at that rate: refilled at this
+  -- caller's larger rate, or expired by it, the lowered limit's debt would be gone.
+  local held = tonumber(state[3])
+  rates[i] = sizes[i]
+  if held and held < sizes[i] and now < tonumber(state[4]) then rates[i] = held end
+  smallest[i] = rates[i] == sizes[i]
   used[i] = 0
   if state[1] and state[2] then
     local elapsed = math.max(now - tonumber(state[2]), 0)
-    local owed = math.max(tonumber(state[1]) - elapsed * sizes[i] / 60, 0)
+    local owed = math.max(tonumber(state[1]) - elapsed * rates[i] / 60, 0)
     used[i] = math.min(owed, 2 * sizes[i])
     -- Used under a larger size (a limit lowered since): kept at the bound, and the TTL with
-    -- it, even when this call is refused.
-    if used[i] < owed then store(i) end
+    -- it, even when this call is refused; so is a smaller size the bucket did not hold.
+    if used[i] < owed or (smallest[i] and held ~= sizes[i]) then store(i) end
   end
   -- The unspent lease comes back before the decision, never past a full bucket (as the
   -- local store's refill): the instance's view and the decision are then the same bucket.
@@ -116,6 +130,7 @@ class RedisStore:
         self._script = self._client.register_script(_SCRIPT)
         self._prefix = f"{key_prefix}:ratelimit:"
         self._errors = errors
+        self.timeout_s = timeout_s
         self._retry_s = retry_s
         self._down_until = 0.0
         self._down = False

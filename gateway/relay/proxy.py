@@ -378,9 +378,11 @@ class Forwarder:
         except asyncio.CancelledError:
             if self.closing:
                 await _end_with(exchange, shutdown_event())
+            elif clean and end.ended:  # it had all of it (the sync SDK leaves at [DONE])
+                outcome.status = upstream.status
             raise
-        except ConnectionResetError:
-            outcome.status = CLIENT_CLOSED  # the client left, noticed on a write
+        except ConnectionResetError:  # the client left, noticed on a write; whole: as above
+            outcome.status = upstream.status if clean and end.ended else CLIENT_CLOSED
             return False
         outcome.status = upstream.status if clean else STREAM_FAILED
         return clean

@@ -71,17 +71,32 @@ class ResponseHomes:
         return len(self._homes)
 
     def remember(self, response_id: str, home: ReplicaRef) -> None:
-        """A home learned from a relayed answer: kept, and shared."""
-        self.learn(response_id, home)
-        if self.publish is not None:
+        """A home learned from a relayed answer: kept, and shared, unless ``learn`` refuses it."""
+        if self.learn(response_id, home) and self.publish is not None:
             self.publish(response_id, home)
 
-    def learn(self, response_id: str, home: ReplicaRef) -> None:
-        """A home kept here only (learned here, or from another process)."""
+    def learn(self, response_id: str, home: ReplicaRef) -> bool:
+        """A home kept here only (learned here, or from another process); False, and nothing
+        kept, for an id known under another owner. vLLM lets a client choose a response's id
+        (`request_id`): an answer carrying another tenant's id must not hand that tenant's
+        stored response over, so an id never changes owner."""
+        known = self._homes.get(response_id)
+        if known is not None and known.owner != home.owner:
+            return False
         self._homes[response_id] = home
         self._homes.move_to_end(response_id)
         while len(self._homes) > self.capacity:
             self._homes.popitem(last=False)
+        return True
+
+    def overrule(self, response_id: str, home: ReplicaRef | None) -> None:
+        """The shared state knew the id first, under another owner: its home replaces the one
+        learned here (None: one this version cannot read, so the id is forgotten here and
+        found nowhere, rather than left to the owner learned here)."""
+        if home is None:
+            self._homes.pop(response_id, None)
+        else:
+            self._homes[response_id] = home
 
     def get(self, response_id: str) -> ReplicaRef | None:
         home = self._homes.get(response_id)

@@ -49,7 +49,7 @@ from router_policies.schema import StateSettings
 
 if TYPE_CHECKING:
     from gateway.fleet.pools import Fleet
-    from gateway.routing.affinity import AdapterHomes, ReplicaRef, RoutingMemory
+    from gateway.routing.affinity import AdapterHomes, ReplicaRef, ResponseHomes, RoutingMemory
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,8 @@ class RedisState(SharedState):
         set for a moment is not replayed twice."""
         self._read_epoch = 0
         self._adapters: AdapterHomes | None = None
+        self._homes: ResponseHomes | None = None
+        self._keep_owner = self._client.register_script(responses.KEEP_OWNER)
         self._writes: set[asyncio.Task[None]] = set()
         """Keys being written (the request path does not wait for them)."""
 
@@ -148,29 +150,33 @@ class RedisState(SharedState):
 
     def share_memory(self, memory: RoutingMemory) -> None:
         self._adapters = memory.adapters
+        self._homes = memory.responses
         memory.responses.publish = self._publish_home
         memory.responses.fetch = self._fetch_home
         memory.large_conversations.publish = self._publish_large
         memory.large_conversations.fetch = self._fetch_large
 
     def _publish_home(self, response_id: str, home: ReplicaRef) -> None:
-        key, value = self._response_key(response_id), responses.encode(response_id, home)
-        self._write_soon(key, value, responses.REDIS_TTL_S)
+        key, homes = self._response_key(response_id), self._homes
+        if homes is not None:
+            self._soon(lambda: responses.claim(self._keep_owner, key, response_id, home, homes))
 
     def _publish_large(self, model: str, conversation: int) -> None:
-        self._write_soon(self._large_key(model, conversation), b"1", LARGE_TTL_S)
+        key = self._large_key(model, conversation)
+        self._soon(lambda: self._client.set(key, b"1", ex=LARGE_TTL_S))
 
-    def _write_soon(self, key: str, value: bytes, ttl_s: int) -> None:
+    def _soon(self, write: Callable[[], Awaitable[object]]) -> None:
         """In the background, the request not waiting; with Redis away only this one knows it."""
         if not self._link.up:
             return
-        task = asyncio.create_task(self._write(key, value, ttl_s))
+        task = asyncio.create_task(self._quietly(write))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _write(self, key: str, value: bytes, ttl_s: int) -> None:
+    @staticmethod
+    async def _quietly(write: Callable[[], Awaitable[object]]) -> None:
         with contextlib.suppress(*_FAILURES):
-            await self._client.set(key, value, ex=ttl_s)
+            await write()
 
     async def _fetch_large(self, model: str, conversation: tuple[int, ...]) -> bool:
         """Whether any of the conversation's keys went large: one round trip for all."""

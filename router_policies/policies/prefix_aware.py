@@ -12,8 +12,10 @@ replica. Then:
   ``cost.near_s`` are equally good; among them a warm one is kept if there is one, and the
   least recently loaded is chosen, ties by rendezvous order. A prompt no replica holds a
   useful part of, and without a shared lead worth a home (Preble's rule), goes to the one whose
-  cache has taken the least new text (turnover below). A new prefix, or a copy of one, goes where
-  recent requests and shared prefixes held, each against the pool's mean, sum least.
+  cache has taken the least new text (turnover below); a shorter lead counts as held on every
+  replica, so it neither charges a copy nor draws such prompts to its holder. A new prefix, or
+  a copy of one, goes where recent requests and shared prefixes held, each against the pool's
+  mean, sum least.
 - A hot prefix, whose recent share of the pool's traffic is more than a fair share of one
   replica, counts as warm on k replicas (k follows its share), so it spreads over k warm
   replicas instead of overloading one.
@@ -212,11 +214,21 @@ class PrefixAware(SelectionPolicy):
                     matched[i] = min(c.held_bytes, total)
                     blocks[i] = self.layout.blocks_within(matched[i])
         spread_homes = self._spread_homes(request, snapshot, matched) if has_home else set()
+        # A shared lead too short to be a home counts as held everywhere (0 for a prompt with
+        # no lead, which is matched as before). Preble's rule sends such a prompt by load, but
+        # charged as a copy (copy_weight x its prefill) and credited only where it was sent,
+        # the lead kept every other replica out of the near band: all of an app's new
+        # conversations piled onto the one replica holding its system prompt. It is under half
+        # the prompt, worth one cheap copy per replica, and after that copy it is held there.
+        # A later turn's history beyond the lead is still charged, so it stays home. The
+        # hot-prefix spread would lift the pile only once the lead's share of the pool's recent
+        # requests passes a fair share, after tens of requests on one replica.
+        credit = 0 if has_home else lead_bytes
         per_token_bytes = snapshot.chars_per_token
         prompt_tokens = total / per_token_bytes
         rates = [c.rates or self._default_rates for c in candidates]
         expected = [
-            (total - (max(m, lead_bytes) if i in spread_homes else m)) / per_token_bytes
+            (total - max(m, lead_bytes if i in spread_homes else credit)) / per_token_bytes
             for i, m in enumerate(matched)
         ]
         predicted = [

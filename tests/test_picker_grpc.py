@@ -1,0 +1,235 @@
+"""The picker over its gRPC port, with no Envoy: a script plays Envoy's side of the
+external-processing stream against `llm-gateway epp`'s app in-process. What the replica gets is
+the body `serve` would send, and an answer the client had whole counts as the replica's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+from envoy.config.core.v3 import base_pb2 as core
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from gateway.app_keys import METRICS, OUTLIERS
+from gateway.picker.picker import Picker
+from gateway.picker.server import add_picker
+from gateway.picker.service import ExternalProcessor
+from replica.processes import free_port
+from tests.conftest import GatewayClient, in_process_gateway, in_process_sims, metric
+from tests.tiers import EASY, HARD
+
+CHAT = "/v1/chat/completions"
+TIERS: dict[str, Any] = {"auto": {"small": "small", "large": "large"}}
+
+
+@contextlib.asynccontextmanager
+async def picker(tiers: bool = True) -> AsyncIterator[tuple[GatewayClient, Any]]:
+    """The picker's app (its /metrics behind the client) and a stub of its gRPC service; a
+    small and a large pool of one simulated replica each, behind the tier `auto`."""
+    port = free_port("127.0.0.1")
+    async with (
+        in_process_sims(1, "small-model") as small,
+        in_process_sims(1, "large-model") as large,
+    ):
+        policy: dict[str, Any] = {
+            "pools": {
+                "small": {"model": "small-model", "replicas": small},
+                "large": {"model": "large-model", "replicas": large},
+            },
+        }
+        if tiers:
+            policy["tiers"] = TIERS
+        extend = lambda app: add_picker(app, "127.0.0.1", port)  # noqa: E731
+        async with (
+            in_process_gateway(policy, extend) as client,
+            grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+        ):
+            yield client, pb_grpc.ExternalProcessorStub(channel)
+
+
+def request_headers(**extra: str) -> Any:
+    sent = {":method": "POST", ":path": CHAT, "content-type": "application/json", **extra}
+    values = [core.HeaderValue(key=k, raw_value=v.encode()) for k, v in sent.items()]
+    return pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(headers=core.HeaderMap(headers=values))
+    )
+
+
+def request_body(body: bytes) -> Any:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+
+
+def answer_headers(content_type: str, length: int | None = None) -> Any:
+    sent = {":status": "200", "content-type": content_type}
+    if length is not None:
+        sent["content-length"] = str(length)
+    values = [core.HeaderValue(key=k, raw_value=v.encode()) for k, v in sent.items()]
+    return pb.ProcessingRequest(
+        response_headers=pb.HttpHeaders(headers=core.HeaderMap(headers=values))
+    )
+
+
+def answer_chunk(body: bytes) -> Any:
+    """A chunk of the answer that is not its end: the client leaves before that comes."""
+    return pb.ProcessingRequest(response_body=pb.HttpBody(body=body, end_of_stream=False))
+
+
+async def pick(stub: Any, body: bytes, **extra: str) -> tuple[Any, Any]:
+    """Envoy's side up to the picker's answer to the body: the call, and that answer's
+    CommonResponse."""
+    call = stub.Process()
+    await call.write(request_headers(**extra))
+    await call.read()
+    await call.write(request_body(body))
+    answer = await call.read()
+    assert answer.WhichOneof("response") == "request_body", answer
+    return call, answer.request_body.response
+
+
+async def relay(call: Any, *messages: Any) -> None:
+    """Sends the answer's ``messages``, each once the picker has answered the one before."""
+    for message in messages:
+        await call.write(message)
+        await call.read()
+
+
+async def hang_up(call: Any, *messages: Any) -> None:
+    """Sends the answer's ``messages``, then ends the stream as Envoy does when the client
+    leaves, and waits until the picker has done with it."""
+    await relay(call, *messages)
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF
+
+
+def sent_to_replica(common: Any) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """The body the picker has Envoy send in place of the client's, the headers it sets and
+    those it removes."""
+    mutation = common.header_mutation
+    values = {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
+    assert common.body_mutation.body, "Envoy would send the client's own body"
+    body = common.body_mutation.body
+    assert values["content-length"] == str(len(body))
+    return orjson.loads(body), values, list(mutation.remove_headers)
+
+
+@pytest.mark.parametrize(
+    ("text", "model"), [(EASY, "small-model"), (HARD, "large-model")], ids=["easy", "hard"]
+)
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"stream": True, "stream_options": {"include_usage": True}}],
+    ids=["whole", "stream-asking-usage"],
+)
+async def test_a_tiered_request_reaches_the_replica_naming_its_pools_model(
+    text: str, model: str, extra: dict[str, Any]
+) -> None:
+    """As through `serve`: the tier `auto` is no model a replica knows."""
+    async with picker() as (_, stub):
+        body = {"model": "auto", "messages": [{"role": "user", "content": text}], **extra}
+        call, common = await pick(stub, orjson.dumps(body))
+        got, _, removed = sent_to_replica(common)
+        await hang_up(call)
+    assert got == {**body, "model": model}
+    assert removed == []
+
+
+async def test_a_gzip_tiered_request_reaches_the_replica_decoded_without_its_encoding() -> None:
+    async with picker() as (_, stub):
+        body = {"model": "auto", "messages": [{"role": "user", "content": EASY}]}
+        call, common = await pick(
+            stub, gzip.compress(orjson.dumps(body)), **{"content-encoding": "gzip"}
+        )
+        got, _, removed = sent_to_replica(common)
+        await hang_up(call)
+    assert got == {**body, "model": "small-model"}
+    assert removed == ["content-encoding"]
+
+
+async def test_a_request_the_gateway_sends_as_it_came_is_not_sent_back_to_envoy() -> None:
+    async with picker(tiers=False) as (_, stub):
+        body = {"model": "small-model", "messages": [{"role": "user", "content": EASY}]}
+        call, common = await pick(stub, orjson.dumps(body))
+        await hang_up(call)
+    assert not common.HasField("body_mutation")
+    assert "content-length" not in {h.header.key for h in common.header_mutation.set_headers}
+
+
+STREAM = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+)
+WHOLE = orjson.dumps({"choices": [{"index": 0, "message": {"content": "hi"}}]})
+
+
+@pytest.mark.parametrize(
+    ("stream", "answer", "code"),
+    [
+        (
+            True,
+            [answer_headers("text/event-stream"), answer_chunk(STREAM + b"data: [DONE]\n\n")],
+            "200",
+        ),
+        (True, [answer_headers("text/event-stream"), answer_chunk(STREAM)], "499"),
+        (False, [answer_headers("application/json", len(WHOLE)), answer_chunk(WHOLE)], "200"),
+        (False, [answer_headers("application/json", len(WHOLE)), answer_chunk(WHOLE[:-1])], "499"),
+        (False, [answer_headers("application/json"), answer_chunk(WHOLE)], "499"),
+    ],
+    ids=["stream-to-done", "stream-cut", "body-to-length", "body-cut", "body-no-length"],
+)
+async def test_a_client_leaving_after_the_whole_answer_counts_as_the_replicas_status(
+    stream: bool, answer: list[Any], code: str
+) -> None:
+    """The sync OpenAI SDK closes at `data: [DONE]`, before the chunked body's end: Envoy
+    then ends the picker's stream before the answer's end. An answer the client had whole is
+    the replica's; one it left before the end is a client that left (499)."""
+    async with picker(tiers=False) as (client, stub):
+        body = {"model": "small-model", "messages": [{"role": "user", "content": EASY}]}
+        call, _ = await pick(stub, orjson.dumps({**body, "stream": stream}))
+        await hang_up(call, *answer)
+        text = await (await client.get("/metrics")).text()
+    assert metric(text, "gateway_requests_total", pool="small", code=code) == 1
+
+
+class ResettingEnvoy:
+    """Envoy's side of a stream as a script, for the servicer called directly: ``messages``
+    one at a time, then a reset while the picker's answer to the last is on its way (gRPC
+    cancels that write)."""
+
+    def __init__(self, messages: list[Any]) -> None:
+        self._messages = list(messages)
+
+    async def read(self) -> Any:
+        return self._messages.pop(0) if self._messages else grpc.aio.EOF
+
+    async def write(self, response: Any) -> None:
+        if not self._messages:
+            raise asyncio.CancelledError
+
+
+async def test_a_stream_envoy_resets_after_its_end_counts_as_the_replicas_status() -> None:
+    """Envoy may end the picker's stream by resetting it as the answer to the stream's last
+    chunk goes, rather than closing it after: the same client, gone after the whole stream."""
+    async with picker(tiers=False) as (client, _):
+        app = client.app
+        assert app is not None
+        body = {"model": "small-model", "messages": [{"role": "user", "content": EASY}]}
+        envoy = ResettingEnvoy(
+            [
+                request_headers(),
+                request_body(orjson.dumps({**body, "stream": True})),
+                answer_headers("text/event-stream"),
+                answer_chunk(STREAM + b"data: [DONE]\n\n"),
+            ]
+        )
+        service = ExternalProcessor(app, Picker(app[METRICS], app[OUTLIERS]))
+        with contextlib.suppress(asyncio.CancelledError):
+            await service.Process(None, envoy)
+        text = await (await client.get("/metrics")).text()
+    assert metric(text, "gateway_requests_total", pool="small", code="200") == 1
