@@ -125,7 +125,8 @@ def _listenable(host: str, port: int, flag: str | None) -> bool:
         name = flag or "GATEWAY_PORT"
         print(f"error: {name}: cannot listen on {where}: address already in use", file=sys.stderr)
     else:  # a host that does not resolve, or is not this machine's
-        print(f"error: cannot listen on {where}: {problem.strerror or problem}", file=sys.stderr)
+        why = problem.strerror or problem
+        print(f"error: --host (GATEWAY_HOST): cannot listen on {where}: {why}", file=sys.stderr)
     return False
 
 
@@ -135,6 +136,12 @@ def _envoy_config(args: argparse.Namespace) -> int:
     from gateway.picker.envoy_config import bootstrap
     from gateway.settings_errors import load_settings
 
+    ports = [args.listen_port, args.picker_port, args.admin_port]
+    flags = ("--listen-port", "--picker-port", "--admin-port")
+    shared = [f for f, port in zip(flags, ports, strict=True) if port and ports.count(port) > 1]
+    if shared:  # Envoy would not bind, or would send the picker's traffic to its own listener
+        print(f"error: {' and '.join(shared)} name one port: each needs its own", file=sys.stderr)
+        return 2
     settings = load_settings({"policy": args.policy} if args.policy else {})
     if settings is None:
         return 2
@@ -215,7 +222,10 @@ def _hash_key(args: argparse.Namespace) -> int:
     if sys.stdin.isatty():
         import getpass
 
-        key = getpass.getpass("API key (not echoed): ")
+        try:
+            key = getpass.getpass("API key (not echoed): ")
+        except EOFError:  # Ctrl-D at the prompt: no key, as an empty line
+            key = ""
     else:
         key = sys.stdin.readline()
     key = key.strip()
@@ -257,7 +267,7 @@ def _run_tool(entry: EntryPoint, argv: Sequence[str]) -> int:
         print(
             f"error: `llm-gateway {entry.name}` is tooling that this install lacks "
             f"({exc.name} is missing; the production image holds only the gateway): "
-            "pip install llm-gateway",
+            "pip install 'llm-gateway[bench]'",
             file=sys.stderr,
         )
         return 2

@@ -25,12 +25,14 @@ class Settings(BaseSettings):
     # hide_input_in_errors: a bad GATEWAY_REDIS_URL must not print its password in an error.
     # allow_inf_nan: "inf" passes every lower bound, then breaks whatever turns it into a
     # deadline or a count (aiohttp's timeouts raise OverflowError at start-up).
+    # env_ignore_empty: compose files and charts pass GATEWAY_X="" to mean unset.
     model_config = SettingsConfigDict(
         env_prefix="GATEWAY_",
         extra="ignore",
         frozen=True,
         hide_input_in_errors=True,
         allow_inf_nan=False,
+        env_ignore_empty=True,
     )
 
     host: str = "127.0.0.1"
@@ -195,6 +197,14 @@ class Settings(BaseSettings):
                 f"must be at least {variable('outlier_base_ejection_s')}, which is "
                 f"{self.outlier_base_ejection_s}",
                 self.outlier_max_ejection_s,
+            )
+        if self.state_ttl_s < 2 * self.state_sync_interval_s:
+            # Counts that expire between two writes vanish from every other instance's view.
+            raise error_at(
+                ("state_ttl_s",),
+                f"must be at least twice {variable('state_sync_interval_s')}, which is "
+                f"{self.state_sync_interval_s}",
+                self.state_ttl_s,
             )
         return self
 

@@ -19,6 +19,11 @@ class DecayedCount:
         self._value = 0.0
         self._at = 0.0
 
+    def retune(self, half_life_s: float, now: float) -> None:
+        """Another half-life from ``now`` on: the count so far decays at the old one until then."""
+        self._value, self._at = self.value(now), max(now, self._at)
+        self._rate = math.log(2) / half_life_s
+
     def value(self, now: float) -> float:
         if now <= self._at:
             return self._value

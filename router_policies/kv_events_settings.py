@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from router_policies.strict_model import StrictModel
 
@@ -49,6 +49,14 @@ class KvEventsSettings(StrictModel):
     tokenize_timeout_s: Annotated[float, Field(gt=0)] = 1.0
     """Longest wait for a replica's /tokenize (a request's token blocks); past it, the request
     is routed on the estimate."""
+
+    @field_validator("endpoints")
+    @classmethod
+    def _as_replicas_are_written(
+        cls, endpoints: dict[str, EventEndpoint]
+    ) -> dict[str, EventEndpoint]:
+        # The pool's replica URLs lose a trailing slash: a key copied from them must match.
+        return {url.strip().rstrip("/"): endpoint for url, endpoint in endpoints.items()}
 
     def endpoint_for(self, url: str) -> EventEndpoint | None:
         own = self.endpoints.get(url)

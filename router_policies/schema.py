@@ -9,6 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -21,11 +22,11 @@ from pydantic import (
 )
 
 from router_policies.adapter_placement import AdapterSettings
-from router_policies.block_layout import BlockLayout
-from router_policies.kv_events_settings import EventEndpoint, KvEventsSettings, PrefixSource
+from router_policies.kv_events_settings import EventEndpoint, PrefixSource
 from router_policies.limits_settings import LimitsSettings
 from router_policies.policy_yaml import InvalidPolicy as InvalidPolicy
 from router_policies.policy_yaml import read_validated
+from router_policies.prefix_settings import PrefixSettings
 from router_policies.redis_url import checked as checked_redis_url
 from router_policies.redis_url import mask as mask_url
 from router_policies.session_settings import SessionSettings
@@ -38,55 +39,6 @@ class PolicyName(StrEnum):
     PREFIX_AWARE = "prefix-aware"
     LEAST_LOADED = "least-loaded"
     ROUND_ROBIN = "round-robin"
-
-
-class PrefixSettings(StrictModel):
-    """How prompts are fingerprinted and how much of a match is worth pinning for."""
-
-    block_bytes: Annotated[int, Field(ge=16, le=65536)] = 128
-    """Size of the fingerprint's first blocks, in bytes of canonical prompt text (~32 tokens)."""
-    doubling_blocks: Annotated[int, Field(ge=0, le=4096)] = 16
-    """The block size doubles after every this many blocks (0: fixed), so hashing a whole
-    long prompt stays cheap while a match is known to within 1/doubling_blocks of its length."""
-    max_blocks: Annotated[int, Field(ge=1, le=1 << 20)] = 4096
-    """Cap on fingerprint length in blocks: with doubling, far above the gateway's body limit,
-    so the whole prompt is hashed and long conversations stay apart."""
-    min_match_blocks: Annotated[int, Field(ge=1, le=1 << 20)] = 1
-    """A match shorter than this is not worth pinning for. At most max_blocks' own bound: no
-    match is longer than the fingerprint, and a far larger count's length in bytes, which
-    doubles every doubling_blocks, is an int of millions of digits computed per request."""
-    min_match_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.5
-    """A prompt whose shared lead (or match) is at least this share of it is worth a home
-    (Preble: a cache pays when the cached part is longer than the part left to prefill);
-    below it, the prompt goes by load."""
-    index_blocks: Annotated[int, Field(ge=1, le=1 << 32)] = 65536
-    """Per-replica index capacity, in block_bytes units, until the replica's KV size is known
-    from its metrics. At most 2^32: 512 GiB of 128-byte blocks, past any engine's KV cache (the
-    figure is also used as a float, which a far larger int overflows)."""
-    index_memory: Annotated[float, Field(ge=0.25, le=16.0)] = 1.25
-    """How many of a replica's KV caches' worth of prompt blocks its index remembers. At 1 the
-    index forgets about when the engine evicts, so what it says is held mostly is. Above 1 a
-    prompt whose history the engine has probably evicted still goes where that history went,
-    and prompts sharing long prefixes gather again on one replica, as under the peers' trees,
-    which never forget; the cost model then counts that history as cached. On Mooncake's
-    tuning windows, loaded, 1.25 kept 3.5-8 points more of the affinity bound on the
-    synthetic trace (prefixes shared across many requests) and moved the conversation trace's
-    within its spread (docs/benchmarks.md), so 1.25."""
-    chars_per_token: Annotated[float, Field(ge=0.1, le=100.0)] = 4.0
-    """Bytes of prompt per model token until the replicas' reported usage teaches the real
-    figure (real BPE tokenizers pack 2-4, byte-level fallback 1). The bounds are ten times past
-    any tokenizer either way, and keep the token and block counts made from it finite ints."""
-    source: PrefixSource = PrefixSource.AUTO
-    """What the router believes each replica holds: its engine's KV-cache events where it
-    publishes them (auto, the default; `events` sets where), or only them (events), or only
-    the estimate. On Mooncake's conversation tuning windows the events kept 0.7-3 points more
-    of the affinity bound than the estimate (docs/benchmarks.md); a replica with no endpoint
-    set, or whose stream is not whole, is routed to on the estimate."""
-    events: KvEventsSettings = KvEventsSettings()
-
-    @property
-    def layout(self) -> BlockLayout:
-        return BlockLayout(self.block_bytes, self.doubling_blocks)
 
 
 class CostSettings(StrictModel):
@@ -221,7 +173,9 @@ class PoolPolicy(StrictModel):
     adapter_placement: AdapterSettings = AdapterSettings()
     """How strongly an adapter's requests keep to the replicas that have it loaded."""
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
-    """GPUs per replica (2 for a 70B model on 80 GB GPUs); used by deployment recipes."""
+    """GPUs per replica (2 for a 70B model on 80 GB GPUs). The gateway does not read it: it
+    records the deployment's layout beside the pool (the Helm chart writes it from its launch
+    recipe); vLLM's own --tensor-parallel-size is what splits the model."""
     max_inflight_per_replica: Annotated[int, Field(ge=1)] | None = None
     """Requests the gateway sends one replica at once; beyond it they wait in the gateway
     (counted in gateway_pool_gateway_waiting). None: no gateway-side limit."""
@@ -245,8 +199,12 @@ class PoolPolicy(StrictModel):
             if not sep or scheme not in ("http", "https") or not rest or "/" in rest:
                 # Masked: a URL with credentials must not show its password in the error.
                 raise ValueError(f"{mask_url(url)!r} is not a base URL like http://host:port")
-        if len(set(cleaned)) != len(cleaned):
-            raise ValueError("a replica is listed twice")
+        # The gateway names a replica by its host:port (http://h:8000 and https://H:8000 alike);
+        # credentials, refused later and never shown, are left out.
+        names = [urlsplit(url).netloc.rpartition("@")[2].lower() for url in cleaned]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"a replica is listed twice: {', '.join(twice)}")
         return cleaned
 
     @model_validator(mode="after")
@@ -357,7 +315,7 @@ class Policy(StrictModel):
                 owner.setdefault(adapter, name)
         for virtual, tier in self.tiers.items():
             if virtual in owner:
-                why = f"tier model {virtual!r} is also pool {owner[virtual]!r}'s model"
+                why = f"tier model {virtual!r} is also pool {owner[virtual]!r}'s model or adapter"
                 problems.append((("tiers", virtual), why, virtual))
             for role, pool_name in (("small", tier.small), ("large", tier.large)):
                 if pool_name not in self.pools:

@@ -167,13 +167,16 @@ async def fake_replica(
 
 
 async def breaks_mid_stream(request: web.Request) -> web.StreamResponse:
-    """A fake replica's chat handler that sends one chunk ("partial ") and then dies: the
-    failure after the first byte, which no retry can hide."""
+    """A fake replica's chat handler that sends one chunk ("partial ") and the first half of
+    the next, and then dies: the failure after the first byte, which no retry can hide."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
              "choices": [{"index": 0, "delta": {"content": "partial "}, "finish_reason": None}]}  # fmt: skip
-    await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    event = b"data: " + orjson.dumps(chunk) + b"\n\n"
+    await response.write(event)
+    await asyncio.sleep(0.05)
+    await response.write(event[: len(event) // 2])
     await asyncio.sleep(0.05)
     assert request.transport is not None
     request.transport.close()

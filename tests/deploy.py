@@ -12,7 +12,9 @@ each session fixture (one install check, one cache of rendered charts) for the w
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -208,3 +210,29 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "external-redis": ("redis.url=redis://:s3cret@cache.example:6379/2", "picker.enabled=true"),
 }
 CRD_KINDS = {"ScaledObject", "ServiceMonitor", "PrometheusRule", "InferencePool"}
+
+
+def container_of(docs: Docs, deployment: str) -> dict[str, Any]:
+    """A Deployment's one container."""
+    (only,) = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+    spec: dict[str, Any] = only
+    return spec
+
+
+def expanded(text: str, env: dict[str, str]) -> str:
+    """``$(NAME)`` replaced as the kubelet does, with a variable defined before it."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), text)
+
+
+def pod_env(docs: Docs, container: dict[str, Any]) -> dict[str, str]:
+    """A container's environment as the kubelet sets it: a secretKeyRef read from the rendered
+    Secret, ``$(NAME)`` expanded with the entries before it."""
+    secrets = by_kind(docs, "Secret")
+    env: dict[str, str] = {}
+    for entry in container.get("env", []):
+        if "valueFrom" in entry:
+            ref = entry["valueFrom"]["secretKeyRef"]
+            env[entry["name"]] = base64.b64decode(secrets[ref["name"]]["data"][ref["key"]]).decode()
+        else:
+            env[entry["name"]] = expanded(entry["value"], env)
+    return env

@@ -1,5 +1,6 @@
 """Helpers of the hardening tests (issue 8): raw HTTP on a socket, the gateway's log, and fake
-replicas that fail beside good ones."""
+replicas that fail beside good ones, a long stream under way, a gateway starting against a
+replica that never answers."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import orjson
+import yaml
 from aiohttp import web
 
-from replica.processes import ManagedProcess
-from tests.conftest import fake_replica, running_gateway, running_sims
+from bench.launcher import GatewayProcess, gateway_argv
+from replica.processes import ManagedProcess, free_port
+from tests.conftest import chat, fake_replica, pool_policy, running_gateway, running_sims
 
 
 async def raw_http(url: str, data: bytes, timeout_s: float = 5.0) -> tuple[int, bytes, bytes]:
@@ -107,3 +112,43 @@ async def beside_two_good(
         running_gateway([bad_url, *(g.url for g in good)], "round-robin", env=env) as gateway,
     ):
         yield gateway, bad_url.removeprefix("http://")
+
+
+async def started_long_stream(session: aiohttp.ClientSession, url: str) -> aiohttp.ClientResponse:
+    """A stream through the gateway at ``url`` that has begun: 400 tokens, ~20 s on a sim
+    with ``decode_step_s=0.05``, so it is in flight through whatever the test does next."""
+    body = orjson.dumps(chat("s", "a long story", max_tokens=400, stream=True))
+    response = await session.post(f"{url}/v1/chat/completions", data=body)
+    assert response.status == 200
+    await response.content.readany()
+    return response
+
+
+@contextlib.asynccontextmanager
+async def starting_against_a_silent_replica(
+    tmp_path: Path, env: dict[str, str]
+) -> AsyncIterator[tuple[GatewayProcess, asyncio.Task[None]]]:
+    """A gateway in its first health round, before it listens: its one replica accepts the
+    probe and never answers (a vLLM still loading). Yields the gateway and the task of its
+    start, which raises ProcessStartError if it exits before answering; stops both after."""
+    probed = asyncio.Event()
+
+    async def silent_replica(_r: asyncio.StreamReader, _w: asyncio.StreamWriter) -> None:
+        probed.set()
+
+    replica = await asyncio.start_server(silent_replica, "127.0.0.1", 0)
+    replica_url = f"http://127.0.0.1:{replica.sockets[0].getsockname()[1]}"
+    port = free_port()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(pool_policy([replica_url])))
+    gateway = GatewayProcess(
+        gateway_argv(policy, port), f"http://127.0.0.1:{port}", policy, env=env
+    )
+    starting = asyncio.create_task(gateway.start(health_path="/health", timeout_s=30))
+    try:
+        async with asyncio.timeout(20):
+            await probed.wait()
+        yield gateway, starting
+    finally:
+        await gateway.stop()
+        replica.close()

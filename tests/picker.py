@@ -15,6 +15,7 @@ from bench.envoy import EnvoyProcess, start_envoy
 from bench.launcher import GatewayProcess, start_picker
 from gateway.picker.envoy_config import SUBSET, SUBSET_NAMESPACE
 from tests.conftest import FAST_PROBES, pool_policy, running_sims
+from tests.tiers import small_and_large, two_pools
 
 SYSTEM = "You are the support assistant of a bicycle shop. " * 80
 
@@ -57,17 +58,8 @@ async def behind_envoy(
 async def tiers_behind_envoy() -> AsyncIterator[EnvoyProcess]:
     """A small and a large pool of one simulated replica each behind the tier `auto`, the
     picker and Envoy, all real processes."""
-    async with (
-        running_sims(1, "small-model") as [small],
-        running_sims(1, "large-model") as [large],
-    ):
-        policy = {
-            "pools": {
-                "small": {"model": "small-model", "replicas": [small.url]},
-                "large": {"model": "large-model", "replicas": [large.url]},
-            },
-            "tiers": {"auto": {"small": "small", "large": "large"}},
-        }
+    async with small_and_large() as pools:
+        policy = two_pools(pools)
         picker = await start_picker(policy, env=FAST_PROBES)
         try:
             assert picker.picker_port is not None

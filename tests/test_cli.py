@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import subprocess
 import sys
 import tomllib
@@ -107,6 +108,23 @@ def test_hash_key_refuses_a_key_given_as_an_argument_without_printing_it(
     assert "sk-secret" not in result.stdout + result.stderr
     assert result.stdout == ""
     assert "stdin" in result.stderr
+
+
+def test_hash_key_takes_ctrl_d_at_its_hidden_prompt_as_no_key(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import getpass
+
+    from gateway.cli import main
+
+    def ctrl_d(prompt: str = "") -> str:
+        raise EOFError
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO())
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)  # a terminal: the hidden prompt
+    monkeypatch.setattr(getpass, "getpass", ctrl_d)
+    assert main(["hash-key"]) == 2
+    assert capsys.readouterr().err == "error: no key on stdin\n"
 
 
 def test_hash_key_help_still_works() -> None:

@@ -100,6 +100,29 @@ def test_epp_on_a_port_in_use_is_one_line(taken: int, flag: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("ports", "named"),
+    [
+        (["--listen-port", "8000", "--picker-port", "8000"], "--listen-port and --picker-port"),
+        (
+            ["--listen-port", "8000", "--picker-port", "9002", "--admin-port", "9002"],
+            "--picker-port and --admin-port",
+        ),
+    ],
+)
+def test_envoy_config_refuses_one_port_for_two_of_its_parts(ports: list[str], named: str) -> None:
+    ran = llm_gateway_process("envoy-config", *ports, "--policy", POLICY)
+    assert one_line(ran) == f"error: {named} name one port: each needs its own"
+    assert ran.code == 2 and ran.out == ""
+
+
+def test_a_host_that_cannot_be_listened_on_names_its_setting() -> None:
+    env = {**QUIET, "GATEWAY_HOST": "192.0.2.1"}
+    ran = llm_gateway_process("serve", "--policy", POLICY, "--port", str(free_port()), env=env)
+    assert one_line(ran).startswith("error: --host (GATEWAY_HOST): cannot listen on 192.0.2.1:")
+    assert ran.code == 2
+
+
 def test_epp_refuses_one_port_for_both_its_servers() -> None:
     port = str(free_port())
     ran = llm_gateway_process("epp", "--policy", POLICY, "--port", port, "--http-port", port)

@@ -152,6 +152,11 @@ def test_each_variant_renders_what_it_promises(render_chart: Render) -> None:
             ("autoscaling.mode=hpa", "pools.small.autoscaling.minReplicas=9"),
             "minReplicas is above maxReplicas",
         ),
+        (
+            ("pools.small.policy.autoscale.max_replicas=2",),
+            "pools.small.policy.autoscale.max_replicas: the chart sets it from "
+            "pools.small.autoscaling.maxReplicas",
+        ),
         # gateway.env naming what the chart sets itself, which would be in the env twice
         (("gateway.env.GATEWAY_WORKERS=4",), "gateway.env.GATEWAY_WORKERS: the chart sets"),
         (("gateway.env.GATEWAY_PORT=9000",), "GATEWAY_PORT itself; use gateway.port"),
@@ -163,6 +168,10 @@ def test_each_variant_renders_what_it_promises(render_chart: Render) -> None:
         (
             ("redis.enabled=true", "gateway.env.GATEWAY_REDIS_URL=redis://cache:6379/0"),
             "GATEWAY_REDIS_URL itself; use redis.url",
+        ),
+        (
+            ("redis.enabled=true", "gateway.env.REDIS_PASSWORD=other"),
+            "REDIS_PASSWORD itself; use redis.auth.existingSecret",
         ),
         (
             ("gateway.adminToken=t0ken", "gateway.env.GATEWAY_ADMIN_TOKEN=other"),

@@ -197,7 +197,7 @@ def test_gateway_deployment_runs_the_contract(render_chart: Render) -> None:
     no_token = one(render_chart(), "Deployment", f"{RELEASE}-llm-gateway")
     names = {e["name"] for e in no_token["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert "GATEWAY_ADMIN_TOKEN" not in names
-    assert not by_kind(render_chart(), "Secret")
+    assert f"{RELEASE}-llm-gateway-admin" not in by_kind(render_chart(), "Secret")
 
 
 def test_policy_checksum_rolls_pods_only_when_asked(render_chart: Render) -> None:

@@ -290,6 +290,9 @@ def test_response_homes_forget_the_least_recently_used() -> None:
         if i == 1:
             homes.get("resp_0")  # used: kept over resp_1
     assert len(homes) == 2 and homes.get("resp_1") is None and homes.get("resp_0") is not None
+    # A home the shared state overrules with counts as learned: the bound holds for it too.
+    homes.overrule("resp_3", ReplicaRef("p", "r"))
+    assert len(homes) == 2 and homes.get("resp_2") is None
 
 
 # --- LoRA adapters --------------------------------------------------------------------------

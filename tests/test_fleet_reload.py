@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,18 +64,59 @@ def test_a_surviving_replica_keeps_its_state_object_health_and_in_flight_count()
     assert replicas[name(B)].healthy is False
 
 
-def test_the_prefix_index_survives_a_reload_that_keeps_the_fingerprint_settings() -> None:
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"load": {"balance_eps": 0.5}},
+        # What a match is worth, or how much the index keeps, is tuned live: the digests held
+        # mean the same under the new values.
+        {"prefix": {"min_match_ratio": 0.4}},
+        {"prefix": {"min_match_blocks": 2}},
+        {"prefix": {"chars_per_token": 3.5}},
+        {"prefix": {"index_memory": 1.5}},
+        {"prefix": {"max_blocks": 2048}},
+        {"prefix": {"events": {"stall_s": 10.0}}},
+    ],
+    ids=lambda changed: ".".join((*changed, *next(iter(changed.values())))),
+)
+def test_the_prefix_index_survives_a_reload_that_keeps_the_fingerprint_settings(
+    changed: dict[str, Any],
+) -> None:
     old = fleet([A, B])
     pool = small(old)
     request = features(pool)
     send_to(pool, A, request)
 
-    new = small(fleet([A, B], previous=old, load={"balance_eps": 0.5}))
+    new = small(fleet([A, B], previous=old, **changed))
 
     decision = new.decide(request)
     assert decision is not None
     assert decision.replica == name(A)
     assert decision.matched_blocks == len(request.block_hashes)
+
+
+def test_a_reload_gives_kept_replicas_the_rates_they_take_from_the_policy() -> None:
+    # The policy's rates are the ones in use until a replica has learned its own, and always
+    # with learning off: those become the new ones. Learned rates are kept while learning is on.
+    old = fleet([A, B])
+    pool = small(old)
+    learned = pool.replicas[name(B)].learner
+    for tokens in range(20):
+        learned.observe(1000.0 * tokens, 1.0, 0.01 + 1e-5 * tokens)
+    learned_rates = learned.rates()
+    slower = {"prefill_tokens_per_s": 2000.0}
+
+    tuned = fleet([A, B], previous=old, cost=slower, load={"recent_half_life_s": 1.0})
+
+    kept = small(tuned).replicas[name(A)]
+    assert kept is pool.replicas[name(A)]
+    assert kept.learner.rates().prefill_s_per_token == pytest.approx(1 / 2000.0)
+    assert small(tuned).replicas[name(B)].learner.rates() == learned_rates
+    later = time.monotonic() + 10.0
+    kept.recent.add(later, 8.0)
+    assert kept.recent.value(later + 1.0) == pytest.approx(4.0)  # halved in the new 1 s
+    off = small(fleet([A, B], previous=tuned, cost={**slower, "learn": False}))
+    assert off.replicas[name(B)].learner.rates().prefill_s_per_token == pytest.approx(1 / 2000.0)
 
 
 def test_changed_fingerprint_settings_clear_the_index() -> None:
@@ -250,9 +292,12 @@ def test_a_reload_refused_midway_leaves_waiting_requests_with_the_running_pool(
     not_a_model = tmp_path / "tiers.json.gz"
     not_a_model.write_bytes(b"not gzip")
     old = tiered()
+    rates = small(old).replicas[name(A)].learner.rates()
     with pytest.raises(InvalidPolicy):
-        tiered(previous=old, classifier="learned", model=str(not_a_model))
+        cost = {"prefill_tokens_per_s": 2000.0}
+        tiered(previous=old, cost=cost, classifier="learned", model=str(not_a_model))
     assert small(old).latest() is small(old)
+    assert small(old).replicas[name(A)].learner.rates() == rates  # nor its replicas' settings
 
 
 def _scale_up_then_calm(pool: PoolState) -> None:
@@ -291,7 +336,7 @@ def test_a_changed_stabilisation_window_starts_a_new_history() -> None:
     assert new.autoscale.desired == new.autoscale.raw_desired == 1
 
 
-def tiered(previous: Fleet | None = None, **tier: Any) -> Fleet:
+def tiered(previous: Fleet | None = None, cost: dict[str, Any] | None = None, **tier: Any) -> Fleet:
     settings = {
         "small": "small",
         "large": "large",
@@ -302,7 +347,7 @@ def tiered(previous: Fleet | None = None, **tier: Any) -> Fleet:
     policy = parse_policy(
         {
             "pools": {
-                "small": {"model": "small-model", "replicas": [A]},
+                "small": {"model": "small-model", "replicas": [A], "cost": cost or {}},
                 "large": {"model": "large-model", "replicas": [B]},
             },
             "tiers": {"auto": settings},

@@ -9,6 +9,7 @@ import orjson
 import pytest
 from aiohttp import web
 from openai import APIError, AsyncOpenAI
+from openai.types.chat import ChatCompletionStreamOptionsParam
 
 from gateway import headers
 from replica.processes import ManagedProcess, sim_replica_argv
@@ -108,12 +109,22 @@ async def test_with_retries_off_the_5xx_reaches_the_client_unchanged() -> None:
             assert (await response.json())["error"]["code"] == "boom"
 
 
-async def test_a_stream_that_breaks_ends_with_an_error_not_a_hang() -> None:
+@pytest.mark.parametrize(
+    "options",
+    [None, {"include_usage": True}],
+    ids=["usage asked by the gateway", "usage asked by the client"],
+)
+async def test_a_stream_that_breaks_ends_with_an_error_not_a_hang(
+    options: ChatCompletionStreamOptionsParam | None,
+) -> None:
+    # It breaks mid-event: the SDK must see the error event whole, not half an event glued to
+    # it (a JSON error instead of the APIError), whichever way the stream is relayed.
     async with fake_replica(breaks_mid_stream) as url, running_gateway([url]) as gw:
         client = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0, timeout=10)
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
-        )
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True,
+            stream_options=options,
+        )  # fmt: skip
         received: list[str] = []
         with pytest.raises(APIError, match="mid-stream"):
             async for chunk in stream:

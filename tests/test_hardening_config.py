@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -19,6 +20,7 @@ from pydantic import SecretStr, ValidationError
 
 from bench.launcher import GatewayProcess, start_gateway
 from gateway.settings import Settings, usable_cpus
+from gateway.settings_errors import describe
 from tests.conftest import (
     FAST_PROBES,
     chat,
@@ -371,3 +373,31 @@ def test_an_empty_port_means_the_default_port(monkeypatch: pytest.MonkeyPatch, p
     assert Settings().port == 8080
     monkeypatch.setenv("GATEWAY_PORT", "9000")
     assert Settings().port == 9000
+
+
+@pytest.mark.parametrize(
+    ("name", "read"),
+    [
+        ("GATEWAY_WORKERS", lambda s: s.workers == 1),
+        ("GATEWAY_LOG_LEVEL", lambda s: s.log_level == "INFO"),
+        ("GATEWAY_POLICY", lambda s: s.policy is None),  # not ".", a directory to read
+        ("GATEWAY_RETRIES", lambda s: s.retries == 1),
+    ],
+)
+def test_every_empty_setting_means_its_default(
+    monkeypatch: pytest.MonkeyPatch, name: str, read: Callable[[Settings], bool]
+) -> None:
+    monkeypatch.setenv(name, "")
+    assert read(Settings())
+
+
+def test_shared_counts_that_would_expire_between_two_writes_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GATEWAY_STATE_TTL_S", "0.1")
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert describe(refused.value) == [
+        "error: GATEWAY_STATE_TTL_S: must be at least twice GATEWAY_STATE_SYNC_INTERVAL_S, "
+        "which is 0.075 (got 0.1)"
+    ]

@@ -153,14 +153,17 @@ async def test_a_connection_without_complete_headers_is_closed(gateway: ManagedP
     writer.close()
 
 
-async def test_a_body_that_does_not_arrive_gets_408(gateway: ManagedProcess) -> None:
-    status, _, body = await raw_http(
+async def test_a_body_that_does_not_arrive_gets_408_with_the_requests_id(
+    gateway: ManagedProcess,
+) -> None:
+    status, head, body = await raw_http(
         gateway.url,
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b'Content-Length: 500\r\n\r\n{"model":',
+        b'X-Request-Id: slow-upload-1\r\nContent-Length: 500\r\n\r\n{"model":',
     )
     assert status == 408
     assert openai_error(body)["code"] == "request_timeout"
+    assert b"\r\nx-request-id: slow-upload-1\r\n" in head.lower()
 
 
 async def test_connections_over_the_limit_are_refused_clearly_and_others_go_on(

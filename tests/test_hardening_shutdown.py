@@ -12,12 +12,16 @@ from pathlib import Path
 import aiohttp
 import orjson
 import pytest
-import yaml
 
-from bench.launcher import GatewayProcess, gateway_argv, start_gateway
-from replica.processes import ManagedProcess, free_port
+from bench.launcher import start_gateway
+from replica.processes import ManagedProcess
 from tests.conftest import chat, pool_policy, running_gateway, running_sims
-from tests.hardening import openai_error, read_answer
+from tests.hardening import (
+    openai_error,
+    read_answer,
+    started_long_stream,
+    starting_against_a_silent_replica,
+)
 
 
 async def test_sigterm_readiness_first_then_a_bounded_drain() -> None:
@@ -27,11 +31,7 @@ async def test_sigterm_readiness_first_then_a_bounded_drain() -> None:
         running_gateway([replica.url], env=env) as gw,
         aiohttp.ClientSession() as session,
     ):
-        long_stream = orjson.dumps(chat("s", "a long story", max_tokens=400, stream=True))
-        response = await session.post(f"{gw.url}/v1/chat/completions", data=long_stream)
-        assert response.status == 200
-        await response.content.readany()  # the stream has started: 400 tokens take ~20 s
-
+        response = await started_long_stream(session, gw.url)
         os.kill(gw.pid, signal.SIGTERM)
         signalled = time.monotonic()
         await asyncio.sleep(0.2)
@@ -67,31 +67,11 @@ async def test_a_gateway_the_launcher_started_stops_cleanly_without_the_pre_stop
 async def test_a_sighup_while_it_starts_is_not_the_end_of_it(tmp_path: Path) -> None:
     # SIGHUP asks for a reload (a deploy script may send it right after starting the gateway);
     # the loop's handler comes once the gateway listens, and the default before that ends it.
-    probed = asyncio.Event()
-
-    async def silent_replica(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        probed.set()  # the gateway's first health probe: it is starting, past its imports
-
-    replica = await asyncio.start_server(silent_replica, "127.0.0.1", 0)
-    replica_url = f"http://127.0.0.1:{replica.sockets[0].getsockname()[1]}"
-    port = free_port()
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(pool_policy([replica_url])))
-    gateway = GatewayProcess(
-        gateway_argv(policy, port),
-        f"http://127.0.0.1:{port}",
-        policy,
-        env={"GATEWAY_HEALTH_TIMEOUT_S": "3", "GATEWAY_SHUTDOWN_DELAY_S": "0"},
-    )
-    starting = asyncio.create_task(gateway.start(health_path="/health", timeout_s=30))
-    try:
-        async with asyncio.timeout(20):
-            await probed.wait()
+    env = {"GATEWAY_HEALTH_TIMEOUT_S": "3", "GATEWAY_SHUTDOWN_DELAY_S": "0"}
+    async with starting_against_a_silent_replica(tmp_path, env) as (gateway, starting):
         os.kill(gateway.pid, signal.SIGHUP)
         await starting  # raises if it exited before answering
-    finally:
         assert await gateway.stop() == 0
-        replica.close()
 
 
 BODY = orjson.dumps(chat("s", "q", max_tokens=2))

@@ -4,21 +4,19 @@ one log line, and leaves nothing behind."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
 from pathlib import Path
 
 import aiohttp
-import orjson
 import pytest
-import yaml
 
 from bench.host import children
-from bench.launcher import GatewayProcess, gateway_argv, start_gateway
-from replica.processes import ProcessStartError, free_port
-from tests.conftest import FAST_PROBES, chat, eventually, pool_policy, running_gateway, running_sims
+from bench.launcher import start_gateway
+from replica.processes import ProcessStartError
+from tests.conftest import FAST_PROBES, eventually, pool_policy, running_gateway, running_sims
+from tests.hardening import started_long_stream, starting_against_a_silent_replica
 from tests.shared_state import every_worker_up
 
 
@@ -26,28 +24,8 @@ from tests.shared_state import every_worker_up
 async def test_a_stop_signal_while_it_starts_ends_it_with_status_0_and_one_line_unlistened(
     sig: signal.Signals, tmp_path: Path
 ) -> None:
-    # The first health round runs before the gateway listens: up to the probe timeout with a
-    # replica that accepts and never answers (a vLLM still loading).
-    probed = asyncio.Event()
-
-    async def silent_replica(_r: asyncio.StreamReader, _w: asyncio.StreamWriter) -> None:
-        probed.set()
-
-    replica = await asyncio.start_server(silent_replica, "127.0.0.1", 0)
-    replica_url = f"http://127.0.0.1:{replica.sockets[0].getsockname()[1]}"
-    port = free_port()
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(pool_policy([replica_url])))
-    gateway = GatewayProcess(
-        gateway_argv(policy, port),
-        f"http://127.0.0.1:{port}",
-        policy,
-        env={"GATEWAY_HEALTH_TIMEOUT_S": "3"},
-    )
-    starting = asyncio.create_task(gateway.start(health_path="/health", timeout_s=30))
-    try:
-        async with asyncio.timeout(20):
-            await probed.wait()
+    env = {"GATEWAY_HEALTH_TIMEOUT_S": "3"}
+    async with starting_against_a_silent_replica(tmp_path, env) as (gateway, starting):
         os.kill(gateway.pid, sig)
         with pytest.raises(ProcessStartError):  # it exited and never answered
             await starting
@@ -55,9 +33,6 @@ async def test_a_stop_signal_while_it_starts_ends_it_with_status_0_and_one_line_
         assert gateway.returncode == 0, log
         assert "stopping: signal received while starting; exiting without listening" in log
         assert "listening on" not in log and "Traceback" not in log
-    finally:
-        await gateway.stop()
-        replica.close()
 
 
 @pytest.mark.parametrize(
@@ -79,11 +54,7 @@ async def test_what_ended_a_drain_early_is_logged_as_it_was(
         running_gateway([replica.url], env=env) as gw,
         aiohttp.ClientSession() as session,
     ):
-        long_stream = orjson.dumps(chat("s", "a long story", max_tokens=400, stream=True))
-        response = await session.post(f"{gw.url}/v1/chat/completions", data=long_stream)
-        assert response.status == 200
-        await response.content.readany()  # the stream has started: 400 tokens take ~20 s
-
+        response = await started_long_stream(session, gw.url)
         os.kill(gw.pid, signal.SIGTERM)
 
         def draining() -> bool:

@@ -18,11 +18,13 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from gateway.app_keys import METRICS, OUTLIERS
+from gateway.picker.envoy_config import DESTINATION
 from gateway.picker.picker import Picker
 from gateway.picker.server import add_picker
 from gateway.picker.service import ExternalProcessor
 from replica.processes import free_port
 from tests.conftest import GatewayClient, in_process_gateway, in_process_sims, metric
+from tests.rate_limits import ACME_KEY, tenant
 from tests.tiers import EASY, HARD
 
 CHAT = "/v1/chat/completions"
@@ -30,7 +32,9 @@ TIERS: dict[str, Any] = {"auto": {"small": "small", "large": "large"}}
 
 
 @contextlib.asynccontextmanager
-async def picker(tiers: bool = True) -> AsyncIterator[tuple[GatewayClient, Any]]:
+async def picker(
+    tiers: bool = True, limits: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[GatewayClient, Any]]:
     """The picker's app (its /metrics behind the client) and a stub of its gRPC service; a
     small and a large pool of one simulated replica each, behind the tier `auto`."""
     port = free_port("127.0.0.1")
@@ -46,6 +50,8 @@ async def picker(tiers: bool = True) -> AsyncIterator[tuple[GatewayClient, Any]]
         }
         if tiers:
             policy["tiers"] = TIERS
+        if limits is not None:
+            policy["limits"] = limits
         extend = lambda app: add_picker(app, "127.0.0.1", port)  # noqa: E731
         async with (
             in_process_gateway(policy, extend) as client,
@@ -233,3 +239,41 @@ async def test_a_stream_envoy_resets_after_its_end_counts_as_the_replicas_status
             await service.Process(None, envoy)
         text = await (await client.get("/metrics")).text()
     assert metric(text, "gateway_requests_total", pool="small", code="200") == 1
+
+
+async def test_a_percent_encoded_completion_path_is_routed_as_the_replica_reads_it() -> None:
+    # vLLM decodes the path: passed on unrouted, it would generate with no key and no limit.
+    body = orjson.dumps({"model": "small-model", "messages": [{"role": "user", "content": "hi"}]})
+    async with picker(tiers=False) as (_, stub):
+        call, common = await pick(stub, body, **{":path": "/v1/chat/%63ompletions"})
+        call.cancel()
+    assert DESTINATION in {h.header.key for h in common.header_mutation.set_headers}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "key", "answered"),
+    [
+        ("GET", "/v1/models", None, 401),
+        ("GET", "/v1/responses/resp_1", "sk-not-a-tenant", 401),
+        ("POST", "/invocations", None, 401),
+        ("GET", "/v1/models", ACME_KEY, None),
+        ("GET", "/health", None, None),  # a probe
+    ],
+)
+async def test_with_tenants_what_the_picker_does_not_route_needs_a_tenants_key_too(
+    method: str, path: str, key: str | None, answered: int | None
+) -> None:
+    limits = {"tenants": {"acme": tenant(ACME_KEY, requests_per_minute=100)}}
+    sent = {":method": method, ":path": path}
+    if key is not None:
+        sent["authorization"] = f"Bearer {key}"
+    async with picker(tiers=False, limits=limits) as (_, stub):
+        call = stub.Process()
+        await call.write(request_headers(**sent))
+        answer = await call.read()
+        call.cancel()
+    if answered is None:
+        assert answer.WhichOneof("response") == "request_headers"  # goes on to a replica
+    else:
+        assert answer.immediate_response.status.code == answered
+        assert orjson.loads(answer.immediate_response.body)["error"]["code"] == "invalid_api_key"

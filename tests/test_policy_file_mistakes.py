@@ -165,8 +165,8 @@ def _calibrated(window: int) -> dict[str, Any]:
     ("policy", "field", "usable", "refused"),
     [
         # Each refused value made the gateway fail where it turns the figure into a count.
-        (lambda v: small(prefix={"min_match_blocks": v}), "pools.small.prefix.min_match_blocks",
-         1 << 20, 10**12),
+        (lambda v: small(prefix={"min_match_blocks": v, "max_blocks": 1 << 20}),
+         "pools.small.prefix.min_match_blocks", 1 << 20, 10**12),
         (lambda v: small(prefix={"index_blocks": v}), "pools.small.prefix.index_blocks",
          1 << 32, 10**400),
         (lambda v: small(prefix={"chars_per_token": v}), "pools.small.prefix.chars_per_token",
@@ -196,6 +196,13 @@ def test_numbers_past_what_the_router_can_count_with_are_refused(
     with pytest.raises(ValidationError) as info:
         parse_policy(policy(refused))
     assert field in [".".join(map(str, e["loc"])) for e in info.value.errors()]
+
+
+def test_an_event_endpoint_is_keyed_by_its_replica_as_the_pool_lists_it() -> None:
+    url = "http://127.0.0.1:9001/"
+    events = {"endpoints": {url: {"endpoint": "tcp://127.0.0.1:5557"}}}
+    pool = parse_policy(small(replicas=[url], prefix={"events": events})).pools["small"]
+    assert pool.events_endpoint(pool.replicas[0]) is not None
 
 
 def test_a_huge_spread_factor_spreads_a_prefix_over_every_replica() -> None:
@@ -374,7 +381,7 @@ KEY_HASH = "a" * 64
          "line 6: pools.large.model: pool 'small' already serves model 'm': a model has one "
          "pool (list every replica of it there)"),
         (TIERED.replace("  auto:", "  big:"),
-         "line 9: tiers.big: tier model 'big' is also pool 'large''s model"),
+         "line 9: tiers.big: tier model 'big' is also pool 'large''s model or adapter"),
         (TIERED.replace("    model: big\n", "    model: big\n    adapters: [x, m]\n"),
          "line 7: pools.large.adapters.1: adapter 'm' is also pool 'small''s model or adapter"),
         (POOL + "    autoscale:\n      max_replicas: 3\n      min_replicas: 5\n",
@@ -384,10 +391,17 @@ KEY_HASH = "a" * 64
          "line 8: limits.tenants.b.api_key_sha256.0: tenants 'a' and 'b' share a key hash"),
         (POOL.replace("http://127.0.0.1:9001", "127.0.0.1:9001"),
          "line 4: pools.small.replicas: '127.0.0.1:9001' is not a base URL like http://host:port"),
+        # The gateway names a replica by its host:port: one of the two would vanish.
+        (POOL.replace("http://127.0.0.1:9001", "http://h:9001, https://u:hunter2@H:9001"),
+         "line 4: pools.small.replicas: a replica is listed twice: h:9001"),
+        (POOL + "    prefix:\n      max_blocks: 4\n      min_match_blocks: 5\n",
+         "line 7: pools.small.prefix.min_match_blocks: min_match_blocks (5) is above max_blocks "
+         "(4): no match could reach it"),
     ],
     ids=["tier-names-a-missing-pool", "tier-names-one-pool-twice", "two-pools-one-model",
          "tier-named-as-a-model", "adapter-named-as-a-model", "autoscale-bounds",
-         "tenants-share-a-key", "url-without-scheme"],
+         "tenants-share-a-key", "url-without-scheme", "one-host-port-twice",
+         "unreachable-match"],
 )  # fmt: skip
 def test_a_rule_across_fields_names_the_key_it_is_about_and_its_line(
     tmp_path: Path, text: str, problem: str

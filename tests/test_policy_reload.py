@@ -15,15 +15,28 @@ import orjson
 import pytest
 import pytest_asyncio
 import yaml
+from prometheus_client import CollectorRegistry, Counter
 
 from bench.launcher import GatewayProcess, start_gateway
 from gateway import headers
+from gateway.policy.reload import KEYS_NO_LONGER_CHECKED, PolicyHolder
 from replica.processes import ManagedProcess
-from tests.conftest import FAST_PROBES, MODEL, chat, eventually, get_text, metric, running_sims
+from router_policies.schema import load_policy
+from tests.conftest import (
+    FAST_PROBES,
+    MODEL,
+    chat,
+    eventually,
+    get_text,
+    metric,
+    pool_policy,
+    running_sims,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 TOKEN = "test-admin-token"
+URL = "http://127.0.0.1:9101"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 LARGE = "large-lora"
 """The tier's large pool: an adapter of the same replicas, so one set of sims serves both."""
@@ -207,3 +220,47 @@ async def test_dry_run_explains_the_decision_without_sending(
     assert tier["classifier"] == "learned"
     assert max(tier["contributions"].values()) > 0
     assert await prompt_tokens() == before
+
+
+# -- the file watch, and what a reload says ------------------------------------------------------
+
+TENANTS = {"limits": {"tenants": {"acme": {"api_key_sha256": ["a" * 64]}}}}
+
+
+def holder_of(path: Path) -> PolicyHolder:
+    reloads = Counter("reloads", "", ["result"], registry=CollectorRegistry())
+    return PolicyHolder(load_policy(path), path, reloads)
+
+
+async def test_the_file_watch_reads_a_file_written_in_parts_once_it_stands_whole(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump({**pool_policy([URL]), **TENANTS}, sort_keys=False))
+    holder = holder_of(path)
+    whole = yaml.safe_dump(
+        {**pool_policy([URL], load={"balance_eps": 0.5}), **TENANTS}, sort_keys=False
+    )
+    # An editor saving in place: what is on disk between its writes is a valid policy without
+    # `limits:`, which read then would serve every caller without a key.
+    path.write_text(whole[: whole.index("limits:")])
+    assert not holder.settled_change()
+    path.write_text(whole)
+    assert not holder.settled_change()  # changed again since the last poll: still being written
+    assert holder.settled_change()
+    assert (await holder.reload()).ok
+    policy = holder.fleet.policy
+    assert policy.limits.tenants and policy.pools["small"].load.balance_eps == 0.5
+    assert not holder.settled_change()
+
+
+async def test_a_reload_that_drops_every_tenant_applies_and_says_keys_go_unchecked(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump({**pool_policy([URL]), **TENANTS}))
+    holder = holder_of(path)
+    path.write_text(yaml.safe_dump(pool_policy([URL])))
+    result = await holder.reload()
+    assert (result.ok, result.warnings) == (True, (KEYS_NO_LONGER_CHECKED,))
+    assert not holder.fleet.policy.limits.tenants

@@ -112,6 +112,21 @@ async def test_with_tenants_a_missing_or_unknown_key_is_a_401() -> None:
     assert response.status == 401 and missing["error"]["code"] == "invalid_api_key"
 
 
+async def test_with_tenants_the_model_list_needs_a_tenants_key_and_charges_nothing() -> None:
+    async with gateway_with({"tenants": {"acme": tenant(ACME_KEY, requests_per_minute=1)}}) as gw:
+        with pytest.raises(openai.AuthenticationError) as unknown:
+            await openai_client(gw, "sk-not-a-tenant").models.list()
+        missing = await gw.get(f"/v1/models/{MODEL}")
+        missing_code = (await missing.json())["error"]["code"]
+        acme = openai_client(gw, ACME_KEY)
+        listed = [model.id async for model in acme.models.list()]
+        assert (await acme.models.retrieve(MODEL)).id == MODEL
+        served = await chat(acme)  # the one request a minute is still there
+    assert unknown.value.status_code == 401 and unknown.value.code == "invalid_api_key"
+    assert missing.status == 401 and missing_code == "invalid_api_key"
+    assert MODEL in listed and served.http_response.status_code == 200
+
+
 async def test_allow_unknown_keys_serves_other_keys_unlimited() -> None:
     section = {
         "tenants": {"acme": tenant(ACME_KEY, requests_per_minute=1)},

@@ -41,7 +41,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[tuple[BucketSto
 
 async def _spend_then_lower(store: BucketStore) -> float:
     """The whole old burst used, then a request under the lowered limit: refused, the used
-    600 kept as one bucket of debt (120). Returns the wait it announces."""
+    6000 kept as one bucket of debt (120). Returns the wait it announces."""
     assert (spent := await store.take([KEY], [OLD], [6000])) and spent.allowed
     refused = await store.take([KEY], [LOWERED], [1])
     assert refused is not None and not refused.allowed

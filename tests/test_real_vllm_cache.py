@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from gateway import headers
 from gateway.fleet.scrape import parse_engine_stats
 from replica.vllm_launch import CPU_BLOCK_SIZE, CPU_NUM_BLOCKS
-from router_policies.schema import PrefixSettings
+from router_policies.prefix_settings import PrefixSettings
 from tests.real_vllm import (
     POOL,
     SERVED,

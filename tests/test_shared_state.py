@@ -16,7 +16,7 @@ from gateway.fleet.pools import Fleet
 from gateway.routing.affinity import AdapterHomes
 from gateway.settings import Settings
 from gateway.shared_state import LocalState, Outbox, codec
-from gateway.shared_state.figures import RemoteFigures, own_figures
+from gateway.shared_state.figures import GAP_S, RemoteFigures, own_figures
 from gateway.shared_state.replay import apply_batch, encode_batch
 from router_policies.decision import Route
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
@@ -150,12 +150,14 @@ def test_counts_published_by_other_instances_add_to_the_local_view() -> None:
     pool_of(theirs).counts.arrivals = 10
     pool_of(mine).replicas[NAMES[0]].inflight = 1
     remote = RemoteFigures()
-    remote.apply(mine, {"a": _as_hash(theirs), "b": _as_hash(theirs)})
+    remote.apply(mine, {"a": _as_hash(theirs), "b": _as_hash(theirs)}, now=0.0)
     pool = pool_of(mine)
     assert pool.replicas[NAMES[0]].remote_inflight == 6
     seen = {c.name: c.inflight for c in pool.snapshot().candidates}
     assert seen[NAMES[0]] == 7
-    assert pool.counts.remote.arrivals == 20
+    pool_of(theirs).counts.arrivals = 15
+    remote.apply(mine, {"a": _as_hash(theirs), "b": _as_hash(theirs)}, now=0.1)
+    assert pool.counts.remote.arrivals == 10  # each one's increase since the first read
 
 
 def test_prefill_queued_by_other_instances_counts_in_the_cost_models_view() -> None:
@@ -171,14 +173,44 @@ def test_arrivals_only_grow_when_an_instance_restarts_or_disappears() -> None:
     theirs, mine = fleet(), fleet()
     remote = RemoteFigures()
     pool_of(theirs).counts.arrivals = 10
-    remote.apply(mine, {"a": _as_hash(theirs)})
-    remote.apply(mine, {})  # a read that missed it
+    remote.apply(mine, {"a": _as_hash(theirs)}, now=0.0)
     pool_of(theirs).counts.arrivals = 12
-    remote.apply(mine, {"a": _as_hash(theirs)})
-    assert pool_of(mine).counts.remote.arrivals == 12
+    remote.apply(mine, {"a": _as_hash(theirs)}, now=0.1)
+    assert pool_of(mine).counts.remote.arrivals == 2
     pool_of(theirs).counts.arrivals = 4  # it restarted, counting from 0
-    remote.apply(mine, {"a": _as_hash(theirs)})
-    assert pool_of(mine).counts.remote.arrivals == 16
+    remote.apply(mine, {"a": _as_hash(theirs)}, now=0.2)
+    assert pool_of(mine).counts.remote.arrivals == 6
+    remote.apply(mine, {}, now=0.3)  # it left (its counts expired)
+    assert pool_of(mine).counts.remote.arrivals == 6
+
+
+@pytest.mark.parametrize(
+    ("gap", "missing", "counted"),
+    [
+        (0.5, False, 600),  # a flapping backend's failed rounds: what came in between counts
+        (GAP_S + 0.5, False, 0),  # the backend away: what came meanwhile is no burst now
+        (0.2, True, 0),  # it was silent past the state TTL, so reads left it out
+    ],
+    ids=["short-gap", "outage", "missing-instance"],
+)
+def test_counts_unseen_for_a_while_are_no_burst_of_arrivals(
+    gap: float, missing: bool, counted: int
+) -> None:
+    # The autoscaling rate reads the sum's growth: an instance's total before it was first
+    # seen, or through a gap, arrived over that time, not in one read.
+    theirs, mine = fleet(), fleet()
+    remote = RemoteFigures()
+    pool_of(theirs).counts.arrivals = 100_000  # running long before this one started
+    remote.apply(mine, {"a": _as_hash(theirs)}, now=0.0)
+    assert pool_of(mine).counts.remote.arrivals == 0
+    if missing:
+        remote.apply(mine, {}, now=gap / 2)
+    pool_of(theirs).counts.arrivals += 600
+    remote.apply(mine, {"a": _as_hash(theirs)}, now=gap)
+    assert pool_of(mine).counts.remote.arrivals == counted
+    pool_of(theirs).counts.arrivals += 10
+    remote.apply(mine, {"a": _as_hash(theirs)}, now=gap + 0.1)
+    assert pool_of(mine).counts.remote.arrivals == counted + 10
 
 
 def test_when_the_backend_is_away_only_local_counts_remain() -> None:

@@ -3,34 +3,28 @@ whenever there is more than one, and the compose profile runs two instances on o
 
 from __future__ import annotations
 
-import base64
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
-from tests.deploy import COMPOSE, RELEASE, VARIANTS, Render, by_kind, one
+from tests.deploy import COMPOSE, RELEASE, VARIANTS, Render, by_kind, container_of, one, pod_env
 
 GATEWAY = f"{RELEASE}-llm-gateway"
 REDIS = f"{RELEASE}-llm-gateway-redis"
 
 
 def redis_url(docs: list[dict[str, Any]], deployment: str = GATEWAY) -> str | None:
-    """GATEWAY_REDIS_URL as the pod sees it: a plain value, or read from its Secret."""
-    (container,) = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
-    entry = next((e for e in container["env"] if e["name"] == "GATEWAY_REDIS_URL"), None)
-    if entry is None:
-        return None
-    if "value" in entry:
-        value: str = entry["value"]
-        return value
-    ref = entry["valueFrom"]["secretKeyRef"]
-    return base64.b64decode(one(docs, "Secret", ref["name"])["data"][ref["key"]]).decode()
+    """GATEWAY_REDIS_URL as the pod sees it (a Secret's value, the password expanded)."""
+    return pod_env(docs, container_of(docs, deployment)).get("GATEWAY_REDIS_URL")
 
 
 def test_several_gateway_pods_share_state_through_the_charts_redis(render_chart: Render) -> None:
     docs = render_chart()  # gateway.replicas: 2 by default
     assert REDIS in by_kind(docs, "Deployment")
-    assert redis_url(docs) == f"redis://{REDIS}:6379/0"
+    url = urlsplit(redis_url(docs) or "")
+    assert (url.hostname, url.port, url.path) == (REDIS, 6379, "/0")
+    assert url.password and len(url.password) == 32  # the chart's own Redis needs it
     assert one(docs, "Service", REDIS)["spec"]["ports"][0]["port"] == 6379
 
 

@@ -12,7 +12,12 @@ import orjson
 import pytest
 
 from gateway.http.request_body import Endpoint, parse_request
-from gateway.relay.stream_usage import USAGE_EVENT_MAX_BYTES, UsageDropped, asking_usage
+from gateway.relay.stream_usage import (
+    USAGE_EVENT_MAX_BYTES,
+    UsageDropped,
+    WholeEvents,
+    asking_usage,
+)
 from gateway.relay.usage import PromptUsage, final_usage_part, prompt_usage
 from tests.conftest import (
     MODEL,
@@ -177,6 +182,30 @@ def test_an_event_too_long_to_be_the_usage_goes_on_as_it_comes_and_little_is_hel
         assert len(client._held) <= USAGE_EVENT_MAX_BYTES
     assert sum(map(len, shown[1:-1])) > len(long) - 2 * 64 * 1024  # not held to its end
     assert b"".join(shown) + client.rest() == CHUNK + long + DONE
+
+
+@pytest.mark.parametrize("line_end", [b"\r\n", b"\r", b"\n"], ids=["CRLF", "CR", "LF"])
+def test_a_stream_whose_usage_is_not_dropped_still_goes_in_whole_events(line_end: bytes) -> None:
+    # A stream that breaks mid-event then leaves no half event for the error event to join.
+    stream = (CHUNK + USAGE + CHUNK + DONE).replace(b"\n", line_end)
+    for size in (1, 2, 3, 5, 7, len(stream)):
+        whole = WholeEvents()
+        shown = [whole(read) for read in reads_of(stream, size)]
+        assert all(not part or part.endswith(line_end * 2) for part in shown), size
+        assert b"".join(shown) == stream and whole.rest() == b""
+    whole = WholeEvents()
+    assert whole(CHUNK + CHUNK[:9]) == CHUNK
+    assert whole.rest() == CHUNK[:9]  # what a stream cut there leaves: not sent with an error
+
+
+def test_a_long_event_or_compressed_bytes_go_on_as_they_come() -> None:
+    long = b'data: {"choices":[{"text":"' + b"x" * (1 << 20) + b'"}]}\n\n'
+    whole, shown = WholeEvents(), []
+    for read in reads_of(CHUNK + long + DONE, 64 * 1024):
+        shown.append(whole(read))
+        assert len(whole._held) <= USAGE_EVENT_MAX_BYTES + 64 * 1024
+    assert b"".join(shown) + whole.rest() == CHUNK + long + DONE
+    assert WholeEvents(raw=True)(b"\x1f\x8b\x08 half") == b"\x1f\x8b\x08 half"
 
 
 def test_a_huge_event_costs_time_in_proportion_to_its_size() -> None:

@@ -30,9 +30,9 @@ from router_policies.tier_classifier_learned import EXPLAIN_TOP, LearnedTierMode
 from router_policies.tier_classifiers import CACHED_MODELS, CueClassifier, load_learned
 from router_policies.tier_router import TierRouter
 from router_policies.tier_settings import TierClassifierName, TierSettings
-from tests.conftest import FAST_PROBES, running_sims
+from tests.conftest import FAST_PROBES
 from tests.tier_learning import OBVIOUSLY_EASY, OBVIOUSLY_HARD, SHIPPED, TINY, tiny_examples
-from tests.tiers import chat
+from tests.tiers import chat, small_and_large, two_pools
 
 # --- choosing the classifier in the policy ----------------------------------------------------
 
@@ -167,17 +167,8 @@ TOKEN = "tier-test-token"
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def learned_gateway() -> AsyncIterator[ManagedProcess]:
-    async with (
-        running_sims(1, "small-model") as [small],
-        running_sims(1, "large-model") as [large],
-    ):
-        policy = {
-            "pools": {
-                "small": {"model": "small-model", "replicas": [small.url]},
-                "large": {"model": "large-model", "replicas": [large.url]},
-            },
-            "tiers": {"auto": {"small": "small", "large": "large", "classifier": "learned"}},
-        }
+    async with small_and_large() as pools:
+        policy = two_pools(pools, classifier="learned")
         gw = await start_gateway(policy, env={**FAST_PROBES, "GATEWAY_ADMIN_TOKEN": TOKEN})
         yield gw
         await gw.stop()

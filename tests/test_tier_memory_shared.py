@@ -18,10 +18,10 @@ from gateway.routing.affinity import LargeConversations
 from router_policies.tier_memory import conversation_keys
 from router_policies.tier_router import TierRouter
 from router_policies.tier_settings import TierSettings
-from tests.conftest import FAST_PROBES, admin_route, eventually, running_sims
+from tests.conftest import FAST_PROBES, admin_route, eventually
 from tests.redis_server import running_redis
 from tests.tiers import EASY_FOLLOW_UP as EASY
-from tests.tiers import HARD, OPENING, dialogue, tiered_policy
+from tests.tiers import HARD, OPENING, dialogue, small_and_large, tiered_policy
 
 
 async def tier_of(url: str, body: dict[str, Any]) -> str:
@@ -38,12 +38,8 @@ async def tier_of(url: str, body: dict[str, Any]) -> str:
 @contextlib.asynccontextmanager
 async def redis_and_tiers() -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """A Redis's URL, and a tier policy over one small and one large simulated replica."""
-    async with (
-        running_redis() as redis,
-        running_sims(1, "small-model") as [small],
-        running_sims(1, "large-model") as [large],
-    ):
-        yield redis.url, tiered_policy({"small": small, "large": large})
+    async with running_redis() as redis, small_and_large() as pools:
+        yield redis.url, tiered_policy(pools)
 
 
 async def test_a_follow_up_through_another_instance_keeps_the_conversations_large_tier() -> None:

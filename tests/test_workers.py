@@ -34,7 +34,7 @@ from tests.conftest import (
 )
 from tests.redis_server import running_redis
 from tests.shared_state import ADMIN_TOKEN, backend_up_is, every_worker_up, system
-from tests.tiers import tiered_policy
+from tests.tiers import small_and_large, tiered_policy
 
 
 @pytest.mark.parametrize(
@@ -328,9 +328,9 @@ async def test_an_admin_reload_reaches_every_worker_though_only_a_file_it_names_
     # The policy file is unchanged, so no worker's file watch sees the retrained model.
     model = tmp_path / "tiers.json.gz"
     write_tier_model(model, -5.0)
-    async with running_sims(1, "small-model") as [small], running_sims(1, "large-model") as [large]:
+    async with small_and_large() as pools:
         env = {**FAST_PROBES, "GATEWAY_WORKERS": "2", "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
-        policy = tiered_policy({"small": small, "large": large}, model=str(model))
+        policy = tiered_policy(pools, model=str(model))
         gateway = await start_gateway(policy, env=env)
         try:
             assert await eventually(every_worker_up(gateway))

@@ -1,9 +1,11 @@
 """Shared helpers of the tier tests: a fleet of a small and a large pool of one replica each
 behind the tier model `auto`, requests to it, conversations and their turns, load on a pool, and
-the policy of a running small and large pool behind `auto`."""
+running small and large pools behind `auto` and their policy."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -15,6 +17,7 @@ from replica.processes import ManagedProcess
 from router_policies.decision import Route
 from router_policies.schema import parse_policy
 from router_policies.tier_memory import continues, conversation_keys
+from tests.conftest import running_sims
 
 EASY = "What is the capital of France?"
 HARD = (
@@ -109,20 +112,31 @@ def busy(built: Fleet, pool: str, pending: int = 40) -> None:
         replica.pending_prefill_tokens = pending * 500  # their prompts, not yet prefilled
 
 
-def tiered_policy(pools: dict[str, ManagedProcess], **tier: Any) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def small_and_large() -> AsyncIterator[dict[str, ManagedProcess]]:
+    """One simulated replica serving `small-model` and one serving `large-model`, by pool."""
+    async with (
+        running_sims(1, "small-model") as [small],
+        running_sims(1, "large-model") as [large],
+    ):
+        yield {"small": small, "large": large}
+
+
+def two_pools(pools: dict[str, ManagedProcess], **tier: Any) -> dict[str, Any]:
+    """The pools `small` and `large` of one replica each behind the tier `auto`, every other
+    setting the default."""
     return {
         "pools": {
-            "small": {
-                "model": "small-model",
-                "replicas": [pools["small"].url],
-                "max_inflight_per_replica": 1,
-                "saturation_queue_per_replica": 1,
-            },
-            "large": {
-                "model": "large-model",
-                "replicas": [pools["large"].url],
-                "tensor_parallel_size": 2,
-            },
+            name: {"model": f"{name}-model", "replicas": [pools[name].url]}
+            for name in ("small", "large")
         },
         "tiers": {"auto": {"small": "small", "large": "large", **tier}},
     }
+
+
+def tiered_policy(pools: dict[str, ManagedProcess], **tier: Any) -> dict[str, Any]:
+    """two_pools with a small pool saturated by one request, and a large tensor-parallel one."""
+    policy = two_pools(pools, **tier)
+    policy["pools"]["small"].update(max_inflight_per_replica=1, saturation_queue_per_replica=1)
+    policy["pools"]["large"]["tensor_parallel_size"] = 2
+    return policy

@@ -31,12 +31,10 @@ _SERVICE_WEIGHT = 0.1
 
 
 class PoolState:
-    """A pool's replicas and the dispatch bookkeeping the routing decision reads.
-
-    Built anew on every policy reload; replica state (health, in-flight counts, learned rates),
-    the policy's own state (the prefix index) and the waiting queue carry over from the
-    previous generation, so a reload neither forgets caches nor strands requests in flight.
-    """
+    """A pool's replicas and the dispatch bookkeeping the routing decision reads. Built anew on
+    every policy reload; replica state (health, in-flight counts, learned rates), the policy's
+    own state (the prefix index) and the waiting queue carry over from the previous generation,
+    so a reload neither forgets caches nor strands requests in flight."""
 
     def __init__(self, name: str, policy: PoolPolicy, previous: PoolState | None = None) -> None:
         self.name = name
@@ -55,9 +53,8 @@ class PoolState:
             self.queue = previous.queue
         self.replicas: dict[str, ReplicaState] = {}
         for url in policy.replicas:
-            replica = next((r for r in old.values() if r.url == url), None)
-            if replica is None:
-                replica = ReplicaState.for_pool(url, policy, name)
+            kept = next((r for r in old.values() if r.url == url), None)
+            replica = kept or ReplicaState.for_pool(url, policy, name)
             self.replicas[replica.name] = replica
         self.events_on = any(policy.events_endpoint(url) for url in policy.replicas)
         """Some replica publishes KV-cache events the policy reads: requests get token keys."""
@@ -151,13 +148,11 @@ class PoolState:
     async def acquire(
         self, features: RequestFeatures, exclude: Iterable[str] = (), *, retry: bool = False
     ) -> Dispatch | None:
-        """A dispatched attempt; waits in line while every replica is full.
-
-        None when no healthy replica is left to try; PoolSaturated when the wait times out, or
-        at once for a sheddable request (priority below 0). A request still waiting when the
-        policy is reloaded goes to the pool's new generation (its replicas, added or removed);
-        when the reload removed the pool, PoolSaturated (``removed``) at once.
-        """
+        """A dispatched attempt; waits in line while every replica is full. None when no
+        healthy replica is left to try; PoolSaturated when the wait times out, or at once for a
+        sheddable request (priority below 0). A request still waiting when the policy is
+        reloaded goes to the pool's new generation (its replicas, added or removed); when the
+        reload removed the pool, PoolSaturated (``removed``) at once."""
         skip = set(exclude)
         deadline = time.monotonic() + self.policy.queue_timeout_s
         priority = features.priority
@@ -372,13 +367,17 @@ class Fleet:
                     old.queue.close()  # its waiters are answered; those in flight finish
                 else:
                     old.successor = successor
-            # A replica new to its pool waits for a probe, as all do at start-up (one still loading
-            # would hold requests to the first-byte timeout); another pool's verdict stands in.
+            # A replica kept takes the new settings; one new to its pool waits for a probe, as all
+            # do at start-up (one still loading would hold requests to the first-byte timeout),
+            # another pool's verdict standing in.
             kept = {r for _, r in previous.replicas()}
             known = {r.url: r.healthy for r in kept if r.probed}
             added = [(pool, r) for pool, r in self.replicas() if r not in kept]
-            for _, replica in added:
-                replica.healthy = known.get(replica.url, False)
+            for pool, replica in self.replicas():
+                if replica in kept:
+                    replica.follow(pool.policy, time.monotonic())
+                else:
+                    replica.healthy = known.get(replica.url, False)
             if added and self.probe_now is not None:
                 self.probe_now(added)
 

@@ -113,6 +113,16 @@ class ReplicaState:
         )
         return cls(url, learner, DecayedCount(policy.load.recent_half_life_s), pool=pool)
 
+    def follow(self, policy: PoolPolicy, now: float) -> None:
+        """This replica kept by a reload: the new policy's rates where it uses the policy's
+        (learning off, or its own not learned yet), forgetting and recent-load half-life."""
+        cost = policy.cost
+        self.learner.retune(
+            default_rates(cost), forgetting=cost.forgetting, min_samples=cost.min_samples,
+            learn=cost.learn,
+        )  # fmt: skip
+        self.recent.retune(policy.load.recent_half_life_s, now)
+
     def record_probe(self, ok: bool, unhealthy_after: int, healthy_after: int) -> None:
         if not self.probed:
             # The first probe has no history to smooth over: it is the truth.

@@ -34,13 +34,15 @@ from gateway.fleet.adapter_discovery import ROUNDS_PER_SCRAPE, discover_forever
 from gateway.fleet.kv_events import KvEventSubscriptions
 from gateway.fleet.monitor import ProbeSettings, ReplicaMonitor
 from gateway.fleet.outlier import OutlierDetector, OutlierSettings
+from gateway.fleet.pools import Fleet
 from gateway.http import responses_lookup
 from gateway.http.body_read import UnreadBody, body_too_large, read_body
-from gateway.http.completions import complete, count_error, request_id
+from gateway.http.completions import complete, count_error
 from gateway.http.errors import ApiError, aiohttp_error, expectation_failed, internal_error
 from gateway.http.exchange import AiohttpExchange
 from gateway.http.models_list import model_card, model_list
 from gateway.http.request_body import Endpoint, parse_request
+from gateway.http.request_ids import request_id
 from gateway.policy.reload import PolicyHolder
 from gateway.rate_limit.keys import bearer
 from gateway.rate_limit.make import make_limiter
@@ -145,15 +147,23 @@ def completion_handler(endpoint: Endpoint) -> Handler:
     return handle
 
 
+def _caller_may_see(request: web.Request) -> Fleet:
+    """The policy generation, once the caller's key passes where the policy has tenants: the
+    models, tiers and adapters served are theirs to see (OpenAI answers 401 without a key)."""
+    fleet = request.app[POLICY].fleet
+    request.app[LIMITER].authenticate(fleet.policy.limits, request.headers)
+    return fleet
+
+
 async def list_models(request: web.Request) -> web.Response:
+    fleet = _caller_may_see(request)
     request.app[METRICS].requests.labels(NO_POOL, NO_POOL, "200").inc()
-    return _json(model_list(request.app[POLICY].fleet, request.app[MEMORY].learned_adapters))
+    return _json(model_list(fleet, request.app[MEMORY].learned_adapters))
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
-    card = model_card(
-        request.app[POLICY].fleet, request.match_info["model"], request.app[MEMORY].learned_adapters
-    )
+    adapters = request.app[MEMORY].learned_adapters
+    card = model_card(_caller_may_see(request), request.match_info["model"], adapters)
     request.app[METRICS].requests.labels(NO_POOL, NO_POOL, "200").inc()
     return _json(card)
 
@@ -203,8 +213,7 @@ def admin(handler: Handler) -> Handler:
 
 async def admin_reload(request: web.Request) -> web.Response:
     result = await reload_every_worker(request.app[POLICY])
-    problems, warnings = list(result.problems), list(result.warnings)
-    answer = {"reloaded": result.ok, "problems": problems, "warnings": warnings}
+    answer = {"reloaded": result.ok, "problems": [*result.problems], "warnings": [*result.warnings]}
     return _json(answer, 200 if result.ok else 422)
 
 

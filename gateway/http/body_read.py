@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.compression_utils import BrotliDecompressor, ZLibDecompressor, ZSTDDecompressor
 from multidict import MultiMapping
 
-from gateway.http.errors import ApiError
+from gateway.http.errors import ApiError, echoed
 
 
 class UnreadBody(ApiError):
@@ -87,7 +87,7 @@ def coding(encoding: str) -> str | None:
 def unsupported_encoding(encoding: str) -> UnreadBody:
     return UnreadBody(
         415,
-        f"The request body's Content-Encoding {encoding[:64]!r} is not one the gateway reads: "
+        f"The request body's Content-Encoding {echoed(encoding)!r} is not one the gateway reads: "
         f"{', '.join(sorted(DECODED_ENCODINGS))} or identity.",
         param="Content-Encoding", code="unsupported_content_encoding",
     )  # fmt: skip

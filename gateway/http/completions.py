@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
-import os
-import re
-import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from http import HTTPStatus
 from typing import Any
@@ -37,6 +33,7 @@ from gateway.http import responses_lookup
 from gateway.http.errors import ApiError, WithHeaders, internal_error
 from gateway.http.front import FrontExchange, Request
 from gateway.http.request_body import Endpoint, parse_request
+from gateway.http.request_ids import request_id
 from gateway.rate_limit.limiter import Admission, RateLimiter, Tenant
 from gateway.routing.client_hints import with_client_hints
 from gateway.routing.resolve import resolve
@@ -45,29 +42,6 @@ from gateway.telemetry.logs import REQUEST_ID
 from gateway.telemetry.metrics import NO_POOL
 
 log = logging.getLogger(__name__)
-
-_CLIENT_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
-_ID_PREFIX = secrets.token_hex(6)
-_id_counter = itertools.count(1)
-
-
-def _new_id_prefix() -> None:
-    global _ID_PREFIX
-    _ID_PREFIX = secrets.token_hex(6)
-
-
-# Worker processes (serve --workers) are forked after this import: each needs its own prefix.
-os.register_at_fork(after_in_child=_new_id_prefix)
-
-
-def request_id(sent: Mapping[str, str]) -> str:
-    """The client's own id if it is a plausible one (it goes into logs and headers);
-    otherwise one is made: unique across processes by the random prefix, within one by the
-    counter, with no syscall per request, unlike uuid4."""
-    own = sent.get(headers.REQUEST_ID)
-    if own is not None and _CLIENT_ID.fullmatch(own):
-        return own
-    return f"{_ID_PREFIX}{next(_id_counter):010x}"
 
 
 async def complete(

@@ -1,10 +1,10 @@
 """Client connections at the protocol level: completion requests framed, parsed by llhttp
 (httptools) and answered on the transport; any other request hands its connection to aiohttp.
 
-A web framework builds a request object, a router match, middleware frames, a response object
-and a writer for every request; a relay needs one parse and one write each way. Measured on
-one zero-delay replica (docs/overhead.md), aiohttp's server side was most of the gateway's CPU
-per request once the replica side was protocol-level too (gateway/relay/upstream.py).
+A web framework builds a request object, a router match, middleware frames, a response and a
+writer per request; a relay needs one parse and one write each way. On one zero-delay replica
+(docs/overhead.md) aiohttp's server side was most of the gateway's CPU per request once the
+replica side was protocol-level too (gateway/relay/upstream.py).
 
 The front takes an HTTP/1.1 POST to a completion path with a Content-Length body within the
 body limit, no Expect, Content-Encoding or Transfer-Encoding and no upgrade: what the OpenAI
@@ -26,6 +26,7 @@ from typing import cast
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.headers import REQUEST_ID
 from gateway.http.body_read import body_late
 from gateway.http.connections import (
     MAX_HEAD_BYTES,
@@ -35,6 +36,7 @@ from gateway.http.connections import (
 )
 from gateway.http.errors import ApiError, shutting_down
 from gateway.http.request_body import Endpoint
+from gateway.http.request_ids import request_id
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +137,8 @@ class FrontConnection(asyncio.Protocol):
         self.throttled: tuple[Callable[[], None], Callable[[], None]] | None = None
         """What stops and restarts the replica writing to this client directly, while the
         client's socket is full."""
-        self._waiting_body: Endpoint | None = None
-        """The endpoint of a request whose head is in and body is not (its timer runs)."""
+        self._waiting_body: tuple[Endpoint, str] | None = None
+        """The endpoint and id of a request whose head is in and body is not (its timer runs)."""
         self.ended: asyncio.Future[None] | None = None
         """Done when the connection closes, for a drain waiting on it (close_when_idle)."""
 
@@ -258,19 +260,19 @@ class FrontConnection(asyncio.Protocol):
         if endpoint is None or length <= 0:  # llhttp forgets an empty body's Connection: close
             return False
         total = end + 4 + length
+        # Values decoded as aiohttp decodes them: a key or a hint reads the same either way.
+        fields = ((n.decode("latin-1"), v.decode(errors="surrogateescape")) for n, v in head.fields)
+        headers = CIMultiDictProxy(CIMultiDict(fields))
         if len(buffer) < total:
             if self._waiting_body is None:
                 self._cancel_timer()
-                self._waiting_body = endpoint
+                self._waiting_body = (endpoint, request_id(headers))
                 self._timer = self._loop.call_later(front.body_timeout_s, self._body_late)
             return True
         self._cancel_timer()
         self._waiting_body = None
         body = bytes(buffer[end + 4 : total])
         del buffer[:total]
-        # Values decoded as aiohttp decodes them: a key or a hint reads the same either way.
-        fields = ((n.decode("latin-1"), v.decode(errors="surrogateescape")) for n, v in head.fields)
-        headers = CIMultiDictProxy(CIMultiDict(fields))
         if not parser.should_keep_alive():
             self._closing = True  # the answer says so, and the connection closes after it
         request = Request(endpoint, headers, body)
@@ -335,12 +337,12 @@ class FrontConnection(asyncio.Protocol):
         """``error`` answers the request whose body is awaited, and the connection closes
         (what is left of the body cannot be told from a next request)."""
         self._cancel_timer()
-        if self._waiting_body is not None:
-            self._front.count_error(self._waiting_body.value, error.status)
-            self._waiting_body = None
-        body = error.body()
-        framing = b"Content-Length: %d\r\nConnection: close\r\n" % len(body)
-        self._transport.write(response_head(error.status, error.answer_headers(), framing) + body)
+        assert self._waiting_body is not None  # both callers answer a body still awaited
+        (endpoint, answer_id), self._waiting_body = self._waiting_body, None
+        self._front.count_error(endpoint.value, error.status)
+        framing = b"Content-Length: %d\r\nConnection: close\r\n" % len(body := error.body())
+        sent = error.answer_headers({REQUEST_ID: answer_id})
+        self._transport.write(response_head(error.status, sent, framing) + body)
         self._transport.close()
 
 

@@ -15,6 +15,7 @@ import functools
 import logging
 import time
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
 from aiohttp import web
@@ -23,9 +24,10 @@ from multidict import CIMultiDict
 
 from gateway.app_keys import LIFECYCLE, LIMITER, POLICY, SETTINGS
 from gateway.http.body_read import declared_encoding, decode_body
-from gateway.http.completions import complete, count_error, request_id
+from gateway.http.completions import complete, count_error
 from gateway.http.errors import ApiError, internal_error
 from gateway.http.request_body import Endpoint
+from gateway.http.request_ids import request_id
 from gateway.picker.exchange import Envoy, PickerExchange, endpoint_subset, go_on
 from gateway.picker.picker import Picker
 from gateway.telemetry.logs import REQUEST_ID
@@ -75,7 +77,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
             return
         sent = header_map(message.request_headers.headers)
         subset = endpoint_subset(message)
-        endpoint = _ENDPOINTS.get(sent.get(":path", "").split("?", 1)[0])
+        # Read as the replica reads it: /v1/chat/%63ompletions is the chat path to vLLM, and
+        # passed on unrouted it would generate with no key checked and no limit.
+        path = unquote(sent.get(":path", "").split("?", 1)[0])
+        endpoint = _ENDPOINTS.get(path)
+        probe = sent.get(":method") in ("GET", "HEAD") and not path.startswith("/v1/")
+        if endpoint is None and not probe and not await self._key_passes(envoy, path, sent):
+            return
         await envoy.write(go_on(message))
         bodiless = message.request_headers.end_of_stream
         if endpoint is None or sent.get(":method") != "POST" or bodiless:
@@ -102,6 +110,21 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
         except Exception:
             log.exception("unhandled error on POST %s", endpoint.value)
             await self._refuse(exchange, endpoint, internal_error())
+
+    async def _key_passes(self, envoy: Envoy, path: str, sent: CIMultiDict[str]) -> bool:
+        """Whether a request the picker does not route may go on: where the policy has tenants,
+        it needs a tenant's key as much as a completion does (the model list, a stored
+        response, a path vLLM serves and the gateway does not route; not a probe's GET of
+        /health or /metrics); else a 401 answers it."""
+        app = self._app
+        try:
+            app[LIMITER].authenticate(app[POLICY].fleet.policy.limits, sent)
+        except ApiError as error:
+            REQUEST_ID.set(request_id(sent))
+            count_error(app, path, error.status)
+            await PickerExchange(envoy, b"", None).refuse(error)
+            return False
+        return True
 
     async def _refuse(self, exchange: PickerExchange, endpoint: Endpoint, error: ApiError) -> None:
         if exchange.picked:

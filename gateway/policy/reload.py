@@ -38,6 +38,10 @@ STATE_NEEDS_RESTART = (
     "state: the section changed, but the shared-state backend is set up at start-up only: "
     "restart the gateway to apply it (until then the current one stays)"
 )
+KEYS_NO_LONGER_CHECKED = (
+    "limits: the new policy has no tenants, so API keys are no longer checked: every caller "
+    "is served without a key"
+)
 
 
 def _read(path: Path) -> PolicyFile | tuple[str, ...]:
@@ -80,6 +84,7 @@ class PolicyHolder:
         self._reloads = reloads
         self._refuse = refuse
         self._stamp = _stamp(path) if path is not None else None
+        self._polled = self._stamp
         self._one_at_a_time = asyncio.Lock()
         self._reloading: set[asyncio.Task[ReloadResult]] = set()
 
@@ -107,6 +112,8 @@ class PolicyHolder:
                 warnings = (STATE_NEEDS_RESTART,)
                 # /admin/policy then shows the section in effect, not the one waiting.
                 policy = policy.model_copy(update={"state": current})
+            if self.fleet.policy.limits.tenants and not policy.limits.tenants:
+                warnings += (KEYS_NO_LONGER_CHECKED,)
             refused = self._refuse(policy)
             if refused is not None:
                 return self._failed((refused,))
@@ -139,9 +146,18 @@ class PolicyHolder:
     def changed_on_disk(self) -> bool:
         return self.path is not None and _stamp(self.path) != self._stamp
 
+    def settled_change(self) -> bool:
+        """The file changed since it was last read and has stood as it is since the last poll:
+        a file written in place in several writes (an editor saving, a copy) is read once
+        whole, not as the prefix on disk between two writes, which may parse (a policy cut
+        before its `limits:` would serve every caller without a key)."""
+        stamp = _stamp(self.path) if self.path is not None else None
+        polled, self._polled = self._polled, stamp
+        return stamp != self._stamp and stamp == polled
+
     async def watch(self, interval_s: float) -> None:
         """Polls the file: portable, and immune to the inotify pitfalls of symlink swaps."""
         while True:
             await asyncio.sleep(interval_s)
-            if self.changed_on_disk():
+            if self.settled_change():
                 await self.reload()

@@ -330,20 +330,18 @@ class Forwarder:
             routed.learn_usage(dispatch, chunk)
 
         # The usage the gateway asked for is learned from, not shown to the client.
-        shown = stream_usage.UsageDropped() if req.asked_usage else None
-
-        def client_part(chunk: bytes) -> bytes:
-            return shown(chunk) if shown is not None else chunk
-
-        def held() -> bytes:
-            return shown.rest() if shown is not None else b""
+        shown = (
+            stream_usage.UsageDropped()
+            if req.asked_usage
+            else stream_usage.WholeEvents(raw=upstream.content_encoding is not None)
+        )
 
         def relay(chunk: bytes) -> None:
-            exchange.write_nowait(client_part(chunk))
+            exchange.write_nowait(shown(chunk))
             note(chunk)
 
         try:
-            await exchange.start(upstream.status, out, client_part(first))
+            await exchange.start(upstream.status, out, shown(first))
             note(first)
             try:
                 if exchange.direct:
@@ -356,23 +354,25 @@ class Forwarder:
                         exchange.throttle(None)
                 else:
                     while chunk := await upstream.readany():
-                        await exchange.write(client_part(chunk))
+                        await exchange.write(shown(chunk))
                         note(chunk)
             except (UpstreamError, TimeoutError) as exc:
                 log.warning(
                     "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
                 )
                 self._failed(routed.pool, dispatch.replica, "stream broke")
-                await exchange.write(held() + sse_error(exc))
+                shown.rest()  # half an event, which no client could read: not sent
+                await exchange.write(sse_error(exc))
                 clean = False
             if clean and not end.ended:
                 log.warning("stream from %s ended before its end", out[headers.REPLICA])
                 self._failed(routed.pool, dispatch.replica, "stream cut short")
-                await exchange.write(held() + sse_error(ConnectionResetError("stream ended early")))
+                shown.rest()
+                await exchange.write(sse_error(ConnectionResetError("stream ended early")))
                 clean = False
             elif clean:
                 self._outliers.success(dispatch.replica)
-            if tail := held():  # a last event the replica never ended (a stream cut there)
+            if tail := shown.rest():  # the last event, sent without its blank line
                 await exchange.write(tail)
             await exchange.end()
         except asyncio.CancelledError:

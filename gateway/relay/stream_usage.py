@@ -123,6 +123,36 @@ class UsageDropped:
         return data[:-_STRADDLE]
 
 
+class WholeEvents:
+    """A stream as the client gets it where nothing is dropped: in whole events. An event split
+    between two reads waits for its end, which no client could read before it anyway, so a
+    stream that breaks mid-event leaves no half of one on the wire for the error event to be
+    glued onto (an SDK would read the two as one event of broken JSON, not as the error). An
+    event longer than USAGE_EVENT_MAX_BYTES, and bytes the replica compressed (``raw``), go
+    as they come."""
+
+    __slots__ = ("_held", "_raw")
+
+    def __init__(self, raw: bool = False) -> None:
+        self._held = b""
+        self._raw = raw
+
+    def __call__(self, chunk: bytes) -> bytes:
+        held = self._held
+        if self._raw or (not held and chunk.endswith(_ENDS_WHOLE)):
+            return chunk  # the usual read: whole events
+        end = _last_end(chunk, held[-2:])
+        if end < 0:
+            self._held = held + chunk
+            return self.rest() if len(self._held) > USAGE_EVENT_MAX_BYTES else b""
+        self._held = chunk[end:]
+        return held + chunk[:end]
+
+    def rest(self) -> bytes:
+        rest, self._held = self._held, b""
+        return rest
+
+
 def _shown(events: bytes) -> bytes:
     """Whole events as the client gets them."""
     if _USAGE in events:

@@ -83,11 +83,14 @@ class ResponseHomes:
         known = self._homes.get(response_id)
         if known is not None and known.owner != home.owner:
             return False
+        self._keep(response_id, home)
+        return True
+
+    def _keep(self, response_id: str, home: ReplicaRef) -> None:
         self._homes[response_id] = home
         self._homes.move_to_end(response_id)
         while len(self._homes) > self.capacity:
             self._homes.popitem(last=False)
-        return True
 
     def overrule(self, response_id: str, home: ReplicaRef | None) -> None:
         """The shared state knew the id first, under another owner: its home replaces the one
@@ -96,7 +99,7 @@ class ResponseHomes:
         if home is None:
             self._homes.pop(response_id, None)
         else:
-            self._homes[response_id] = home
+            self._keep(response_id, home)
 
     def get(self, response_id: str) -> ReplicaRef | None:
         home = self._homes.get(response_id)

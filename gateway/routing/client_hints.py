@@ -13,7 +13,7 @@ from typing import Any
 import xxhash
 
 from gateway import headers
-from gateway.http.errors import bad_request
+from gateway.http.errors import bad_request, echoed
 from router_policies.fingerprint import RequestFeatures
 from router_policies.session_settings import SessionSettings
 from router_policies.tier_settings import TierSettings
@@ -55,7 +55,7 @@ def ttft_objective_s(sent: Mapping[str, str]) -> float | None:
     if not 0 < ms <= _MAX_OBJECTIVE_MS:  # NaN fails too
         raise bad_request(
             f"Header {name} must be a number of milliseconds above 0 and at most "
-            f"{_MAX_OBJECTIVE_MS:.0f}, got {text[:64]!r}.",
+            f"{_MAX_OBJECTIVE_MS:.0f}, got {echoed(text)!r}.",
             param=name,
         )
     return ms / 1000.0
@@ -70,7 +70,7 @@ def priority(sent: Mapping[str, str]) -> int:
     if value not in _PRIORITIES:
         raise bad_request(
             f"Header {headers.PRIORITY} must be an integer from {_PRIORITIES.start} to "
-            f"{_PRIORITIES.stop - 1}, got {text[:64]!r}.",
+            f"{_PRIORITIES.stop - 1}, got {echoed(text)!r}.",
             param=headers.PRIORITY,
         )
     return value
@@ -85,7 +85,7 @@ def forced_tier(text: str | None, settings: TierSettings) -> Tier | None:
     tier = _TIERS.get(text.lower())
     if tier is None:
         raise bad_request(
-            f"Header {headers.TIER} must be one of {', '.join(_TIERS)}, got {text[:64]!r}.",
+            f"Header {headers.TIER} must be one of {', '.join(_TIERS)}, got {echoed(text)!r}.",
             param=headers.TIER,
         )
     return tier

@@ -5,6 +5,8 @@ autoscaling rates see the whole fleet)."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -32,23 +34,41 @@ def own_figures(fleet: Fleet) -> dict[str, int]:
     return out
 
 
+GAP_S = 1.0
+"""Longest time between two reads over which the other instances' growth still counts as just
+arrived (a read every 75 ms; a flapping backend's failed rounds, each a fraction of a second,
+stay under it). After a longer gap (the backend away, this process stalled) it arrived at any
+time in it, perhaps before the autoscaling rate's window: added at once it would read as a burst
+of arrivals, which the signal's stabiliser then holds for minutes, so that read is a baseline."""
+
+
 class RemoteFigures:
     """Sums the other instances' hashes into the fleet's remote fields.
 
     Arrivals and completions are counters that restart at 0 with their instance and vanish
     with it: the sum the fleet sees only ever grows by each instance's increase since the
-    previous read, so a rate over it stays right when an instance comes or goes.
+    previous read, so a rate over it stays right when an instance comes or goes. An instance's
+    first count is a baseline, not an increase (its total since it started did not arrive in the
+    last read's interval), as is one after a gap: its first read after GAP_S, or its first after
+    a read it was missing from (the reads leave out an instance silent for the state TTL).
     """
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, str], int] = {}
+        self._last: dict[str, dict[str, int]] = {}
+        self._read_at = -math.inf
 
-    def apply(self, fleet: Fleet, others: Mapping[str, Mapping[str, str | int]]) -> None:
+    def apply(
+        self, fleet: Fleet, others: Mapping[str, Mapping[str, str | int]], now: float | None = None
+    ) -> None:
+        now = time.monotonic() if now is None else now
+        before_all = self._last if now - self._read_at <= GAP_S else {}
+        self._read_at, self._last = now, {}
         per_replica: dict[tuple[str, str, str], int] = {}
         waiting: dict[str, int] = {}
         grown: dict[tuple[str, str], int] = {}
-        seen: dict[tuple[str, str], int] = {}
         for instance, fields in others.items():
+            seen = before_all.get(instance, {})
+            last = self._last[instance] = {}
             for field, raw in fields.items():
                 kind, _, rest = field.partition(_SEP)
                 try:
@@ -62,13 +82,11 @@ class RemoteFigures:
                 elif kind == WAITING:
                     waiting[rest] = waiting.get(rest, 0) + value
                 elif kind in (ARRIVALS, COMPLETIONS):
-                    key = (instance, f"{kind}{_SEP}{rest}")
-                    before = self._last.get(key, 0)
-                    step = value - before if value >= before else value
+                    before = seen.get(field)
+                    # Fewer than before: it restarted, counting from 0.
+                    step = 0 if before is None else value - before if value >= before else value
                     grown[(kind, rest)] = grown.get((kind, rest), 0) + step
-                    seen[key] = value
-        # Merged, not replaced: an instance missing from one read must not count again from 0.
-        self._last.update(seen)
+                    last[field] = value
         for pool in fleet.pools.values():
             remote = pool.counts.remote
             remote.waiting = waiting.get(pool.name, 0)

@@ -90,6 +90,14 @@ class RateLearner:
         if not all(math.isfinite(v) for v in (*theta, trace)):
             self._start()  # numerically lost: start again from the prior
 
+    def retune(self, prior: Rates, *, forgetting: float, min_samples: int, learn: bool) -> None:
+        """A reloaded policy's settings. Where the policy's rates are the ones in use (learning
+        off, or too few samples yet), they are the new ones; learned rates are kept."""
+        changed, learned = prior != self._prior, self.learned  # learned under the old count
+        self._prior, self.forgetting, self.min_samples = prior, forgetting, min_samples
+        if not learn or (changed and not learned):
+            self._start()
+
     @property
     def learned(self) -> bool:
         return self.samples >= self.min_samples

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from router_policies.decision import Decision, PoolSnapshot
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures, fingerprint, load_only
-from router_policies.schema import PrefixSettings
+from router_policies.prefix_settings import PrefixSettings
 
 
 class Need(StrEnum):

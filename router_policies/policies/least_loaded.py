@@ -8,7 +8,7 @@ from router_policies.decision import Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
 from router_policies.load import least_loaded
 from router_policies.policies.base import Need, SelectionPolicy
-from router_policies.schema import PrefixSettings
+from router_policies.prefix_settings import PrefixSettings
 
 
 class LeastLoaded(SelectionPolicy):

@@ -43,7 +43,7 @@ by default: a little longer than the engine holds it); see the setting for why.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from router_policies.cost.copies import copy_penalty_s
 from router_policies.cost.objective import late_choice
@@ -54,8 +54,9 @@ from router_policies.fingerprint import RequestFeatures
 from router_policies.hot_prefixes import HotPrefixes, spread
 from router_policies.policies.base import Need, SelectionPolicy
 from router_policies.prefix_index import PrefixIndex
+from router_policies.prefix_settings import PrefixSettings
 from router_policies.rendezvous import hrw_score
-from router_policies.schema import PoolPolicy, PrefixSettings
+from router_policies.schema import PoolPolicy
 from router_policies.sessions import Sessions
 
 
@@ -104,6 +105,24 @@ class _Figures:
         ]
 
 
+_NOT_DIGESTS: dict[str, Any] = {
+    "min_match_blocks": True, "min_match_ratio": True, "chars_per_token": True,
+    "index_blocks": True, "index_memory": True,
+    "max_blocks": True,  # a longer or shorter chain of the same digests
+    "events": {"stall_s": True, "resync_s": True, "tokenize_timeout_s": True},
+}  # fmt: skip
+"""Prefix settings that weigh a match, size the index (each replica's index is resized at its
+next scrape) or time the events, not what a digest means: tuned live, they keep what the
+indexes hold."""
+
+
+def _same_digests(before: PrefixSettings, after: PrefixSettings) -> bool:
+    """An index survives a reload only while its digests mean the same: digests of another
+    block layout, or of another key source (which replicas' events give token keys), match
+    nothing."""
+    return before.model_dump(exclude=_NOT_DIGESTS) == after.model_dump(exclude=_NOT_DIGESTS)
+
+
 class PrefixAware(SelectionPolicy):
     needs: ClassVar[frozenset[Need]] = frozenset({Need.LOAD, Need.RATES})
 
@@ -112,9 +131,7 @@ class PrefixAware(SelectionPolicy):
         self.prefix: PrefixSettings = policy.prefix
         self.layout = policy.prefix.layout
         self._default_rates = default_rates(policy.cost)
-        keep = previous is not None and previous.policy.prefix == policy.prefix
-        # Digests of another block size or seed match nothing: an index survives a reload only
-        # when the fingerprint settings are unchanged.
+        keep = previous is not None and _same_digests(previous.policy.prefix, policy.prefix)
         self._indexes: dict[str, PrefixIndex] = dict(previous._indexes) if keep and previous else {}
         self._turnover: dict[str, float] = dict(previous._turnover) if keep and previous else {}
         same_hot = previous is not None and previous.policy.hot == policy.hot

@@ -139,7 +139,13 @@ urls: {{ toYaml $urls | nindent 2 }}
 {{- if and $launch.managed $launch.kvEventsPort -}}
 {{- $_ := set $entry "prefix" (dict "events" (dict "port" (int $launch.kvEventsPort))) -}}
 {{- end -}}
-{{- $_ := set $pools $name (mergeOverwrite $entry (deepCopy ($pool.policy | default dict))) -}}
+{{- $overrides := $pool.policy | default dict -}}
+{{- range $key, $value := dict "min_replicas" "minReplicas" "max_replicas" "maxReplicas" -}}
+{{- if hasKey ($overrides.autoscale | default dict) $key -}}
+{{- fail (printf "pools.%s.policy.autoscale.%s: the chart sets it from pools.%s.autoscaling.%s, the autoscaler's own bound, so that the signal stays within it; set that instead" $name $key $name $value) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $pools $name (mergeOverwrite $entry (deepCopy $overrides)) -}}
 {{- end -}}
 {{- $policy := dict "pools" $pools -}}
 {{- $tiers := dict -}}
@@ -196,9 +202,28 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret holding the chart's own Redis's password: redis.auth.existingSecret, else
+the chart's (templates/redis.yaml). */}}
+{{- define "llm-gateway.redisAuthSecret" -}}
+{{- .Values.redis.auth.existingSecret | default (printf "%s-redis-auth" (include "llm-gateway.fullname" .)) -}}
+{{- end -}}
+
+{{- define "llm-gateway.redisAuthSecretKey" -}}
+{{- .Values.redis.auth.existingSecretKey | default "redis-password" -}}
+{{- end -}}
+
+{{/* The REDIS_PASSWORD entry of a container's env (a list item), from its Secret. */}}
+{{- define "llm-gateway.redisPasswordEnv" -}}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "llm-gateway.redisAuthSecret" . }}
+      key: {{ include "llm-gateway.redisAuthSecretKey" . }}
+{{- end -}}
+
 {{/* The GATEWAY_REDIS_URL entry of a container's env (a list item), or nothing: an external
-Redis's URL (it may hold a password) from its Secret, the chart's own Redis (no password) as a
-plain value. */}}
+Redis's URL (it may hold a password) from its Secret; for the chart's own Redis, its password
+from its Secret and the URL built on it (Kubernetes expands $(REDIS_PASSWORD) in the pod). */}}
 {{- define "llm-gateway.redisUrlEnv" -}}
 {{- if include "llm-gateway.redisExternal" . -}}
 - name: GATEWAY_REDIS_URL
@@ -207,8 +232,9 @@ plain value. */}}
       name: {{ include "llm-gateway.redisUrlSecret" . }}
       key: {{ include "llm-gateway.redisUrlSecretKey" . }}
 {{- else if include "llm-gateway.redisEnabled" . -}}
+{{ include "llm-gateway.redisPasswordEnv" . }}
 - name: GATEWAY_REDIS_URL
-  value: {{ printf "redis://%s-redis:6379/0" (include "llm-gateway.fullname" .) | quote }}
+  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s-redis:6379/0" (include "llm-gateway.fullname" .) | quote }}
 {{- end -}}
 {{- end -}}
 
@@ -231,6 +257,9 @@ gateway.env may carry them. */}}
 {{- end }}
 {{- if include "llm-gateway.redisConfigured" . }}
 {{- $_ := set $managed "GATEWAY_REDIS_URL" "redis.url, redis.existingUrlSecret or redis.enabled alone" }}
+{{- end }}
+{{- if include "llm-gateway.redisEnabled" . }}
+{{- $_ := set $managed "REDIS_PASSWORD" "redis.auth.existingSecret (the chart's own Redis's password)" }}
 {{- end }}
 {{- range $name := keys ($g.env | default dict) | sortAlpha }}
 {{- if hasKey $managed $name }}
