@@ -114,14 +114,23 @@ async def beside_two_good(
         yield gateway, bad_url.removeprefix("http://")
 
 
-async def started_long_stream(session: aiohttp.ClientSession, url: str) -> aiohttp.ClientResponse:
-    """A stream through the gateway at ``url`` that has begun: 400 tokens, ~20 s on a sim
-    with ``decode_step_s=0.05``, so it is in flight through whatever the test does next."""
+@contextlib.asynccontextmanager
+async def long_stream_under_way(
+    env: dict[str, str],
+) -> AsyncIterator[tuple[ManagedProcess, aiohttp.ClientSession, aiohttp.ClientResponse]]:
+    """A gateway (``env``) over one slow sim, and a stream through it that has begun: 400
+    tokens, ~20 s, so it is in flight through whatever the test does next. Yields the
+    gateway, the client's session and that stream's response."""
     body = orjson.dumps(chat("s", "a long story", max_tokens=400, stream=True))
-    response = await session.post(f"{url}/v1/chat/completions", data=body)
-    assert response.status == 200
-    await response.content.readany()
-    return response
+    async with (
+        running_sims(1, decode_step_s=0.05) as [replica],
+        running_gateway([replica.url], env=env) as gw,
+        aiohttp.ClientSession() as session,
+    ):
+        response = await session.post(f"{gw.url}/v1/chat/completions", data=body)
+        assert response.status == 200
+        await response.content.readany()
+        yield gw, session, response
 
 
 @contextlib.asynccontextmanager

@@ -27,6 +27,7 @@ from tests.deploy import (
     Render,
     Tools,
     by_kind,
+    container_of,
     one,
     policy_of,
     run,
@@ -272,8 +273,7 @@ def gateway_would_refuse(docs: list[dict[str, Any]], tmp_path: Path) -> str | No
     from gateway.settings import Settings
     from gateway.state_backend import startup_problem
 
-    deployment = one(docs, "Deployment", f"{RELEASE}-llm-gateway")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container = container_of(docs, f"{RELEASE}-llm-gateway")
     env: dict[str, str] = {}
     for entry in container["env"]:
         env[entry["name"]] = entry.get("value", "redis://from-a-secret:6379/0")

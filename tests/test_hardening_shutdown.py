@@ -9,7 +9,6 @@ import signal
 import time
 from pathlib import Path
 
-import aiohttp
 import orjson
 import pytest
 
@@ -17,21 +16,16 @@ from bench.launcher import start_gateway
 from replica.processes import ManagedProcess
 from tests.conftest import chat, pool_policy, running_gateway, running_sims
 from tests.hardening import (
+    long_stream_under_way,
     openai_error,
     read_answer,
-    started_long_stream,
     starting_against_a_silent_replica,
 )
 
 
 async def test_sigterm_readiness_first_then_a_bounded_drain() -> None:
     env = {"GATEWAY_SHUTDOWN_DELAY_S": "1.5", "GATEWAY_DRAIN_TIMEOUT_S": "1.5"}
-    async with (
-        running_sims(1, decode_step_s=0.05) as [replica],
-        running_gateway([replica.url], env=env) as gw,
-        aiohttp.ClientSession() as session,
-    ):
-        response = await started_long_stream(session, gw.url)
+    async with long_stream_under_way(env) as (gw, session, response):
         os.kill(gw.pid, signal.SIGTERM)
         signalled = time.monotonic()
         await asyncio.sleep(0.2)

@@ -9,14 +9,13 @@ import os
 import signal
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from bench.host import children
 from bench.launcher import start_gateway
 from replica.processes import ProcessStartError
-from tests.conftest import FAST_PROBES, eventually, pool_policy, running_gateway, running_sims
-from tests.hardening import started_long_stream, starting_against_a_silent_replica
+from tests.conftest import FAST_PROBES, eventually, pool_policy, running_sims
+from tests.hardening import long_stream_under_way, starting_against_a_silent_replica
 from tests.shared_state import every_worker_up
 
 
@@ -49,12 +48,7 @@ async def test_what_ended_a_drain_early_is_logged_as_it_was(
     # An operator reading "deadline reached" raises the drain timeout: a second signal is no
     # reason to.
     env = {"GATEWAY_SHUTDOWN_DELAY_S": "0", "GATEWAY_DRAIN_TIMEOUT_S": drain_timeout_s}
-    async with (
-        running_sims(1, decode_step_s=0.05) as [replica],
-        running_gateway([replica.url], env=env) as gw,
-        aiohttp.ClientSession() as session,
-    ):
-        response = await started_long_stream(session, gw.url)
+    async with long_stream_under_way(env) as (gw, _, response):
         os.kill(gw.pid, signal.SIGTERM)
 
         def draining() -> bool:

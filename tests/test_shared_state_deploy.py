@@ -55,7 +55,7 @@ def test_an_external_redis_url_reaches_the_pods_from_a_secret_only(render_chart:
     assert url in VARIANTS["external-redis"][0]
     for deployment in (GATEWAY, f"{GATEWAY}-picker"):
         assert redis_url(docs, deployment) == url
-        (container,) = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+        container = container_of(docs, deployment)
         (entry,) = [e for e in container["env"] if e["name"] == "GATEWAY_REDIS_URL"]
         assert entry["valueFrom"]["secretKeyRef"] == {
             "name": f"{GATEWAY}-redis-url",
@@ -83,8 +83,7 @@ def test_an_existing_secret_names_the_external_redis(render_chart: Render) -> No
         "redis.existingUrlSecretKey=url",
         "redis.url=redis://ignored:6379/0",
     )
-    (container,) = one(docs, "Deployment", GATEWAY)["spec"]["template"]["spec"]["containers"]
-    (entry,) = [e for e in container["env"] if e["name"] == "GATEWAY_REDIS_URL"]
+    (entry,) = [e for e in container_of(docs, GATEWAY)["env"] if e["name"] == "GATEWAY_REDIS_URL"]
     assert entry["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "url"}
     assert not by_kind(docs, "Secret")  # the Secret is the operator's; the chart makes none
     assert REDIS not in by_kind(docs, "Deployment")

@@ -4,8 +4,9 @@ For a completion request (a POST to one of the gateway's paths) the stream carri
 request's headers, then its whole body (Envoy buffers it: `request_body_mode: BUFFERED`), then
 the answer's headers and body as they stream. The picker answers the body with the replica's
 address, or with an immediate response for what the gateway refuses itself (400, 401, 429,
-503); every other message is answered "go on" at once. Any other request goes on untouched:
-Envoy's load balancer picks its replica (the fallback of `llm-gateway envoy-config`).
+503); every other message is answered "go on" at once. Any other request goes on untouched,
+once its key passes where the policy has tenants: Envoy's load balancer picks its replica (the
+fallback of `llm-gateway envoy-config`).
 """
 
 from __future__ import annotations
