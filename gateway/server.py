@@ -40,6 +40,7 @@ from gateway.http.app import build_app
 from gateway.http.completions import count_error, serve_framed
 from gateway.http.connections import ConnectionGate, connection_limit
 from gateway.http.front import Front
+from gateway.policy.reload import Stamp
 from gateway.settings import Settings
 from gateway.shared_state.worker_mesh import MeshPlace
 from gateway.supervisor import STARTUP_FAILED, run_workers
@@ -90,9 +91,11 @@ async def serve(
     mesh: MeshPlace | None = None,
     heartbeat: tuple[Heartbeats, int] | None = None,
     extend: Callable[[web.Application], None] | None = None,
+    read_at: Stamp | None = None,
 ) -> None:
     """Serves until SIGTERM or SIGINT, then drains; ``extend`` adds to the app before it
-    starts (the picker's gRPC server)."""
+    starts (the picker's gRPC server); ``read_at``: the policy file's stamp when ``policy``
+    was read from it, where that was not just now (a replacement worker's)."""
     loop = asyncio.get_running_loop()
     # From the start: the first health round before listening lasts up to the probe timeout,
     # and a stop signal meanwhile would otherwise end the process unlogged (SIGTERM's default)
@@ -104,6 +107,8 @@ async def serve(
     if heartbeat is not None:
         beating = asyncio.create_task(keep_beating(*heartbeat), name="worker heartbeat")
     app = build_app(settings, policy, mesh)
+    if read_at is not None:
+        app[POLICY].read_when(read_at)
     if extend is not None:
         extend(app)
     if heartbeat is not None:
@@ -269,9 +274,15 @@ def run(
 
 
 def _run_worker(
-    settings: Settings, policy: Policy, mesh: MeshPlace, heartbeat: tuple[Heartbeats, int]
+    settings: Settings,
+    policy: Policy,
+    read_at: Stamp | None,
+    mesh: MeshPlace,
+    heartbeat: tuple[Heartbeats, int],
 ) -> int:
-    return _run_one(settings, policy, reuse_port=True, mesh=mesh, heartbeat=heartbeat)
+    return _run_one(
+        settings, policy, reuse_port=True, mesh=mesh, heartbeat=heartbeat, read_at=read_at
+    )
 
 
 def _run_one(
@@ -282,12 +293,13 @@ def _run_one(
     mesh: MeshPlace | None = None,
     heartbeat: tuple[Heartbeats, int] | None = None,
     extend: Callable[[web.Application], None] | None = None,
+    read_at: Stamp | None = None,
 ) -> int:
     exit_deadline = _ExitDeadline(_EXIT_BOUND_S)
     try:
         main = serve(
             settings, policy, exit_deadline, reuse_port=reuse_port, mesh=mesh,
-            heartbeat=heartbeat, extend=extend,
+            heartbeat=heartbeat, extend=extend, read_at=read_at,
         )  # fmt: skip
         uvloop.run(main)
     except (StartupError, InvalidPolicy) as exc:

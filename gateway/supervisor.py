@@ -25,9 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from prometheus_client import CollectorRegistry, Counter
-
-from gateway.policy.reload import PolicyHolder, ReloadResult
+from gateway.policy.reload import PolicyHolder, ReloadResult, Stamp
 from gateway.settings import Settings
 from gateway.shared_state.worker_mesh import MeshPlace
 from gateway.state_backend import policy_refusal
@@ -45,8 +43,9 @@ _WATCH_S = 0.2
 waits to start a replacement."""
 _PR_SET_PDEATHSIG = 1
 
-RunOne = Callable[[Settings, Policy, MeshPlace, tuple[Heartbeats, int]], int]
-"""Runs one worker to its end (gateway/server.py); its exit status."""
+RunOne = Callable[[Settings, Policy, Stamp | None, MeshPlace, tuple[Heartbeats, int]], int]
+"""Runs one worker to its end (gateway/server.py), with the policy as read from the file at
+that stamp; its exit status."""
 
 _parent: int | None = None
 """In a worker, the parent that forked it; None in the parent, and under a single process."""
@@ -84,8 +83,9 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _fork(
-    settings: Settings, policy: Policy, place: MeshPlace, beat: tuple[Heartbeats, int], run: RunOne
-) -> int:
+    settings: Settings, policy: PolicyHolder, place: MeshPlace, beat: tuple[Heartbeats, int],
+    run: RunOne,
+) -> int:  # fmt: skip
     """The new worker's pid. The signals the parent forwards are blocked until the parent has
     it in its list and the child has its own handlers: one in between would miss the new
     worker, or run the parent's handler in the child."""
@@ -107,7 +107,7 @@ def _fork(
         if sys.platform == "linux":
             # A worker whose parent is killed outright stops too, rather than serve alone.
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        code = run(settings, policy, place, beat)
+        code = run(settings, policy.fleet.policy, policy.read_at, place, beat)
     finally:
         if os.getppid() != parent:
             _leave_run_dir(place)
@@ -139,17 +139,18 @@ class _Supervisor:
         self.stopping = False
         self.reread = False
         """Read the policy file again before the next replacement (a SIGHUP came)."""
+        self.next_look = 0.0
+        """When to look at the policy file next: as often as the workers' watch looks."""
         self.replacements: set[int] = set()
         path = Path(settings.policy) if settings.policy is not None else None
-        reloads = Counter("reloads", "", ["result"], registry=CollectorRegistry())
-        self.policy = PolicyHolder(policy, path, reloads, refuse=policy_refusal(settings))
+        self.policy = PolicyHolder(policy, path, lambda ok: None, refuse=policy_refusal(settings))
         """The policy a worker starts with: the file as it was when the last one started."""
 
     def start(self, index: int) -> int:
         place = MeshPlace(self.run_dir, self.settings.workers, index)
         beat = (self.heartbeats, index)
         try:
-            pid = _fork(self.settings, self.policy.fleet.policy, place, beat, self.run_one)
+            pid = _fork(self.settings, self.policy, place, beat, self.run_one)
             self.workers[pid] = index
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
@@ -208,8 +209,15 @@ class _Supervisor:
 
     def keep_policy(self) -> None:
         """The file's policy, as the workers reload it, for the next replacement: kept as it
-        changes, so an invalid edit leaves the last good one, as it does in the workers."""
-        if self.reread or self.policy.changed_on_disk():
+        changes, once it has stood still for one look (a file written in place in parts is
+        read whole, as the workers' watch reads it), so an invalid edit leaves the last good
+        one, as it does in the workers. A replacement is told when its policy was read: a file
+        changed since (being written, or one that did not load) it reads for itself."""
+        now = time.monotonic()
+        if not self.reread and now < self.next_look:
+            return
+        self.next_look = now + self.settings.policy_watch_interval_s
+        if self.reread or self.policy.settled_change():
             self.reread = False
             asyncio.run(self.policy.reload())
 
@@ -222,7 +230,7 @@ class _Supervisor:
         deadline = time.monotonic() + _RESPAWN_PAUSE_S
         while time.monotonic() < deadline and not self.stopping:
             time.sleep(_WATCH_S)  # a stop signal now ends the wait: nothing to start then
-        self.keep_policy()
+            self.keep_policy()
         if self.stopping:  # checked again: a stop may come while the file is read
             return
         self.replacements.add(self.start(index))

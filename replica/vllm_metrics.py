@@ -21,6 +21,12 @@ REQUEST_SUCCESS: Final = "vllm:request_success"
 """Counter of requests finished normally, by finished_reason."""
 TTFT: Final = "vllm:time_to_first_token_seconds"
 E2E_LATENCY: Final = "vllm:e2e_request_latency_seconds"
+FORMER_NAMES: Final = {
+    KV_USAGE: "vllm:gpu_cache_usage_perc",
+    PREFIX_CACHE_QUERIES: "vllm:gpu_prefix_cache_queries",
+    PREFIX_CACHE_HITS: "vllm:gpu_prefix_cache_hits",
+}
+"""The names these had before vLLM renamed them (about 0.10), which older engines still export."""
 
 
 def total(counter: str) -> str:

@@ -72,3 +72,27 @@ def chat_messages(body: Mapping[str, Any]) -> Sequence[Any] | None:
     if "input" in body:
         return responses_view(body)
     return None
+
+
+_STRUCTURED = frozenset(("json_schema", "json_object"))
+
+
+def answer_budget(body: Mapping[str, Any]) -> int | None:
+    """The most tokens the request lets the answer have, on either API (chat's
+    ``max_completion_tokens`` or ``max_tokens``, /v1/responses' ``max_output_tokens``); None
+    where it sets none that is a positive integer."""
+    budget = (
+        body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
+    )
+    if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
+        return budget
+    return None
+
+
+def asks_structured_output(body: Mapping[str, Any]) -> bool:
+    """Whether the answer must follow a JSON schema or be JSON: chat's ``response_format``, or
+    /v1/responses' ``text.format``."""
+    shape = body.get("response_format")
+    if shape is None and isinstance(text := body.get("text"), Mapping):
+        shape = text.get("format")
+    return isinstance(shape, Mapping) and shape.get("type") in _STRUCTURED

@@ -12,6 +12,12 @@ and reports them among its cached tokens. Such events carry no token ids, so a b
 there by the key its GPU event gave it. A tier's block may span several of the engine's (vLLM's
 ``offloaded_block_size``, a multiple of the GPU's): it carries the hash of the last of them and
 holds them all, the groups counted from a prompt's start.
+
+A lost event leaves which blocks the engine still holds unknown, but not what each block it
+reported holds: that depends on content alone. Those blocks are kept aside (``forget``), and one
+the engine computes a block on top of is held again, with the chain before it: vLLM never
+reports a block it still caches again, so without them a hot system prompt's continuations
+could not be keyed until the engine evicted it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import xxhash
 
 EngineHash = Hashable
 """An engine's block hash as its events carry it (vLLM: bytes or int)."""
+Block = tuple[int | None, EngineHash | None]
+"""A stored block's key (None: it cannot be keyed) and its parent's engine hash."""
 
 
 def root_key(lora_name: str | None, cache_salt: str | None) -> int:
@@ -63,8 +71,9 @@ class EngineBlocks:
     """The blocks one engine holds, keyed by their tokens (see the module docstring)."""
 
     __slots__ = (
+        "_before",
         "_copies",
-        "_key",
+        "_held",
         "_tier_copies",
         "_tiered",
         "block_size",
@@ -73,9 +82,13 @@ class EngineBlocks:
     )
 
     def __init__(self) -> None:
-        self._key: dict[EngineHash, int | None] = {}
-        """Engine hash -> our key; None for a block that cannot be keyed (its parent came before
-        the gateway listened, or it holds images): its descendants cannot be keyed either."""
+        self._held: dict[EngineHash, Block] = {}
+        """Engine hash -> the block, for blocks the engine holds; a key None for one that cannot
+        be keyed (its parent came before the gateway listened, or it holds images): its
+        descendants cannot be keyed either."""
+        self._before: dict[EngineHash, Block] = {}
+        """What was held when the last event went missing, less what was evicted or held again
+        since: at most one loss's worth, so evictions lost with it cannot pile up."""
         self._copies: dict[int, int] = {}
         """Our key -> how many of the engine's blocks hold it (an engine may compute one
         content twice, in two concurrent requests, and evicts the copies one at a time)."""
@@ -111,38 +124,49 @@ class EngineBlocks:
     ) -> None:
         """Blocks the engine stored, in chain order; ``keyable[i]`` False for a block whose
         engine key holds more than its tokens (an image's): no request's tokens match it."""
-        self.block_size = block_size
-        prev = root if parent is None else self._key.get(parent)
-        digest = xxhash.xxh3_64_intdigest
+        # Checked before anything changes: the request path reads block_size.
+        if type(block_size) is not int or block_size < 1:
+            raise ValueError(f"block size {block_size!r} is not a positive whole number")
         data = array("q", token_ids).tobytes()
+        self.block_size = block_size
+        prev = root if parent is None else self._parent_key(parent)
+        digest = xxhash.xxh3_64_intdigest
         stride = block_size * 8
+        held, before = self._held, self._before
         for i, engine_hash in enumerate(hashes):
             if prev is not None and (keyable is None or keyable[i]):
                 prev = digest(data[i * stride : (i + 1) * stride], prev)
             else:
                 prev = None
-            if engine_hash in self._key:
+            if engine_hash in held:
                 # A second copy of a block already held: the same content, the same key.
-                self._count(self._key[engine_hash], 1)
-                continue
-            self._key[engine_hash] = prev
-            self._count(prev, 1)
+                self._count(held[engine_hash][0], 1)
+            else:
+                before.pop(engine_hash, None)
+                held[engine_hash] = (prev, parent)
+                self._count(prev, 1)
+            parent = engine_hash
 
     def removed(self, hashes: Sequence[EngineHash]) -> None:
         for engine_hash in hashes:
-            if engine_hash not in self._key:
+            self._before.pop(engine_hash, None)
+            block = self._held.get(engine_hash)
+            if block is None:
                 continue
-            key = self._key[engine_hash]
+            key = block[0]
             if key is None or self._count(key, -1) == 0:
-                del self._key[engine_hash]
+                del self._held[engine_hash]
 
     def offloaded(self, medium: str, hashes: Sequence[EngineHash], block_size: int = 0) -> None:
         """Blocks another tier stored, each ``block_size`` tokens (the engine's where not
         given); one the GPU's events never keyed cannot be matched."""
-        if block_size and self.block_size:
+        if type(block_size) is not int:
+            raise ValueError(f"block size {block_size!r} is not a whole number")
+        if block_size > 0 and self.block_size:
             self.tier_factor = max(block_size // self.block_size, 1)
         for engine_hash in hashes:
-            key = self._key.get(engine_hash)
+            block = self._held.get(engine_hash) or self._before.get(engine_hash)
+            key = None if block is None else block[0]
             if key is not None and (medium, engine_hash) not in self._tiered:
                 self._tiered[medium, engine_hash] = key
                 _count(self._tier_copies, key, 1)
@@ -156,7 +180,15 @@ class EngineBlocks:
                 _count(self._tier_copies, key, -1)
 
     def clear(self) -> None:
-        self._key.clear()
+        """The engine holds nothing (it restarted, or emptied its cache)."""
+        self.forget()
+        self._before = {}
+
+    def forget(self) -> None:
+        """Events went missing: nothing is known to be held, though what each block reported
+        holds still is (see the module docstring)."""
+        self._before = self._held
+        self._held = {}
         self._copies.clear()
         self._tiered.clear()
         self._tier_copies.clear()
@@ -176,6 +208,26 @@ class EngineBlocks:
             if last >= n or keys[last] not in tier:
                 return i
         return n
+
+    def _parent_key(self, parent: EngineHash) -> int | None:
+        """The key of a stored block's parent. The engine holds the parent, and every block
+        before it, while it computes the block: one known only from before a loss is held
+        again, with those before it."""
+        block = self._held.get(parent)
+        if block is not None:
+            return block[0]
+        block = self._before.get(parent)
+        if block is None:
+            return None
+        engine_hash: EngineHash | None = parent
+        while engine_hash is not None and engine_hash not in self._held:
+            recalled = self._before.pop(engine_hash, None)
+            if recalled is None:
+                break
+            self._held[engine_hash] = recalled
+            self._count(recalled[0], 1)
+            engine_hash = recalled[1]
+        return block[0]
 
     def _count(self, key: int | None, delta: int) -> int:
         return 0 if key is None else _count(self._copies, key, delta)

@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from router_policies.strict_model import StrictModel
 
@@ -23,10 +23,28 @@ class PrefixSource(StrEnum):
     """Events where a replica publishes them (an endpoint is configured), else the estimate."""
 
 
+def _connectable(address: str) -> str:
+    # ZeroMQ refuses these only when the gateway connects, after a reload has taken them.
+    scheme, sep, rest = address.partition("://")
+    if scheme == "ipc" and sep and rest:
+        return address
+    host, colon, port = rest.rpartition(":")
+    if scheme == "tcp" and sep and colon and host not in ("", "*") and "@" not in host:
+        if port.isascii() and port.isdigit() and 1 <= int(port) <= 65535:
+            return address
+    raise ValueError(
+        f"{address!r} is not an address to subscribe at: tcp://host:port (the replica's host, "
+        "where vLLM's own config has *) or ipc://path"
+    )
+
+
+ZmqAddress = Annotated[str, AfterValidator(_connectable)]
+
+
 class EventEndpoint(StrictModel):
-    endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc)://")]
+    endpoint: ZmqAddress
     """The replica's PUB socket: vLLM's KVEventsConfig.endpoint as seen from the gateway."""
-    replay: Annotated[str, Field(pattern=r"^(tcp|ipc)://")] | None = None
+    replay: ZmqAddress | None = None
     """Its replay (ROUTER) socket, where it has one (KVEventsConfig.replay_endpoint)."""
 
 
@@ -44,8 +62,9 @@ class KvEventsSettings(StrictModel):
     """A replica that computed new blocks and reported none for this long is routed to on the
     estimate until its next event: an engine reports a step's blocks within milliseconds."""
     resync_s: Annotated[float, Field(ge=0)] = 30.0
-    """After a lost message, the estimate for this long: the index is cleared (it may hold
-    blocks whose eviction went missing) and starts again from what is stored afterwards."""
+    """After a lost message, the estimate for this long: what the index believed held is dropped
+    (an eviction may have gone missing) and it starts again from what is stored afterwards,
+    with the blocks that is stored on."""
     tokenize_timeout_s: Annotated[float, Field(gt=0)] = 1.0
     """Longest wait for a replica's /tokenize (a request's token blocks); past it, the request
     is routed on the estimate."""

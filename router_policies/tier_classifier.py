@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from router_policies.conversation import chat_messages
+from router_policies.conversation import answer_budget, asks_structured_output, chat_messages
 from router_policies.tier_settings import TierWeights
 from router_policies.value import value
 
@@ -73,14 +73,21 @@ def _text(content: Any) -> str:
 
 
 def task_texts(body: Mapping[str, Any]) -> tuple[tuple[str, ...], int]:
-    """(the first and the latest user message, or the one there is; the number of user
-    turns), of a chat or a /v1/responses conversation alike. A completion's prompt is one
-    message."""
+    """(the first and the latest user message, or the one there is, or with none the system
+    and developer messages; the number of user turns), of a chat or a /v1/responses
+    conversation alike. A completion's prompt is one message."""
     messages = chat_messages(body)
     if messages:
         user_turns = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
         if not user_turns:
-            return ("",), 0
+            # The task is in the instructions alone (an agent's system prompt, a /v1/responses
+            # request with `instructions` and no input text): they are what is asked.
+            lead = (
+                _text(m.get("content"))
+                for m in messages
+                if isinstance(m, Mapping) and m.get("role") in ("system", "developer")
+            )
+            return ("\n".join(lead),), 0
         latest = _text(user_turns[-1].get("content"))
         if len(user_turns) == 1:
             return (latest,), 1
@@ -111,14 +118,8 @@ def extract_features(body: Mapping[str, Any]) -> dict[str, float]:
     # The task is set in the first user message; a follow-up ("Now do it in Rust") may add to
     # it. Both are read, and the length is the task's: a bare follow-up says nothing of its size.
     window = "\n".join(_scan_window(text) for text in texts)
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 0
-    if not isinstance(max_tokens, int):
-        max_tokens = 0
-    response_format = body.get("response_format")
-    structured = isinstance(response_format, dict) and response_format.get("type") in (
-        "json_schema",
-        "json_object",
-    )
+    max_tokens = answer_budget(body) or 0
+    structured = asks_structured_output(body)
     return {
         "length": _saturating(len(texts[0]), _LENGTH_SATURATION),
         "code": _cue_density(_CODE, window),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import gzip
 import heapq
 import math
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from itertools import repeat
@@ -36,6 +37,7 @@ from typing import Any
 
 import orjson
 
+from router_policies.conversation import answer_budget, asks_structured_output
 from router_policies.tier_classifier import TierScore, _sigmoid, task_texts
 
 MODEL_FORMAT = "llm-gateway/tier-linear"
@@ -127,14 +129,10 @@ def request_features(
         out.append(f"#latest_len:{_length(texts[-1])}")
     if body.get("tools"):
         out.append("#tools")
-    response_format = body.get("response_format")
-    if isinstance(response_format, Mapping) and response_format.get("type") in (
-        "json_schema",
-        "json_object",
-    ):
+    if asks_structured_output(body):
         out.append("#structured_output")
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0:
+    max_tokens = answer_budget(body)
+    if max_tokens is not None:
         out.append(f"#max_tokens:{min(_bucket(max_tokens) // 2, 7)}")
     return out
 
@@ -246,7 +244,8 @@ class LearnedTierModel:
     def from_bytes(cls, data: bytes, source: str = "<bytes>") -> LearnedTierModel:
         try:
             doc = orjson.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
-        except (OSError, EOFError, orjson.JSONDecodeError) as exc:
+        except (OSError, EOFError, zlib.error, orjson.JSONDecodeError) as exc:
+            # zlib.error: a corrupt deflate stream, which gzip does not wrap in its own errors.
             raise ValueError(f"{source}: not a tier model file ({exc})") from None
         if not isinstance(doc, dict) or doc.get("format") != MODEL_FORMAT:
             raise ValueError(f"{source}: not a tier model file (format is not {MODEL_FORMAT!r})")

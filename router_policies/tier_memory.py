@@ -4,15 +4,17 @@ looks easy; the task it continues is not, and a switch to the small model midway
 the quality the task needed and the large pool's cache of the conversation. An upgrade is
 always allowed: a conversation that turns hard goes large from that turn on.
 
-A conversation is known by what each of its turns resends first: its system and developer
-messages, its first user message (its opening) and, from its second turn on, the message that
-follows that (the first answer). Two people who open alike ("hi" under one system prompt) get
-different answers, so a conversation that went large on a later turn keeps no one else's first
-turn or follow-up large. One that went large on its first turn is known by its opening alone
-(its answer was not written yet): another that opens alike scored the same on its first turn.
-Only a follow-up is looked up: a first turn continues nothing. Remembered per tier model and
-per process, the least recently used forgotten first; processes that share state tell each
-other (the worker mesh, or Redis: gateway/shared_state/).
+A conversation is known by what each of its turns resends first: its messages so far. A
+request that goes large is remembered by all of its messages (their digest, chained message
+by message from the system and developer messages through the last), and a follow-up is
+looked up by the digest of its messages through each one from its first user message (its
+opening) on: the request it continues is one of those. Two people who open alike ("hi" under
+one system prompt), even answered alike (a greedy model's greeting), differ by what they ask
+next, so one's later turns never keep the other's large. One that went large on its first
+turn is known by its opening alone (nothing else was written yet): another that opens alike
+scored the same on its first turn. Only a follow-up is looked up: a first turn continues
+nothing. Remembered per tier model and per process, the least recently used forgotten first;
+processes that share state tell each other (the worker mesh, or Redis: gateway/shared_state/).
 """
 
 from __future__ import annotations
@@ -30,14 +32,15 @@ from router_policies.fingerprint import content_bytes, normal_calls
 
 def conversation_keys(body: Mapping[str, Any]) -> tuple[int, ...] | None:
     """The keys a chat or /v1/responses request's conversation is known by (the same on either
-    API): its opening's, then on a follow-up its opening and first answer's; None for a
-    request with no user message (or neither). It is remembered under the last, and a
-    follow-up is looked up under each."""
+    API): the digest of its messages through its opening (its first user message), then
+    through each message after it; None for a request with no user message (or neither). It
+    is remembered under the last, the whole request, and a follow-up is looked up under each.
+    The opening's key is that of earlier releases, which other instances may still share."""
     messages = chat_messages(body)
     if messages is None:
         return None
     digest = xxhash.xxh3_64()
-    opening: int | None = None
+    keys: list[int] = []
     for message in messages:
         if not isinstance(message, Mapping):
             return None
@@ -46,20 +49,18 @@ def conversation_keys(body: Mapping[str, Any]) -> tuple[int, ...] | None:
         # Read as prefix routing reads it (router_policies/fingerprint.py): a string, or its
         # text parts' text, so one text part (or /v1/responses input_text) is the same
         # conversation as the plain string. The tag "s" keeps the keys of string content
-        # those of earlier releases, which other instances may still share through Redis.
+        # those of earlier releases.
         digest.update(b"s")
         digest.update(content_bytes(message.get("content")))
-        if opening is not None:
-            tool_calls = message.get("tool_calls")
-            if tool_calls:  # an answer that only calls tools differs by its calls
-                digest.update(
-                    b"\x1e" + orjson.dumps(normal_calls(tool_calls), option=orjson.OPT_SORT_KEYS)
-                )
-            return opening, digest.intdigest()
+        tool_calls = message.get("tool_calls")
+        if tool_calls:  # an answer that only calls tools differs by its calls
+            digest.update(
+                b"\x1e" + orjson.dumps(normal_calls(tool_calls), option=orjson.OPT_SORT_KEYS)
+            )
         digest.update(b"\x1e")
-        if role == "user":
-            opening = digest.intdigest()
-    return None if opening is None else (opening,)
+        if keys or role == "user":
+            keys.append(digest.intdigest())
+    return tuple(keys) or None
 
 
 def continues(keys: tuple[int, ...] | None) -> TypeGuard[tuple[int, ...]]:
@@ -89,7 +90,15 @@ class ConversationTiers:
     def any_went_large(self, keys: tuple[int, ...]) -> bool:
         """Whether a follow-up's conversation went large, under any of its keys
         (``conversation_keys``); a first turn's never did, whatever its opening did."""
-        return continues(keys) and any(self.went_large(key) for key in keys)
+        return self.remembered_key(keys) is not None
+
+    def remembered_key(self, keys: tuple[int, ...]) -> int | None:
+        """The key a follow-up's conversation is remembered under as large, if it is."""
+        if continues(keys):
+            for key in keys:
+                if self.went_large(key):
+                    return key
+        return None
 
     def remember(self, key: int, capacity: int) -> None:
         self._large[key] = None

@@ -23,7 +23,9 @@ class TierVerdict:
     forced: bool
     conversation: int | None = None
     """The key its conversation is remembered under if it goes large
-    (router_policies/tier_memory.py), if any."""
+    (router_policies/tier_memory.py): the one it is remembered under already (so that
+    remembering it again refreshes it, here and in the shared state), else the whole
+    request's; None where it has none."""
     kept: bool = False
     """Large because its conversation went large before, though its own score is below."""
 
@@ -80,10 +82,14 @@ class TierRouter:
         keys = conversation_keys(body) if self.settings.conversation_memory else None
         if keys is None:
             return TierVerdict(tier, result, threshold, False)
-        kept = tier is Tier.SMALL and self.conversations.any_went_large(keys)
+        # Looked up whatever the score: a conversation remembered already is remembered again
+        # under the same key, not under each of its later turns, which would crowd others out.
+        remembered = self.conversations.remembered_key(keys)
+        kept = remembered is not None and tier is Tier.SMALL
         if kept:
             tier = Tier.LARGE
-        return TierVerdict(tier, result, threshold, False, keys[-1], kept)
+        key = keys[-1] if remembered is None else remembered
+        return TierVerdict(tier, result, threshold, False, key, kept)
 
     def observe(self, verdict: TierVerdict, *, sent_large: bool) -> int | None:
         """Real traffic (never a dry run): the calibration's window, and the conversations

@@ -56,12 +56,19 @@ def choose_pool(tier: Tier, settings: TierSettings, small: PoolLoad, large: Pool
     """
     overflow = settings.overflow
     if tier is Tier.SMALL:
-        if overflow.enabled and small.saturated and not large.saturated:
+        if overflow.enabled and small.saturated and _helps(small, large):
             return PoolChoice(settings.large, overflow=True)
         return PoolChoice(settings.small, overflow=False)
-    if overflow.enabled and overflow.allow_degrade and large.saturated and not small.saturated:
+    if overflow.enabled and overflow.allow_degrade and large.saturated and _helps(large, small):
         return PoolChoice(settings.small, overflow=True)
     return PoolChoice(settings.large, overflow=False)
+
+
+def _helps(own: PoolLoad, other: PoolLoad) -> bool:
+    """Whether the other pool takes a saturated pool's request: where it is not saturated
+    itself, or, busy, where the own pool has no replica to route to (there the request would
+    be refused at once, and in the other it waits its turn, up to the queue timeout)."""
+    return other.healthy > 0 and (not other.saturated or own.healthy == 0)
 
 
 def tier_for(score: float, threshold: float) -> Tier:

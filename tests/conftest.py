@@ -9,6 +9,7 @@ import contextlib
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
@@ -21,6 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.launcher import start_gateway
 from gateway.http.app import build_app
 from gateway.http.connections import ConnectionGate
+from gateway.policy.check import load_checked_policy
+from gateway.policy.reload import PolicyHolder
 from gateway.server import client_side
 from gateway.settings import Settings
 from replica.processes import ManagedProcess, start_sim_replicas
@@ -45,6 +48,11 @@ FAST_PROBES = {
 FAST_PROBE_SETTINGS = {k.removeprefix("GATEWAY_").lower(): v for k, v in FAST_PROBES.items()}
 
 GatewayClient = TestClient[web.Request, web.Application]
+
+
+def policy_holder(path: Path, **options: Any) -> PolicyHolder:
+    """The policy file at ``path`` held live, as a gateway holds it, reloads counted nowhere."""
+    return PolicyHolder(load_checked_policy(path), path, lambda ok: None, **options)
 
 
 def pool_policy(urls: Sequence[str], policy: str = "prefix-aware", **extra: Any) -> dict[str, Any]:

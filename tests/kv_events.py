@@ -1,6 +1,7 @@
 """Helpers of the KV-cache event tests (tests/test_kv_events*.py): a prompt's tokens and the
-chain an engine stores of them, vLLM's wire format, a sim's events config, and a publisher that
-sends whatever a test gives it to a running stream."""
+chain an engine stores of them, vLLM's wire format and older releases', a sim's events config,
+a publisher that sends whatever a test gives it to a running stream, and one that replays as
+older vLLM did."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from typing import Any
 
 import msgspec
 import zmq
+import zmq.asyncio
 
 from gateway.fleet.kv_event_stream import EventStream
 from replica.processes import free_port
-from replica.sim.kv_events import EventPublisher, KvEventsConfig
+from replica.sim.kv_events import END_SEQ, EventPublisher, KvEventsConfig
 from router_policies.engine_blocks import EngineBlocks, root_key
 from tests.conftest import eventually
 
@@ -33,6 +35,39 @@ def stored_chain(blocks: EngineBlocks, tokens: list[int], first_hash: int = 1) -
 def payload(*events: dict[str, Any]) -> bytes:
     """One event batch as vLLM publishes it: ``[timestamp, events, data_parallel_rank]``."""
     return msgspec.msgpack.encode([time.time(), list(events), 0])
+
+
+class OlderEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    """An event as vLLM declared them before they became maps: an array, its tag first."""
+
+
+class OlderBlockStored(OlderEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+
+
+class OlderBlockRemoved(OlderEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None
+
+
+class OlderAllBlocksCleared(OlderEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class OlderEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[OlderEvent]
+    data_parallel_rank: int | None = None
+
+
+def older_payload(*events: OlderEvent) -> bytes:
+    """One event batch as older vLLM published it."""
+    return msgspec.msgpack.encode(OlderEventBatch(time.time(), list(events), 0))
 
 
 def events_config(port: int, replay: int | None = None) -> str:
@@ -77,6 +112,47 @@ class RawPublisher:
     def close(self) -> None:
         self._pub.close(linger=0)
         self._ctx.term()
+
+
+class OlderReplayPublisher:
+    """A publisher with a replay endpoint, as older vLLM's: its live messages framed as now,
+    its replay replies without the topic, ``(client, b"", seq, payload)``, and so its end
+    marker, ``(client, b"", END_SEQ, b"")``."""
+
+    def __init__(self) -> None:
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.replay = f"tcp://127.0.0.1:{free_port()}"
+        self.next_seq = 0
+        self._buffer: list[tuple[int, bytes]] = []
+        self._ctx = zmq.asyncio.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.bind(self.endpoint)
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.bind(self.replay)
+        self._serving = asyncio.create_task(self._serve_replay())
+
+    async def publish(self, body: bytes, sent: bool = True) -> None:
+        """Numbers ``body`` on and buffers it; ``sent`` False: a message the subscriber missed."""
+        seq = self.next_seq.to_bytes(8, "big")
+        self._buffer.append((self.next_seq, body))
+        self.next_seq += 1
+        if sent:
+            await self._pub.send_multipart((b"", seq, body))
+
+    async def _serve_replay(self) -> None:
+        while True:
+            client, _, start = await self._router.recv_multipart()
+            first = int.from_bytes(start, "big")
+            for seq, body in self._buffer:
+                if seq >= first:
+                    await self._router.send_multipart((client, b"", seq.to_bytes(8, "big"), body))
+            await self._router.send_multipart((client, b"", END_SEQ, b""))
+
+    async def close(self) -> None:
+        self._serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._serving
+        self._ctx.destroy(linger=0)
 
 
 @contextlib.asynccontextmanager

@@ -29,13 +29,16 @@ async def behind_envoy(
     sim: dict[str, Any] | None = None,
     subset: Callable[[list[str]], list[str]] | None = None,
     env: dict[str, str] | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[GatewayProcess, EnvoyProcess, dict[str, Any]]]:
     """Simulated replicas, the picker and Envoy, all real processes; ``more``: the URLs of
     other replicas the pool lists; ``sim``: the simulated replicas' settings; ``subset``: from
     the replicas' ip:port, the subset of endpoints a filter ahead of the picker names; ``env``:
-    the picker's settings."""
+    the picker's settings; ``limits``: the policy's `limits:` section."""
     async with running_sims(replicas, **(sim or {})) as sims:
         policy = pool_policy([*(sim.url for sim in sims), *more])
+        if limits is not None:
+            policy["limits"] = limits
         picker = await start_picker(policy, env={**FAST_PROBES, **(env or {})})
         try:
             assert picker.picker_port is not None

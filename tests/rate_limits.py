@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 from openai.types.chat import ChatCompletionMessageParam
 
+from gateway import headers
 from gateway.rate_limit import hash_key
 from tests.conftest import pool_policy
 
@@ -21,3 +23,15 @@ def tenant(key: str, **limits: int) -> dict[str, Any]:
 
 def limited_policy(urls: list[str], **limits_section: Any) -> dict[str, Any]:
     return {**pool_policy(urls), "limits": limits_section}
+
+
+async def lookups_need_a_key(anonymous: aiohttp.ClientSession, response_id: str) -> None:
+    """A stored response's retrieve and cancel without a tenant's key: 401, never relayed."""
+    for method, path in (
+        ("GET", f"/v1/responses/{response_id}"),
+        ("POST", f"/v1/responses/{response_id}/cancel"),
+    ):
+        async with anonymous.request(method, path) as refused:
+            assert refused.status == 401
+            assert (await refused.json())["error"]["code"] == "invalid_api_key"
+            assert headers.REPLICA not in refused.headers  # never relayed

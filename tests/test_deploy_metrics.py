@@ -39,9 +39,14 @@ RULES_DIR = CHART / "prometheus"
 # --- autoscaling --------------------------------------------------------------------------------
 
 
-def recorded_rules() -> dict[str, str]:
+def rules_of_kind(kind: str) -> dict[str, str]:
+    """The rules file's recording (``record``) or alerting (``alert``) rules: name -> expr."""
     groups = yaml.safe_load((RULES_DIR / "rules.yaml").read_text())["groups"]
-    return {r["record"]: r["expr"] for g in groups for r in g["rules"] if "record" in r}
+    return {r[kind]: r["expr"] for g in groups for r in g["rules"] if kind in r}
+
+
+def recorded_rules() -> dict[str, str]:
+    return rules_of_kind("record")
 
 
 def test_hpa_reads_the_adapters_external_metric(render_chart: Render) -> None:
@@ -271,7 +276,8 @@ def test_the_dashboard_counts_ejected_replicas_once_each(tools: Tools, tmp_path:
 def test_promtool_checks_the_rules(tools: Tools) -> None:
     done = run([tools.need("promtool"), "check", "rules", RULES_DIR / "rules.yaml"])
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"SUCCESS: {len(recorded_rules())} rules found" in done.stdout
+    every = len(recorded_rules()) + len(rules_of_kind("alert"))
+    assert f"SUCCESS: {every} rules found" in done.stdout
 
 
 def test_promtool_unit_tests_the_rules(tools: Tools) -> None:

@@ -2,7 +2,9 @@
 matches a request's token blocks up to the first block removed, a block stored twice is held
 until both copies go, a chain whose parent came before the gateway listened cannot be keyed,
 an adapter's blocks match only that adapter, a block another tier (the CPU) holds stays
-matchable after the GPU evicts it, and the engine never reuses a prompt's last token."""
+matchable after the GPU evicts it, after a lost event a block stored on a chain known before
+holds that chain again (but one loss's worth is kept, no more), and the engine never reuses a
+prompt's last token."""
 
 from __future__ import annotations
 
@@ -74,6 +76,34 @@ class TestEngineBlocks:
         blocks = EngineBlocks()
         blocks.offloaded("CPU", [1, 2])
         assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+
+    def test_after_a_loss_a_block_stored_on_a_known_chain_holds_the_chain_again(self) -> None:
+        blocks = EngineBlocks()
+        hashes = stored_chain(blocks, TOKENS[:48])
+        blocks.forget()
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+        blocks.stored([9], hashes[-1], TOKENS[48:64], 16, ROOT)
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 4
+        blocks.removed([hashes[0]])
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+
+    def test_what_a_loss_keeps_aside_goes_at_the_next_loss(self) -> None:
+        """What the engine held at one loss, no more: the evictions lost with each message
+        would otherwise pile up."""
+        blocks = EngineBlocks()
+        system = stored_chain(blocks, TOKENS[:32])
+        blocks.forget()
+        blocks.forget()
+        blocks.stored([9], system[-1], TOKENS[32:48], 16, ROOT)
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
+
+    def test_a_chain_stored_on_between_losses_is_kept_through_them(self) -> None:
+        blocks = EngineBlocks()
+        system = stored_chain(blocks, TOKENS[:32])
+        for engine_hash in (9, 10, 11):
+            blocks.forget()
+            blocks.stored([engine_hash], system[-1], TOKENS[32:48], 16, ROOT)
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 3
 
     def test_the_engine_never_reuses_the_prompts_last_token(self) -> None:
         assert cached_tokens(4, 64, 16) == 48  # 63 tokens reusable: 3 whole blocks

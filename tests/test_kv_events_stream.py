@@ -1,11 +1,13 @@
 """The gateway's reading of one engine's KV-event stream: vLLM's wire format (which vLLM's own
 decoder reads as the sim writes it) building the index, CPU-tier blocks and cache salts, when
 the stream is exact and when it falls back to the estimate (a lost message, a restart, a replica
-that owes events for blocks it computed), the replay that a late subscriber is given, the
+that owes events for blocks it computed), what a lost message leaves known (the blocks a hot
+prefix's continuations are stored on), the replay that a late subscriber is given, the
 requests in flight counted as held where they went until their blocks are stored, events
 within two blocks of the estimate read as the estimate, and a publisher that sends what cannot be
 read, or more than any engine step could, or faster than it is read: each such message lost and
-the subscription going on, the event loop free meanwhile, one log line per inexact period."""
+the subscription going on, the event loop free meanwhile, one log line per inexact period, and
+nothing of it left where a request's own path reads (the block size)."""
 
 from __future__ import annotations
 
@@ -107,6 +109,20 @@ class TestEventStream:
         stream.apply(1, payload())
         assert stream.exact(now + 6.0)
 
+    def test_after_a_lost_message_blocks_stored_on_a_cached_prefix_hold_it_again(self) -> None:
+        """vLLM never reports a block it still caches again: forgotten whole, a hot system
+        prompt's continuations could not be keyed until the engine evicted it."""
+        stream = EventStream("tcp://unused", resync_s=30.0)
+        system, first, second = TOKENS[:32], TOKENS[32:48], TOKENS[48:64]
+        stream.apply(0, payload(block_stored([1, 2], None, system, 16, None)))
+        stream.apply(1, payload(block_stored([3], 2, first, 16, None)))
+        stream.lost(time.monotonic(), "replica")
+        assert stream.blocks.match(token_block_keys(system, 16, ROOT)) == 0
+        stream.apply(2, payload(block_stored([4], 2, second, 16, None)))
+        assert stream.blocks.match(token_block_keys(system + second, 16, ROOT)) == 3
+        # The first continuation's eviction may have been the message lost.
+        assert stream.blocks.match(token_block_keys(system + first, 16, ROOT)) == 2
+
     def test_a_sequence_that_starts_over_is_a_restarted_engine(self) -> None:
         stream = EventStream("tcp://unused")
         stream.apply(5, payload(block_stored([1], None, TOKENS[:16], 16, None)))
@@ -188,6 +204,7 @@ UNREADABLE: dict[str, Callable[[], bytes]] = {  # built when used: the last thre
     "more bytes than an engine step has": lambda: payload(
         block_stored([9], None, TOKENS[:16], 16, "x" * MAX_STEP_BYTES)
     ),
+    "msgpack nested deeper than the decoder goes": lambda: b"\x91" * 100_000 + b"\xc0",
 }
 
 
@@ -209,6 +226,37 @@ async def test_a_message_that_cannot_be_read_is_lost_and_the_subscription_goes_o
         assert await eventually(lambda: stream.exact(time.monotonic()), every_s=0.01), (
             "exact again after resync_s"
         )
+
+
+def _sized(event: dict[str, object], block_size: object) -> dict[str, object]:
+    return {**event, "block_size": block_size}
+
+
+NOT_A_BLOCK_SIZE = {
+    "in a string": _sized(block_stored([5], None, TOKENS[:16], 16, None), "16"),
+    "negative": _sized(block_stored([5], None, TOKENS[:16], 16, None), -16),
+    "a tier's, a float": _sized(block_stored([2, 4], None, [], 32, None, "CPU"), 32.0),
+}
+
+
+@pytest.mark.parametrize("event", NOT_A_BLOCK_SIZE.values(), ids=NOT_A_BLOCK_SIZE.keys())
+async def test_a_block_size_that_is_not_a_count_is_unreadable_and_leaves_the_requests_path_whole(
+    event: dict[str, object],
+) -> None:
+    stream = EventStream("tcp://unused", resync_s=0.0)
+    await stream.read(0, payload(block_stored([1, 2, 3, 4], None, TOKENS, 16, None)), "replica")
+    await stream.read(1, payload(event), "replica")
+    assert stream.gaps == 1
+    assert (stream.blocks.block_size, stream.blocks.tier_factor) == (16, 1)
+    layout = BlockLayout(128, 16)
+    request = replace(
+        fingerprint("m", b"x" * 256, layout, 4096),
+        token_keys=token_block_keys(TOKENS, 16, ROOT), prompt_tokens=64,
+    )  # fmt: skip
+    now = time.monotonic()
+    stream.dispatched(request, now)  # what every request sent there, and its end, go through
+    stream.held_bytes(request, layout, 0)
+    stream.ended(request, 500.0, now, now)
 
 
 async def test_a_large_message_is_applied_in_slices_so_the_event_loop_runs_meanwhile() -> None:

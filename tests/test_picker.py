@@ -242,6 +242,7 @@ async def test_a_subset_naming_no_replica_of_the_pool_is_answered_503() -> None:
             await client(envoy).chat.completions.create(**chat(SYSTEM, "hello", max_tokens=2))
         assert refused.value.status_code == 503
         assert refused.value.response.headers["x-gateway-pool"] == "small"  # as serve says it
+        assert refused.value.code == "no_healthy_replica"  # the picker's, not Envoy's own 503
 
 
 async def test_behind_envoy_a_stream_without_usage_teaches_the_picker_not_its_client() -> None:

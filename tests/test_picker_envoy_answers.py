@@ -1,11 +1,13 @@
 """Behind Envoy, the bodies the picker reads and sends and what it counts: a body is read per
 its Content-Encoding as `serve` reads it, a tiered request reaches its pool's model, Envoy's
-failovers are retries, Envoy's own 413 is in the OpenAI shape, and no answer names the replica's
+failovers are retries, Envoy's own answers (its 413, its 503 when no replica could be reached)
+are in the OpenAI shape, every answer carries the request's id, and none names the replica's
 address. Real processes: simulated replicas, the picker, Envoy."""
 
 from __future__ import annotations
 
 import gzip
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -13,6 +15,7 @@ import pytest
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
+from gateway.headers import REQUEST_ID
 from gateway.picker.envoy_config import SERVED
 from tests.conftest import MODEL, chat, fake_replica, get_text, metric
 from tests.picker import SYSTEM, Unavailable, behind_envoy, client, tiers_behind_envoy
@@ -89,13 +92,62 @@ async def test_a_request_envoy_moves_to_a_fallback_is_counted_as_a_retry() -> No
 async def test_a_body_over_the_limit_is_refused_by_envoy_in_the_openai_shape() -> None:
     too_big = orjson.dumps(chat(SYSTEM, "x" * (5 * 1024 * 1024), max_tokens=2))
     async with behind_envoy(1) as (_, envoy, _), aiohttp.ClientSession() as session:
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", REQUEST_ID: "too-big-1"}
         async with session.post(f"{envoy.listen_url}{CHAT}", data=too_big, headers=headers) as a:
             assert a.status == 413
             assert a.content_type == "application/json"
+            assert a.headers[REQUEST_ID] == "too-big-1"
             error = (await a.json())["error"]
     assert error["code"] == "request_too_large"
     assert error["type"] == "invalid_request_error"
+
+
+async def resets(request: web.Request) -> web.Response:
+    """A replica's completions handler that drops the connection before any answer (its health
+    checks pass): Envoy retries, then gives up with its own 503."""
+    assert request.transport is not None
+    request.transport.close()
+    return web.Response()
+
+
+async def test_when_no_replica_can_be_reached_envoys_503_is_in_the_openai_shape() -> None:
+    """Through the picker, and with the picker away (Envoy fails open, and answers alone)."""
+    async with (
+        fake_replica(resets) as replica,
+        behind_envoy(0, more=[replica]) as (picker, envoy, _),
+        aiohttp.ClientSession() as session,
+    ):
+        url, body = f"{envoy.listen_url}{CHAT}", chat(SYSTEM, "hello", max_tokens=2)
+
+        async def refused(own_id: str) -> dict[str, Any]:
+            async with session.post(url, json=body, headers={REQUEST_ID: own_id}) as a:
+                assert a.status == 503
+                assert a.content_type == "application/json"
+                assert a.headers[REQUEST_ID] == own_id
+                return cast(dict[str, Any], (await a.json())["error"])
+
+        answered = [await refused("through-the-picker")]
+        await picker.kill()
+        answered.append(await refused("picker-away"))
+    for error in answered:
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == "service_unavailable_error"
+        assert error["code"] == "upstream_unavailable"
+        assert error["message"].startswith("No replica could serve the request")
+
+
+async def test_an_answer_the_picker_lets_through_carries_the_request_id() -> None:
+    """As `serve`'s: the client's own id where it sent one, else one made for the request."""
+    async with behind_envoy(1) as (_, envoy, _), aiohttp.ClientSession() as session:
+        url = f"{envoy.listen_url}/v1/models"
+        async with session.get(url, headers={REQUEST_ID: "list-models-1"}) as listed:
+            assert listed.status == 200
+            assert listed.headers[REQUEST_ID] == "list-models-1"
+            # The rest of the answer goes on after the picker has set its headers: whole.
+            assert [card["id"] for card in (await listed.json())["data"]] == [MODEL]
+        async with session.get(url) as listed, session.get(url) as again:
+            made = {listed.headers[REQUEST_ID], again.headers[REQUEST_ID]}
+        assert len(made) == 2 and all(made)
 
 
 async def test_a_tiered_request_reaches_its_pool_naming_the_pools_model() -> None:

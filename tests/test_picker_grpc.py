@@ -1,6 +1,7 @@
 """The picker over its gRPC port, with no Envoy: a script plays Envoy's side of the
 external-processing stream against `llm-gateway epp`'s app in-process. What the replica gets is
-the body `serve` would send, and an answer the client had whole counts as the replica's."""
+the body `serve` would send, an answer the client had whole counts as the replica's, and a
+stored response's lookup goes to the replica that holds it, for its owner only."""
 
 from __future__ import annotations
 
@@ -17,14 +18,15 @@ from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from gateway.app_keys import METRICS, OUTLIERS
-from gateway.picker.envoy_config import DESTINATION
+from gateway.app_keys import MEMORY, METRICS, OUTLIERS, POLICY
+from gateway.picker.envoy_config import DESTINATION, FALLBACKS, LB_NAMESPACE
 from gateway.picker.picker import Picker
 from gateway.picker.server import add_picker
 from gateway.picker.service import ExternalProcessor
+from gateway.routing.affinity import ReplicaRef
 from replica.processes import free_port
 from tests.conftest import GatewayClient, in_process_gateway, in_process_sims, metric
-from tests.rate_limits import ACME_KEY, tenant
+from tests.rate_limits import ACME_KEY, GLOBEX_KEY, tenant
 from tests.tiers import EASY, HARD
 
 CHAT = "/v1/chat/completions"
@@ -277,3 +279,62 @@ async def test_with_tenants_what_the_picker_does_not_route_needs_a_tenants_key_t
     else:
         assert answer.immediate_response.status.code == answered
         assert orjson.loads(answer.immediate_response.body)["error"]["code"] == "invalid_api_key"
+
+
+def home_of(client: GatewayClient, response_id: str, owner: str | None = None) -> Any:
+    """The small pool's replica, made the home of ``response_id`` as if it had stored it."""
+    app = client.app
+    assert app is not None
+    replica = next(iter(app[POLICY].fleet.pools["small"].replicas.values()))
+    app[MEMORY].responses.remember(response_id, ReplicaRef("small", replica.name, owner))
+    return replica
+
+
+async def test_a_lookup_is_sent_to_the_replica_that_stored_the_response_on_every_try() -> None:
+    """Named in the answer to the request's headers: a GET has no body message to answer. Each
+    try Envoy makes goes there: another replica does not hold the response."""
+    async with picker(tiers=False) as (client, stub):
+        replica = home_of(client, "resp_1")
+        call = stub.Process()
+        await call.write(request_headers(**{":method": "GET", ":path": "/v1/responses/resp_1"}))
+        named = await call.read()
+        await call.write(answer_headers("application/json"))
+        answered = await call.read()
+        call.cancel()
+    assert named.WhichOneof("response") == "request_headers"
+    lb = named.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION]
+    assert lb.string_value.split(",") == [replica.url.removeprefix("http://")] * (1 + FALLBACKS)
+    mutation = answered.response_headers.response.header_mutation
+    added = {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
+    assert added["x-gateway-replica"] == replica.name
+    assert added["x-gateway-route"] == "pinned"
+    assert added["x-request-id"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "key"),
+    [
+        ("GET", "/v1/responses/resp_acme", GLOBEX_KEY),
+        ("POST", "/v1/responses/resp_acme/cancel", GLOBEX_KEY),
+        ("GET", "/v1/responses/resp_unknown", ACME_KEY),
+        ("GET", "/v1/responses/resp_unknown", None),  # no tenants: unknown is not found too
+    ],
+)
+async def test_a_lookup_of_another_tenants_or_an_unknown_response_is_not_found(
+    method: str, path: str, key: str | None
+) -> None:
+    """As `serve` answers it, before any replica is named."""
+    limits = {"tenants": {"acme": tenant(ACME_KEY), "globex": tenant(GLOBEX_KEY)}}
+    sent = {":method": method, ":path": path}
+    if key is not None:
+        sent["authorization"] = f"Bearer {key}"
+    async with picker(tiers=False, limits=limits if key is not None else None) as (client, stub):
+        home_of(client, "resp_acme", "acme")
+        call = stub.Process()
+        await call.write(request_headers(**sent))
+        answer = await call.read()
+        call.cancel()
+    assert answer.immediate_response.status.code == 404
+    error = orjson.loads(answer.immediate_response.body)["error"]
+    assert error["param"] == "response_id"
+    assert not answer.HasField("dynamic_metadata")

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ValidationError
 
 from gateway.policy.check import load_checked_policy, read_policy_file
@@ -30,6 +29,7 @@ from router_policies.hot_prefixes import spread
 from router_policies.policy_yaml import PolicyLoader
 from router_policies.schema import AutoscaleSettings, InvalidPolicy, Policy, parse_policy
 from router_policies.tier_classifier_learned import MODEL_FORMAT, LearnedTierModel
+from tests.conftest import policy_holder
 
 POOL = "pools:\n  small:\n    model: m\n    replicas: [http://127.0.0.1:9001]\n"
 """A valid policy's first four lines: what a test appends starts on line 5."""
@@ -61,8 +61,7 @@ def problems_of(tmp_path: Path, text: str) -> list[str]:
 def holder_of(tmp_path: Path, text: str = POOL) -> PolicyHolder:
     path = tmp_path / "live.yaml"
     path.write_text(text)
-    counter = Counter("reloads", "", ["result"], registry=CollectorRegistry())
-    return PolicyHolder(load_checked_policy(path), path, counter)
+    return policy_holder(path)
 
 
 def small(**pool: Any) -> dict[str, Any]:

@@ -15,13 +15,11 @@ import orjson
 import pytest
 import pytest_asyncio
 import yaml
-from prometheus_client import CollectorRegistry, Counter
 
 from bench.launcher import GatewayProcess, start_gateway
 from gateway import headers
-from gateway.policy.reload import KEYS_NO_LONGER_CHECKED, PolicyHolder
+from gateway.policy.reload import KEYS_NO_LONGER_CHECKED
 from replica.processes import ManagedProcess
-from router_policies.schema import load_policy
 from tests.conftest import (
     FAST_PROBES,
     MODEL,
@@ -29,6 +27,7 @@ from tests.conftest import (
     eventually,
     get_text,
     metric,
+    policy_holder,
     pool_policy,
     running_sims,
 )
@@ -83,6 +82,11 @@ async def reloads(url: str, result: str) -> float:
     return metric(text, "gateway_policy_reloads_total", result=result) or 0.0
 
 
+async def last_reload_ok(url: str) -> float | None:
+    _, text = await get_text(f"{url}/metrics")
+    return metric(text, "gateway_policy_last_reload_successful")
+
+
 async def stream(session: aiohttp.ClientSession, url: str, i: int) -> tuple[int, bool]:
     body = orjson.dumps(chat(f"Tenant {i % 7} prompt. " * 30, f"q{i}", max_tokens=30, stream=True))
     async with session.post(f"{url}/v1/chat/completions", data=body) as response:
@@ -119,7 +123,9 @@ async def test_reloads_during_200_concurrent_streams_drop_none(
         assert (await response.json())["pools"]["small"]["load"]["balance_eps"] == 0.75
 
 
-async def test_a_broken_file_changes_nothing_but_the_error_count(gateway: GatewayProcess) -> None:
+async def test_a_broken_file_changes_nothing_but_the_error_count_and_says_so_while_it_stays(
+    gateway: GatewayProcess, replicas: list[ManagedProcess]
+) -> None:
     sticky = chat("A long shared system prompt for stickiness. " * 30, "q")
     async with aiohttp.ClientSession() as session:
         async with session.post(
@@ -148,6 +154,15 @@ async def test_a_broken_file_changes_nothing_but_the_error_count(gateway: Gatewa
             assert r.status == 422
             problems = (await r.json())["problems"]
         assert any("pools.small.replicas" in p and "line 4" in p for p in problems)
+    # The error count has stopped rising (an alert on its increase clears); the gauge says the
+    # file on disk is still not the policy in force, until one that loads replaces it.
+    assert await last_reload_ok(gateway.url) == 0
+    rewrite(gateway.policy_path, policy(replicas, eps=0.5))
+
+    async def fixed() -> bool:
+        return await last_reload_ok(gateway.url) == 1
+
+    assert await eventually(fixed)
 
 
 async def test_learned_prefixes_survive_a_reload(
@@ -227,17 +242,12 @@ async def test_dry_run_explains_the_decision_without_sending(
 TENANTS = {"limits": {"tenants": {"acme": {"api_key_sha256": ["a" * 64]}}}}
 
 
-def holder_of(path: Path) -> PolicyHolder:
-    reloads = Counter("reloads", "", ["result"], registry=CollectorRegistry())
-    return PolicyHolder(load_policy(path), path, reloads)
-
-
 async def test_the_file_watch_reads_a_file_written_in_parts_once_it_stands_whole(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump({**pool_policy([URL]), **TENANTS}, sort_keys=False))
-    holder = holder_of(path)
+    holder = policy_holder(path)
     whole = yaml.safe_dump(
         {**pool_policy([URL], load={"balance_eps": 0.5}), **TENANTS}, sort_keys=False
     )
@@ -259,7 +269,7 @@ async def test_a_reload_that_drops_every_tenant_applies_and_says_keys_go_uncheck
 ) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump({**pool_policy([URL]), **TENANTS}))
-    holder = holder_of(path)
+    holder = policy_holder(path)
     path.write_text(yaml.safe_dump(pool_policy([URL])))
     result = await holder.reload()
     assert (result.ok, result.warnings) == (True, (KEYS_NO_LONGER_CHECKED,))

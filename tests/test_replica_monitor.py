@@ -1,5 +1,6 @@
-"""The probe rounds: one pool's trouble must not stop the rounds' work on the others; a
-reload's new replicas are probed at once; each change of health is logged once."""
+"""The probe rounds: one pool's trouble must not stop the rounds' work on the others, nor one
+replica's metrics that cannot be read (a missed scrape, logged once); a reload's new replicas
+are probed at once; each change of health is logged once."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from aiohttp import web
 
 from gateway.fleet.monitor import ProbeSettings, ReplicaMonitor
 from gateway.fleet.pools import Fleet
+from gateway.fleet.replicas import EngineStats
 from router_policies.schema import parse_policy
 from tests.conftest import eventually, fake_replica
 
@@ -55,6 +57,56 @@ async def test_one_pool_failing_its_autoscale_update_leaves_the_others_updated_a
 
     assert second.autoscale.desired > 1
     assert [r.getMessage() for r in caplog.records] == ["autoscaling update of pool first failed"]
+
+
+@contextlib.asynccontextmanager
+async def serving_metrics(body: bytes, content_type: str = "text/plain") -> AsyncIterator[str]:
+    """A replica whose /metrics answers ``body``."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=body, content_type=content_type, charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+UNREADABLE_METRICS = {
+    "a value not a number": (b'vllm:num_requests_running{model_name="first"} many\n', "text/plain"),
+    "a label left open": (b'vllm:num_requests_waiting{model_name="first} 1\n', "text/plain"),
+    "not UTF-8": (b"vllm:num_requests_running 1\n\xff\xfe\n", "text/plain"),
+    "an HTML page": (b"<html><body>Bad gateway</body></html>", "text/html"),
+}
+
+
+@pytest.mark.parametrize(("body", "content_type"), UNREADABLE_METRICS.values(), ids=UNREADABLE_METRICS.keys())  # fmt: skip
+async def test_metrics_that_cannot_be_read_are_a_missed_scrape_of_that_replica_logged_once(
+    body: bytes, content_type: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with (
+        serving_metrics(body, content_type) as unreadable,
+        serving_metrics(b'vllm:num_requests_waiting{model_name="second"} 50\n') as readable,
+        aiohttp.ClientSession() as session,
+    ):
+        pools = {"first": [unreadable], "second": [readable]}
+        fleet = Fleet(parse_policy({"pools": {n: {"model": n, "replicas": r} for n, r in pools.items()}}))  # fmt: skip
+        (first,), (second,) = (pool.replicas.values() for pool in fleet.pools.values())
+        first.engine = EngineStats(running=3.0, waiting=4.0)  # the last scrape's
+        monitor = ReplicaMonitor(lambda: fleet, session, PROBES)
+        with caplog.at_level(logging.WARNING, logger="gateway.fleet.monitor"):
+            await monitor.scrape_once()
+            await monitor.scrape_once()
+    assert first.engine == EngineStats(running=3.0, waiting=4.0)
+    assert second.engine.waiting == 50 and fleet.pools["second"].autoscale.desired > 1
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        f"metrics of replica {first.name} of pool first cannot be read"
+    ]
 
 
 async def _unused(_: web.Request) -> web.Response:

@@ -59,6 +59,21 @@ def test_the_prefix_cache_lookups_counter_is_read_over_its_engines() -> None:
     assert parse_engine_stats(VLLM_METRICS + counter).prefix_lookups == 1234.0
 
 
+def test_an_older_vllms_names_are_read_where_the_current_ones_are_absent() -> None:
+    """vLLM before about 0.10: read as absent, its figures would be an idle engine's."""
+    older = (
+        VLLM_METRICS.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+        + "# TYPE vllm:gpu_prefix_cache_queries counter\n"
+        + 'vllm:gpu_prefix_cache_queries_total{engine="0",model_name="llama"} 1200.0\n'
+    )
+    stats = parse_engine_stats(older)
+    assert (stats.kv_usage, stats.prefix_lookups) == (0.42, 1200.0)
+    # The release that renamed them exports both: the current names are read, once.
+    both = older + VLLM_METRICS + 'vllm:prefix_cache_queries_total{engine="0"} 1500.0\n'
+    stats = parse_engine_stats(both.replace("} 0.42\n", "} 0.5\n", 1))
+    assert (stats.kv_usage, stats.prefix_lookups) == (0.42, 1500.0)
+
+
 @pytest.mark.parametrize("broken", ["NaN", "+Inf", "-Inf", "-3.0"])
 def test_a_figure_that_is_not_a_finite_count_keeps_the_last_one(broken: str) -> None:
     last = EngineStats(running=2.0, waiting=5.0, kv_usage=0.3)

@@ -18,11 +18,10 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 import yaml
-from prometheus_client import CollectorRegistry, Counter
 from pydantic import SecretStr, ValidationError
 
 from bench.launcher import GatewayProcess, start_gateway
-from gateway.policy.reload import STATE_NEEDS_RESTART, PolicyHolder
+from gateway.policy.reload import STATE_NEEDS_RESTART
 from gateway.settings import Settings
 from gateway.state_backend import NoRedisUrl, choose_backend, policy_refusal, startup_problem
 from replica.processes import ManagedProcess
@@ -35,7 +34,14 @@ from router_policies.schema import (
     load_policy,
     parse_policy,
 )
-from tests.conftest import FAST_PROBES, eventually, metric_sum, pool_policy, running_sims
+from tests.conftest import (
+    FAST_PROBES,
+    eventually,
+    metric_sum,
+    policy_holder,
+    pool_policy,
+    running_sims,
+)
 from tests.redis_server import RedisServer, running_redis
 
 POOLS = pool_policy(["http://127.0.0.1:9101"])
@@ -292,9 +298,7 @@ def test_serve_refuses_a_state_it_cannot_run_in_one_line(
 
 async def test_a_reload_keeps_the_state_section_and_applies_the_rest(tmp_path: Path) -> None:
     path = Path(policy_file(tmp_path, redis_url=FILE_URL))
-    holder = PolicyHolder(
-        load_policy(path), path, Counter("reloads", "", ["result"], registry=CollectorRegistry())
-    )
+    holder = policy_holder(path)
     changed = pool_policy(["http://127.0.0.1:9101"], load={"balance_eps": 0.75})
     await asyncio.to_thread(
         path.write_text, yaml.safe_dump({**changed, "state": {"backend": "local"}})
@@ -312,12 +316,7 @@ async def test_a_reload_that_adds_per_key_limits_under_workers_without_redis_fai
 ) -> None:
     path = Path(policy_file(tmp_path, backend="local"))
     settings = Settings(workers=2)
-    holder = PolicyHolder(
-        load_policy(path),
-        path,
-        Counter("reloads", "", ["result"], registry=CollectorRegistry()),
-        refuse=policy_refusal(settings),
-    )
+    holder = policy_holder(path, refuse=policy_refusal(settings))
     await asyncio.to_thread(path.write_text, yaml.safe_dump({**POOLS, "limits": LIMITED}))
     result = await holder.reload()
     assert not result.ok and "per-key limits with 2 workers" in result.problems[0]
@@ -326,9 +325,7 @@ async def test_a_reload_that_adds_per_key_limits_under_workers_without_redis_fai
 
 async def test_a_reload_with_the_same_state_section_warns_of_nothing(tmp_path: Path) -> None:
     path = Path(policy_file(tmp_path, redis_url=FILE_URL))
-    holder = PolicyHolder(
-        load_policy(path), path, Counter("reloads", "", ["result"], registry=CollectorRegistry())
-    )
+    holder = policy_holder(path)
     result = await holder.reload()
     assert (result.ok, result.warnings) == (True, ())
 

@@ -21,7 +21,7 @@ from gateway.routing.affinity import ReplicaRef
 from gateway.shared_state import responses
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, MODEL, eventually, pool_policy, running_sims
-from tests.rate_limits import ACME_KEY, GLOBEX_KEY, tenant
+from tests.rate_limits import ACME_KEY, GLOBEX_KEY, lookups_need_a_key, tenant
 from tests.redis_server import running_redis
 from tests.shared_state import every_worker_up
 
@@ -121,14 +121,7 @@ async def test_lookups_need_a_key_and_find_only_the_tenants_own_responses() -> N
     ):
         response_id, _, _ = await store(acme, 0)
         assert (await acme.responses.retrieve(response_id)).id == response_id
-        for method, path in (
-            ("GET", f"/v1/responses/{response_id}"),
-            ("POST", f"/v1/responses/{response_id}/cancel"),
-        ):
-            async with anonymous.request(method, path) as refused:
-                assert refused.status == 401
-                assert (await refused.json())["error"]["code"] == "invalid_api_key"
-                assert headers.REPLICA not in refused.headers  # never relayed
+        await lookups_need_a_key(anonymous, response_id)
         with pytest.raises(openai.NotFoundError):
             await globex.responses.retrieve(response_id)
         with pytest.raises(openai.NotFoundError):

@@ -25,6 +25,11 @@ CASES = [
     ("hard degrades when allowed", Tier.LARGE, DEGRADE, IDLE, BUSY, "s", True),
     ("hard stays when small is saturated too", Tier.LARGE, DEGRADE, BUSY, BUSY, "l", False),
     ("no overflow when it is off", Tier.SMALL, NO_OVERFLOW, BUSY, IDLE, "s", False),
+    # A pool with no replica refuses at once; a busy one serves in turn.
+    ("easy climbs to a busy large pool when small is down", Tier.SMALL, DEFAULT, DOWN, BUSY, "l", True),
+    ("easy stays when both are down", Tier.SMALL, DEFAULT, DOWN, DOWN, "s", False),
+    ("hard degrades to a busy small pool when large is down", Tier.LARGE, DEGRADE, BUSY, DOWN, "s", True),
+    ("hard does not degrade to a down pool", Tier.LARGE, DEGRADE, DOWN, BUSY, "l", False),
 ]
 # fmt: on
 

@@ -88,10 +88,16 @@ def test_saving_is_deterministic() -> None:
     assert SHIPPED.to_bytes() == LearnedTierModel.from_bytes(SHIPPED.to_bytes()).to_bytes()
 
 
+def corrupted(data: bytes) -> bytes:
+    """``data`` with bytes inside its deflate stream flipped (a disk or a copy gone wrong)."""
+    return data[:100] + bytes(b ^ 0xFF for b in data[100:140]) + data[140:]
+
+
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
         (b"not json", "not a tier model file"),
+        (corrupted(SHIPPED.to_bytes()), "not a tier model file"),
         (gzip.compress(b'{"format": "other"}', mtime=0), "format"),
         (orjson.dumps({"format": "llm-gateway/tier-linear", "version": 99}), "version 99"),
         (orjson.dumps({"format": "llm-gateway/tier-linear", "version": 1}), "'bias'"),

@@ -71,12 +71,14 @@ def test_a_dry_run_remembers_nothing_and_memory_zero_scores_every_turn_alone() -
     assert forgetful.classify(dialogue(OPENING, HARD, EASY)).tier is Tier.SMALL
 
 
-def test_a_conversation_is_known_by_its_opening_then_by_its_first_answer_too() -> None:
+def test_a_conversation_is_known_by_its_messages_through_each_one_from_its_opening() -> None:
     opening = conversation_key(dialogue(HARD))  # its lead and first user message
     assert conversation_keys(dialogue(HARD)) == (opening,)
+    second = conversation_keys(dialogue(HARD, EASY))
     later = conversation_keys(dialogue(HARD, EASY, EASY))
-    assert later is not None and later[0] == opening
-    assert later == conversation_keys(dialogue(HARD, EASY)) != (opening,)  # the answer's key
+    assert second is not None and len(second) == 3  # the opening, the answer, the next turn
+    assert later is not None and later[:3] == second  # each turn resends the one before
+    assert len(set(later)) == len(later) == 5
     assert conversation_key(dialogue(HARD)) != conversation_key(dialogue(EASY))
     assert conversation_key({"prompt": "a completion"}) is None
     assert conversation_key({"messages": [{"role": "system", "content": "no user"}]}) is None
@@ -158,6 +160,33 @@ def test_conversations_that_open_alike_are_told_apart_by_their_first_answer() ->
     assert other.tier is Tier.SMALL and not other.kept
     later = tiers.classify(answered("Hello! How can I help?", HARD, EASY))
     assert later.tier is Tier.LARGE and later.kept
+
+
+def test_conversations_answered_alike_are_told_apart_by_what_they_ask_next() -> None:
+    # A greedy model greets everyone alike: the answer does not tell two users apart.
+    tiers = router()
+    went = tiers.classify(answered("Hello! How can I help?", HARD))
+    assert went.tier is Tier.LARGE
+    tiers.observe(went, sent_large=True)
+    other = tiers.classify(answered("Hello! How can I help?", EASY))
+    assert other.tier is Tier.SMALL and not other.kept
+    later = tiers.classify(answered("Hello! How can I help?", EASY, EASY))
+    assert later.tier is Tier.SMALL and not later.kept
+    own = tiers.classify(answered("Hello! How can I help?", HARD, EASY))
+    assert own.tier is Tier.LARGE and own.kept
+
+
+def test_a_conversation_is_remembered_under_one_key_refreshed_at_each_later_large_turn() -> None:
+    # One key: not one per turn, which would crowd other conversations out of the memory; and
+    # remembered again at each turn, which keeps it in the memory and in the shared state.
+    tiers = router()
+    went = tiers.classify(dialogue(OPENING, HARD))
+    assert tiers.observe(went, sent_large=True) == went.conversation
+    for turns in (EASY, HARD):
+        verdict = tiers.classify(dialogue(OPENING, HARD, EASY, turns))
+        assert verdict.tier is Tier.LARGE and verdict.conversation == went.conversation
+        assert tiers.observe(verdict, sent_large=True) == went.conversation  # told again
+    assert len(tiers.conversations) == 1
 
 
 def test_a_conversation_that_went_large_on_its_first_turn_is_known_by_its_opening() -> None:

@@ -84,6 +84,14 @@ def test_by_default_an_easy_request_climbs_at_saturation_only() -> None:
     assert ask(built, EASY) == ("large", Route.OVERFLOW, "small")
 
 
+def test_requests_waiting_in_other_workers_and_instances_count_toward_saturation() -> None:
+    built = fleet()
+    small = built.pools["small"]
+    small.counts.remote.waiting = 8  # the other processes' queues, read from the shared state
+    assert small.load().saturated
+    assert ask(built, EASY) == ("large", Route.OVERFLOW, "small")
+
+
 def test_an_easy_request_overflows_from_a_small_pool_whose_replicas_are_all_ejected() -> None:
     built = fleet()
     small = built.pools["small"]

@@ -3,14 +3,16 @@ sequence numbers and replay, and whether what it built can be trusted right now.
 
 The wire format is vLLM's (``vllm/distributed/kv_events.py``; replica/sim/kv_events.py speaks
 it too): ``(topic, seq, payload)`` messages, ``seq`` 8 bytes big-endian, ``payload`` a msgpack
-``[ts, events, data_parallel_rank]`` whose events are maps tagged by ``type``. The stream is
-exact while its sequence has no hole. A hole the replay endpoint cannot fill, or a replica
-that computed new blocks without reporting them for ``stall_s``, sends routing back to the
-estimate for that replica (one log line, a metric); a hole clears what was built, and after
-``resync_s`` of a clean stream it is exact again. A message that cannot be read (not vLLM's
-format, or more than any engine step sends) is skipped and lost as a hole is; the subscription
-goes on. Messages are applied a slice at a time, so that a large or fast publisher does not hold
-up the requests the event loop is serving.
+``[ts, events, data_parallel_rank]`` whose events are maps tagged by ``type``. Older releases
+are read too: events as arrays (the tag, then the fields in order), replay replies without the
+topic. The stream is exact while its sequence has no hole. A hole the replay endpoint cannot
+fill, or a replica that computed new blocks without reporting them for ``stall_s``, sends
+routing back to the estimate for that replica (one log line, a metric); a hole drops what was
+believed held (``EngineBlocks.forget``), and after ``resync_s`` of a clean stream it is exact
+again. A message that cannot be read (not vLLM's format, or more than any engine step sends) is
+skipped and lost as a hole is; the subscription goes on. Messages are applied a slice at a
+time, so that a large or fast publisher does not hold up the requests the event loop is serving.
+An address ZeroMQ refuses is logged once; no message is counted lost from it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ _GPU_MEDIA = frozenset((None, "GPU", "gpu"))
 """Blocks in the engine's own cache; the events of any other medium are another tier's (vLLM's
 CPU offloading), whose blocks the engine loads back rather than computes."""
 _BLOCK_EVENTS = frozenset(("BlockStored", "BlockRemoved"))
+_FIELDS: dict[str, tuple[str, ...]] = {
+    "BlockStored": (
+        "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+        "lora_name", "extra_keys", "group_idx",
+    ),
+    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
+}  # fmt: skip
+"""The fields of an event in older vLLM's array form, in the order it declares them."""
 
 MAX_STEP_BLOCKS = 1 << 17
 """Most events, and most block hashes, one message may carry; a message with more is unreadable.
@@ -57,10 +67,12 @@ _SLICE = 1024
 (8 us a one-block BlockStored, 1.4 us a hash of a longer one, on a 2-core VM); each message
 counts one, so that a burst of small ones yields too."""
 _UNREADABLE = (
-    msgspec.MsgspecError, ValueError, TypeError, LookupError, AttributeError, ArithmeticError
+    msgspec.MsgspecError, ValueError, TypeError, LookupError, AttributeError, ArithmeticError,
+    RecursionError,
 )  # fmt: skip
 """What a message not in vLLM's format raises while applied: not msgpack, not a batch, an event
-not a map or missing a key, a token id past 64 bits, a block hash that is a list, a bound above."""
+not a map or missing a key, a token id past 64 bits, a block hash that is a list, a block size
+not a count, msgpack nested deeper than the decoder goes, a bound above."""
 
 
 class Unreadable(ValueError):
@@ -206,7 +218,9 @@ class EventStream:
         self.last_event_at = time.monotonic()
         if len(payload) > MAX_STEP_BYTES:
             raise Unreadable(f"{len(payload)} bytes")
-        _ts, events, *_ = self._decode(payload)
+        batch = self._decode(payload)
+        # A map where vLLM's EventBatch was not array-like (a part of its history).
+        events = batch["events"] if isinstance(batch, dict) else batch[1]
         if len(events) > MAX_STEP_BLOCKS:
             raise Unreadable(f"{len(events)} events")
         blocks = self.blocks
@@ -220,6 +234,8 @@ class EventStream:
                 self._unsliced = 0
                 yield
             self._unsliced += 1
+            if isinstance(event, list):
+                event = as_map(event)
             kind = event.get("type")
             if kind == "AllBlocksCleared":
                 blocks.clear()
@@ -242,10 +258,10 @@ class EventStream:
                 blocks.removed(hashes)
 
     def lost(self, now: float, replica: str, what: str = "lost a message") -> None:
-        """A hole nothing could fill, or a message that could not be read: what was built may
-        hold evicted blocks. Each is counted; only the first of an inexact period is logged (a
+        """A hole nothing could fill, or a message that could not be read: an eviction may have
+        gone with it. Each is counted; only the first of an inexact period is logged (a
         publisher dropping every other message would otherwise log as fast as it sends)."""
-        self.blocks.clear()
+        self.blocks.forget()
         self.gaps += 1
         if now >= self.lost_until:
             log.warning(
@@ -260,7 +276,12 @@ class EventStream:
         ctx = zmq.asyncio.Context.instance()
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
-        sub.connect(self.endpoint)
+        try:
+            sub.connect(self.endpoint)
+        except zmq.ZMQError as exc:
+            sub.close(linger=0)
+            await self._unreachable(replica, exc)
+            return
         try:
             while True:
                 frames = await sub.recv_multipart()
@@ -278,6 +299,16 @@ class EventStream:
         finally:
             sub.close(linger=0)
 
+    async def _unreachable(self, replica: str, exc: zmq.ZMQError) -> None:
+        """Waits until cancelled, logged once: an address ZeroMQ refuses stays refused (ended,
+        the task would be started again every second), and nothing sent was lost (no hole)."""
+        log.error(
+            "KV events of replica %s: cannot subscribe at %s (%s); routing there on the "
+            "estimate until a policy names an address ZeroMQ takes",
+            replica, self.endpoint, exc,
+        )  # fmt: skip
+        await asyncio.Event().wait()
+
     async def _replay(
         self, ctx: zmq.asyncio.Context, first: int | None, until: int, replica: str
     ) -> bool:
@@ -287,27 +318,35 @@ class EventStream:
         if not self.replay:
             return False
         sock = ctx.socket(zmq.DEALER)
-        sock.connect(self.replay)
         filled = first
         try:
+            sock.connect(self.replay)
             await sock.send_multipart((b"", (first or 0).to_bytes(8, "big")))
             while True:
                 frames = await asyncio.wait_for(sock.recv_multipart(), _REPLAY_TIMEOUT_S)
-                if len(frames) != 4:
+                # [b"", topic, seq, payload]; before vLLM put the topic in, [b"", seq, payload].
+                if len(frames) not in (3, 4):
                     continue
-                seq = int.from_bytes(frames[2], "big", signed=True)
+                seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == _END_SEQ:
                     break
                 if filled is None:
                     filled = seq
                 if filled <= seq < until and seq == filled:
-                    await self.read(seq, frames[3], replica)
+                    await self.read(seq, frames[-1], replica)
                     filled = seq + 1
-        except TimeoutError:
-            pass
+        except (TimeoutError, zmq.ZMQError):
+            pass  # a replay that does not answer, or an address ZeroMQ refuses: the hole stays
         finally:
             sock.close(linger=0)
         return filled is not None and filled >= until
+
+
+def as_map(event: list[Any]) -> dict[str, Any]:
+    """An event in older vLLM's array form, ``[tag, field, ...]`` (trailing defaults may be
+    left out), as the map vLLM sends now; an unknown tag keeps only its tag."""
+    kind, *values = event
+    return {"type": kind, **dict(zip(_FIELDS.get(kind, ()), values, strict=False))}
 
 
 def _stored(blocks: EngineBlocks, event: dict[str, Any]) -> None:
@@ -327,6 +366,10 @@ def _stored(blocks: EngineBlocks, event: dict[str, Any]) -> None:
             keyable.append(len(strings) == len(items))
             if i == 0 and strings:
                 salt = strings[0]
+    if lora is None and event.get("lora_id") is not None:
+        # Older vLLM names an adapter only by its number, which no request carries: keyed by
+        # the tokens alone, its blocks would match the base model's requests.
+        keyable = [False] * len(hashes)
     root = root_key(lora, salt)
     blocks.stored(
         hashes, event.get("parent_block_hash"), event["token_ids"], event["block_size"], root,

@@ -42,6 +42,8 @@ class ReplicaMonitor:
         """Probes of replicas a reload added, each held until it ends."""
         self._failing: set[str] = set()
         """Pools whose autoscaling update failed last round: logged once, not every round."""
+        self._unread: set[tuple[str, str]] = set()
+        """(pool, replica) whose last scrape could not be read: logged once, not every round."""
 
     async def start(self) -> None:
         # Before the first round: a reload from now on has its new replicas probed at once
@@ -95,7 +97,14 @@ class ReplicaMonitor:
 
     async def scrape_once(self) -> None:
         fleet = self._current()
-        await asyncio.gather(*(self._scrape(pool, r) for pool, r in fleet.replicas() if r.healthy))
+        scraped = [(pool, r) for pool, r in fleet.replicas() if r.healthy]
+        # One replica's failure must not stop the others' scrapes, nor the autoscaling signal.
+        outcomes = await asyncio.gather(
+            *(self._scrape(pool, r) for pool, r in scraped), return_exceptions=True
+        )
+        for (pool, replica), outcome in zip(scraped, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                self._missed(pool, replica, "failed", outcome)
         now = time.monotonic()
         for pool in fleet.pools.values():
             # One pool's failure must not freeze the signal of the pools after it.
@@ -128,7 +137,25 @@ class ReplicaMonitor:
             async with self._session.get(f"{replica.url}/metrics", timeout=timeout) as resp:
                 if resp.status != 200:
                     return
+                if resp.content_type == "text/html":  # a proxy's page; read, it says 0 everywhere
+                    raise ValueError("an HTML page")
                 text = await resp.text()
+            stats = parse_engine_stats(text, replica.engine)
         except (aiohttp.ClientError, TimeoutError):
             return  # health checks decide about liveness; a missed scrape keeps the last figures
-        pool.apply_engine_stats(replica, parse_engine_stats(text, replica.engine))
+        except ValueError as exc:  # not UTF-8, not Prometheus's format: missed, as above
+            self._missed(pool, replica, f"cannot be read ({exc!s:.200})")
+            return
+        pool.apply_engine_stats(replica, stats)
+        self._unread.discard((pool.name, replica.name))
+
+    def _missed(
+        self, pool: PoolState, replica: ReplicaState, why: str, error: Exception | None = None
+    ) -> None:
+        if (pool.name, replica.name) in self._unread:
+            return
+        self._unread.add((pool.name, replica.name))
+        log.warning(
+            "metrics of replica %s of pool %s %s: its last figures are kept until a scrape "
+            "reads them", replica.name, pool.name, why, exc_info=error,
+        )  # fmt: skip

@@ -325,15 +325,16 @@ class PoolState:
         )
 
     def load(self, backlog: bool = False) -> PoolLoad:
-        """Counting the routable replicas: a pool whose replicas are all down or ejected is
-        saturated, so a tier overflows from it. ``backlog``: also whether every one has a
-        first token pending, which only a tier's overflow by prediction reads (a pass over
-        the replicas, skipped else)."""
+        """Counting the routable replicas (none: saturated, so a tier overflows from it), an
+        ejected one's queue moot. ``backlog``: also whether every one has a first token
+        pending, which only a tier's overflow by prediction reads (else skipped)."""
         ready = self.routable()
         pending = backlog and all(r.pending_requests + r.remote_pending_requests for r in ready)
+        # Every instance's waiting, as the signal counts it: one's alone overflows at N x.
+        waiting = self.gateway_waiting + self.counts.remote.waiting
         return PoolLoad(
             len(ready),
-            self.gateway_waiting + sum(r.engine.waiting for r in ready),  # an ejected one's: moot
+            waiting + sum(r.engine.waiting for r in ready),
             self.policy.saturation_queue_per_replica,
             bool(ready) and pending,
         )

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.fleet.replicas import EngineStats
 from replica.vllm_metrics import (
     CACHE_CONFIG,
+    FORMER_NAMES,
     KV_USAGE,
     NUM_RUNNING,
     NUM_WAITING,
@@ -17,8 +18,18 @@ from replica.vllm_metrics import (
     total,
 )
 
-_WANTED = (NUM_RUNNING, NUM_WAITING, KV_USAGE, CACHE_CONFIG, PREFIX_CACHE_QUERIES)
 _LOOKUPS = total(PREFIX_CACHE_QUERIES)
+_FORMERLY = {
+    KV_USAGE: FORMER_NAMES[KV_USAGE],
+    _LOOKUPS: total(FORMER_NAMES[PREFIX_CACHE_QUERIES]),
+}
+"""Samples an older engine exports under another name, read there where the current one is
+absent: unread, its figures would be 0, an idle-looking engine. (An engine of the release that
+renamed them exports both.)"""
+_WANTED = (
+    NUM_RUNNING, NUM_WAITING, KV_USAGE, CACHE_CONFIG, PREFIX_CACHE_QUERIES,
+    FORMER_NAMES[KV_USAGE], FORMER_NAMES[PREFIX_CACHE_QUERIES],
+)  # fmt: skip
 
 
 def _relevant_lines(text: str) -> str:
@@ -34,13 +45,15 @@ def _relevant_lines(text: str) -> str:
 
 def parse_engine_stats(text: str, last: EngineStats | None = None) -> EngineStats:
     """Sums over label sets (several served model names or LoRA adapters share one engine).
+    Raises ValueError where ``text`` is not Prometheus's text format.
 
     A figure with a sample that is not a finite number >= 0 (NaN, inf, negative: a broken
     exporter) is not believed: it keeps its value from ``last``, the previous scrape's, as a
     missed scrape does. Taken as 0 it would pass for an idle engine; kept, it is at worst old.
     """
     last = EngineStats() if last is None else last
-    samples: dict[str, list[float]] = {NUM_RUNNING: [], NUM_WAITING: [], KV_USAGE: [], _LOOKUPS: []}
+    named = (NUM_RUNNING, NUM_WAITING, KV_USAGE, _LOOKUPS, *_FORMERLY.values())
+    samples: dict[str, list[float]] = {name: [] for name in named}
     capacity: int | None = None
     for family in text_string_to_metric_families(_relevant_lines(text)):
         for sample in family.samples:
@@ -48,6 +61,8 @@ def parse_engine_stats(text: str, last: EngineStats | None = None) -> EngineStat
                 capacity = _kv_tokens(sample.labels)
             elif sample.name in samples:
                 samples[sample.name].append(sample.value)
+    for name, former in _FORMERLY.items():
+        samples[name] = samples[name] or samples[former]
     lookups = samples[_LOOKUPS]  # absent: None, an engine that does not say
     return EngineStats(
         _believed(samples[NUM_RUNNING], sum, last.running),

@@ -292,7 +292,7 @@ def build_app(settings: Settings, policy: Policy, mesh: MeshPlace | None = None)
     app[POLICY] = PolicyHolder(
         policy,
         settings.policy,
-        app[METRICS].policy_reloads,
+        app[METRICS].policy_reloaded,
         refuse=policy_refusal(settings),
     )
     app.cleanup_ctx.append(lambda app: _background(app, mesh))

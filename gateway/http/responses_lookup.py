@@ -7,12 +7,14 @@ one): no routing decision, no retry elsewhere, a plain relay of what the replica
 streamed as it comes (`?stream=true` replays a background response's events). They pass the
 same key check and request limit as the generating endpoints, and a tenant reaches only the
 responses its own requests stored: another tenant's id is not found, as if it did not exist.
+`stored_home` is that check, for the picker (`llm-gateway epp`) too, which names the replica
+to Envoy instead of relaying.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -63,6 +65,61 @@ def refuse_chosen_id(parsed: ParsedRequest) -> None:
         )  # fmt: skip
 
 
+async def stored_home(
+    limiter: RateLimiter,
+    fleet: Fleet,
+    homes: ResponseHomes,
+    sent: Mapping[str, str],
+    response_id: str,
+) -> tuple[PoolState, ReplicaState, dict[str, str]]:
+    """The response's pool and replica, and the x-ratelimit-* headers of the answer, for a
+    lookup with the client's headers ``sent`` (`serve`'s and the picker's alike): the key
+    checked, one request taken from the tenant's request limit, the owner checked. A 404 for
+    an id not found or not the tenant's, a 503 while its replica is not healthy."""
+    tenant = limiter.authenticate(fleet.policy.limits, sent)
+    if tenant is None:
+        return (*await _stored_on(fleet, homes, None, response_id), {})
+    # The request limit only: nothing is generated.
+    limits = (await limiter.admit(tenant, 0.0)).headers
+    try:
+        return (*await _stored_on(fleet, homes, tenant.name, response_id), limits)
+    except ApiError as error:
+        # With its x-ratelimit-* headers, as every answer to a limited tenant.
+        raise WithHeaders(error, limits) from None
+
+
+def pinned_headers(
+    pool: PoolState, replica: ReplicaState, limits: Mapping[str, str]
+) -> dict[str, str]:
+    """The gateway's headers on a lookup's answer: where it went, and the tenant's limits."""
+    return {
+        headers.REQUEST_ID: REQUEST_ID.get(),
+        headers.POOL: pool.name,
+        headers.REPLICA: replica.name,
+        headers.ROUTE: Route.PINNED,
+        **limits,
+    }
+
+
+async def _stored_on(
+    fleet: Fleet, homes: ResponseHomes, owner: str | None, response_id: str
+) -> tuple[PoolState, ReplicaState]:
+    tenants = bool(fleet.policy.limits.tenants)
+    home = await readable_home(homes, response_id, owner, "response_id", tenants)
+    pool = fleet.pools.get(home.pool) if home is not None else None
+    replica = pool.replicas.get(home.replica) if pool is not None and home else None
+    if pool is None or replica is None:
+        raise not_found(response_id)
+    if not replica.healthy:
+        raise ApiError(
+            503, f"Response with id '{response_id}' is stored on replica {replica.name}, "
+            "which is not healthy now; retry later.",
+            type_="service_unavailable_error", param="response_id",
+            code="previous_response_unavailable",
+        )  # fmt: skip
+    return pool, replica
+
+
 class ResponseLookup:
     def __init__(
         self,
@@ -76,42 +133,6 @@ class ResponseLookup:
         self._metrics = metrics
         self._limiter = limiter
 
-    async def _home(
-        self, request: web.Request, response_id: str
-    ) -> tuple[PoolState, ReplicaState, dict[str, str]]:
-        """The response's pool and replica, and the x-ratelimit-* headers of the answer."""
-        limiter = self._limiter()
-        fleet = self._fleet()  # one policy generation for the whole lookup
-        tenant = limiter.authenticate(fleet.policy.limits, request.headers)
-        if tenant is None:
-            return (*await self._find(fleet, None, response_id), {})
-        # The request limit only: nothing is generated.
-        limits = (await limiter.admit(tenant, 0.0)).headers
-        try:
-            return (*await self._find(fleet, tenant.name, response_id), limits)
-        except ApiError as error:
-            # With its x-ratelimit-* headers, as every answer to a limited tenant.
-            raise WithHeaders(error, limits) from None
-
-    async def _find(
-        self, fleet: Fleet, owner: str | None, response_id: str
-    ) -> tuple[PoolState, ReplicaState]:
-        tenants = bool(fleet.policy.limits.tenants)
-        homes = self._memory.responses
-        home = await readable_home(homes, response_id, owner, "response_id", tenants)
-        pool = fleet.pools.get(home.pool) if home is not None else None
-        replica = pool.replicas.get(home.replica) if pool is not None and home else None
-        if pool is None or replica is None:
-            raise not_found(response_id)
-        if not replica.healthy:
-            raise ApiError(
-                503, f"Response with id '{response_id}' is stored on replica {replica.name}, "
-                "which is not healthy now; retry later.",
-                type_="service_unavailable_error", param="response_id",
-                code="previous_response_unavailable",
-            )  # fmt: skip
-        return pool, replica
-
     async def retrieve(self, request: web.Request) -> web.StreamResponse:
         return await self._relay(request, "GET", "")
 
@@ -120,7 +141,10 @@ class ResponseLookup:
 
     async def _relay(self, request: web.Request, method: str, suffix: str) -> web.StreamResponse:
         response_id = request.match_info["response_id"]
-        pool, replica, limits = await self._home(request, response_id)
+        # One policy generation for the whole lookup.
+        pool, replica, limits = await stored_home(
+            self._limiter(), self._fleet(), self._memory.responses, request.headers, response_id
+        )
         out = {name: request.headers[name] for name in _FORWARDED if name in request.headers}
         out[headers.REQUEST_ID] = REQUEST_ID.get()
         out["Accept-Encoding"] = "identity"
@@ -136,11 +160,7 @@ class ResponseLookup:
                     status=upstream.status,
                     headers={
                         "Content-Type": upstream.headers.get("Content-Type", "application/json"),
-                        headers.REQUEST_ID: REQUEST_ID.get(),
-                        headers.POOL: pool.name,
-                        headers.REPLICA: replica.name,
-                        headers.ROUTE: Route.PINNED,
-                        **limits,
+                        **pinned_headers(pool, replica, limits),
                     },
                 )
                 await response.prepare(request)

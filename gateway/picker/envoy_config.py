@@ -76,21 +76,77 @@ def _assignment(cluster: str, addresses: list[tuple[str, int]]) -> dict[str, Any
     return {"cluster_name": cluster, "endpoints": [{"lb_endpoints": endpoints}]}
 
 
-def _too_large(max_body_bytes: int) -> dict[str, Any]:
-    """Envoy's own 413 (a body over the buffer limit) in `serve`'s OpenAI shape. The picker
-    never answers 413 itself, and a replica's 413 is not a local reply: only Envoy's is
-    rewritten."""
-    error = {
-        "message": f"The request body is larger than the limit of {max_body_bytes} bytes.",
-        "type": "invalid_request_error",
-        "param": None,
-        "code": "request_too_large",
+_REQUEST_ID = {
+    "header": {"key": "x-request-id", "value": "%REQ(x-request-id)%"},
+    # The picker's own answers carry the id it gave the request: theirs stands.
+    "append_action": "ADD_IF_ABSENT",
+}
+"""The request's id on Envoy's own answers, as on the gateway's: Envoy's (the client's where it
+kept it, else one it made), which the picker takes as the request's id where it is one."""
+
+
+def _openai_shaped(
+    status: int, message: str, type_: str, code: str, *, envoys_own: bool = False
+) -> dict[str, Any]:
+    """A local reply of Envoy's with ``status`` in `serve`'s OpenAI error shape. The picker's
+    refusals are local replies too (immediate responses) and already in that shape:
+    ``envoys_own`` rewrites only the answers Envoy gives for its own reasons (a replica it could
+    not reach or that reset the request; each sets a response flag, the picker's never)."""
+    error = {"message": message, "type": type_, "param": None, "code": code}
+    matches: dict[str, Any] = {
+        "status_code_filter": {
+            "comparison": {
+                "op": "EQ",
+                "value": {"default_value": status, "runtime_key": f"llm_gateway.local_{status}"},
+            }
+        }
     }
-    status = {"default_value": 413, "runtime_key": "llm_gateway.too_large"}
+    if envoys_own:
+        matches = {"and_filter": {"filters": [matches, {"response_flag_filter": {}}]}}
     return {
-        "filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": status}}},
+        "filter": matches,
         "body_format_override": {"json_format": {"error": error}},
+        "headers_to_add": [_REQUEST_ID],
     }
+
+
+def _local_replies(max_body_bytes: int) -> list[dict[str, Any]]:
+    """Envoy's own answers in `serve`'s OpenAI shape, each with the request's id: its 413 (a
+    body over the buffer limit; the picker's own 413 says the same), its 502 and 503 (no
+    replica answered), its 504 (the picker never answers 504 itself). A replica's answer is
+    never a local reply, whatever its status. Every other local reply (the picker's refusals
+    among them) only gets the request's id where it has none."""
+    return [
+        _openai_shaped(
+            413, f"The request body is larger than the limit of {max_body_bytes} bytes.",
+            "invalid_request_error", "request_too_large",
+        ),
+        # Every replica named refused, reset or was unreachable (after Envoy's retries).
+        _openai_shaped(
+            503, "No replica could serve the request: %LOCAL_REPLY_BODY%.",
+            "service_unavailable_error", "upstream_unavailable", envoys_own=True,
+        ),
+        _openai_shaped(
+            502, "A replica's answer could not be relayed: %LOCAL_REPLY_BODY%.",
+            "server_error", "upstream_error", envoys_own=True,
+        ),
+        # A replica's timeout, or the picker's (fail closed: its message timeout).
+        _openai_shaped(
+            504, "The request timed out in the proxy (%RESPONSE_CODE_DETAILS%).",
+            "server_error", "gateway_timeout",
+        ),
+        {
+            "filter": {
+                "status_code_filter": {
+                    "comparison": {
+                        "op": "GE",
+                        "value": {"default_value": 0, "runtime_key": "llm_gateway.local_any"},
+                    }
+                }
+            },
+            "headers_to_add": [_REQUEST_ID],
+        },
+    ]  # fmt: skip
 
 
 def _served_removed() -> dict[str, Any]:
@@ -200,7 +256,7 @@ def bootstrap(
                 }
             ],
         },
-        "local_reply_config": {"mappers": [_too_large(max_body_bytes)]},
+        "local_reply_config": {"mappers": _local_replies(max_body_bytes)},
         "http_filters": [
             _served_removed(),
             {"name": _EXT_PROC, "typed_config": ext_proc},

@@ -2,7 +2,8 @@
 
 Envoy waits for an answer to every message it sends (except in observability mode), so each
 is answered at once; the picker's only real answers are to the request body (the replica, or
-an immediate response) and to the answer's headers (the gateway's x-gateway-* headers).
+an immediate response), to the request headers of a stored response's lookup (its replica) and
+to the answer's headers (the gateway's x-gateway-* headers, the request's id).
 """
 
 from __future__ import annotations
@@ -58,6 +59,23 @@ def _mutation(values: Mapping[str, str], remove: Sequence[str] = ()) -> Any:
     )
 
 
+def _headers_set(values: Mapping[str, str], remove: Sequence[str] = ()) -> Any:
+    """The answer to the answer's headers that sets ``values`` on them."""
+    mutation = _mutation(values, remove)
+    return pb.ProcessingResponse(
+        response_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=mutation))
+    )
+
+
+def _destination(endpoints: Sequence[str]) -> tuple[str, Any]:
+    """The endpoints as the header's value, and as Envoy's `envoy.lb` dynamic metadata (which
+    its override_host policy reads)."""
+    value = ",".join(endpoints)
+    metadata = struct_pb2.Struct()
+    metadata.update({LB_NAMESPACE: {DESTINATION: value}})
+    return value, metadata
+
+
 class Envoy:
     """The stream's two directions."""
 
@@ -79,6 +97,16 @@ class Envoy:
         while message is not None:
             await self.write(go_on(message))
             message = await self.read()
+
+    async def until_answered(self, answer_headers: Mapping[str, str]) -> None:
+        """Lets the request's messages through unchanged and sets ``answer_headers`` on the
+        answer's headers; the stream ends there, and Envoy relays the rest of the answer
+        without asking (it goes on alone once the picker has closed the stream)."""
+        while (message := await self.read()) is not None:
+            if message.WhichOneof("request") == "response_headers":
+                await self.write(_headers_set(answer_headers))
+                return
+            await self.write(go_on(message))
 
     async def whole_body(self) -> bytes | None:
         """The request's body: one message when Envoy buffers it (`request_body_mode:
@@ -162,9 +190,7 @@ class PickerExchange:
         """Sends the request to ``endpoints[0]`` (ip:port), the others its fallbacks in turn,
         with ``body``, what `serve` would send (the body decoded, its model a tier's pool's,
         asking for a stream's usage); its answer will carry ``answer_headers``."""
-        value = ",".join(endpoints)
-        metadata = struct_pb2.Struct()
-        metadata.update({LB_NAMESPACE: {DESTINATION: value}})
+        value, metadata = _destination(endpoints)
         mutated = {DESTINATION: value}
         # Envoy forwards the body it holds unless told otherwise: only a changed one travels
         # back (in the common case the same bytes object, which compares at no cost).
@@ -179,6 +205,21 @@ class PickerExchange:
         await self._envoy.write(
             pb.ProcessingResponse(
                 request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata
+            )
+        )
+        self.picked = True
+        self._answer_headers = answer_headers
+
+    async def pin(self, endpoints: Sequence[str], answer_headers: Mapping[str, str]) -> None:
+        """Sends a request the picker routes by its headers alone (a stored response's lookup)
+        to ``endpoints`` in turn: named in the answer to the request's headers, which is where
+        the pick of a request without a body must be (Envoy sends no body message then), and
+        which Envoy's load balancer reads as well after a body, if one comes."""
+        value, metadata = _destination(endpoints)
+        common = pb.CommonResponse(header_mutation=_mutation({DESTINATION: value}))
+        await self._envoy.write(
+            pb.ProcessingResponse(
+                request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
             )
         )
         self.picked = True
@@ -217,15 +258,10 @@ class PickerExchange:
                     values.get(SERVED, ""),
                     values.get("content-length", ""),
                 )
-                mutation = _mutation({**self._answer_headers, **changed}, remove=(SERVED,))
                 if message.response_headers.end_of_stream:
                     on_end(status)
                 await envoy.write(
-                    pb.ProcessingResponse(
-                        response_headers=pb.HeadersResponse(
-                            response=pb.CommonResponse(header_mutation=mutation)
-                        )
-                    )
+                    _headers_set({**self._answer_headers, **changed}, remove=(SERVED,))
                 )
                 if message.response_headers.end_of_stream:
                     return

@@ -2,7 +2,8 @@
 except that Envoy relays the bytes. It dispatches the request to a replica of its pool, names
 that replica to Envoy, and follows the answer for what routing learns: the first byte (the
 replica's prefill is done), the usage the replica reports, the end (its slot is free), and
-its status for passive health.
+its status for passive health. A stored response's lookup it names to the replica holding the
+response, as gateway/http/responses_lookup.py relays it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 
 from gateway import headers
 from gateway.fleet.outlier import OutlierDetector
-from gateway.fleet.pools import PoolSaturated
+from gateway.fleet.pools import PoolSaturated, PoolState
 from gateway.fleet.replicas import Dispatch, ReplicaState
 from gateway.http.errors import ApiError, WithHeaders, no_healthy_replica, pool_saturated
 from gateway.http.request_body import Endpoint
@@ -113,6 +114,44 @@ class Picker:
                 raise
         finally:
             pool.end(answer.dispatch)  # the fallback's, where one served
+
+    async def pin(
+        self,
+        exchange: PickerExchange,
+        pool: PoolState,
+        replica: ReplicaState,
+        answer_headers: Mapping[str, str],
+        started: float,
+    ) -> None:
+        """A stored response's lookup: to ``replica``, which holds the response, on each try
+        Envoy makes (it retries a failure before the answer's headers; another replica would
+        answer that it has no such response), and counted as `serve` counts it, pinned. No
+        slot is taken and no health is judged, as `serve`'s relay of it does neither."""
+        try:
+            address = await self._addresses.of(replica.url)
+        except OSError as exc:
+            raise ApiError(
+                502, f"Replica {replica.name} could not be reached: {type(exc).__name__}.",
+                type_="server_error", code="upstream_unavailable",
+            ) from None  # fmt: skip
+        if exchange.subset is not None and address not in exchange.subset:
+            raise ApiError(
+                503, f"The replica that holds the response, {replica.name}, is not among the "
+                "endpoints the proxy allows for this request.",
+                type_="service_unavailable_error", param="response_id",
+                code="previous_response_unavailable",
+            )  # fmt: skip
+        status = CLIENT_CLOSED
+
+        def ended(end: int) -> None:
+            nonlocal status
+            status = end
+
+        await exchange.pin([address] * (1 + FALLBACKS), answer_headers)
+        try:
+            await exchange.follow(lambda *_: {}, lambda _: None, ended)
+        finally:
+            self._metrics.answered(pool.name, Route.PINNED, status, started)
 
     async def _outside(
         self, replicas: Iterable[ReplicaState], subset: Collection[str]

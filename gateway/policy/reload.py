@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import Counter
-
 from gateway.fleet.pools import Fleet
 from gateway.policy.check import PolicyFile, checked, read_policy_file
 from router_policies.schema import InvalidPolicy, Policy
@@ -60,7 +58,11 @@ def _read(path: Path) -> PolicyFile | tuple[str, ...]:
         return (f"unexpected error: {type(exc).__name__}: {exc}",)
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
+Stamp = tuple[int, int, int]
+"""A policy file's identity on disk: modification time, size, inode."""
+
+
+def _stamp(path: Path) -> Stamp | None:
     # Following the symlink: a Kubernetes ConfigMap update swaps the ..data link underneath.
     try:
         st = path.stat()
@@ -74,17 +76,21 @@ class PolicyHolder:
         self,
         policy: Policy,
         path: Path | None,
-        reloads: Counter,
+        record: Callable[[bool], None],
         refuse: Callable[[Policy], str | None] = lambda _: None,
     ) -> None:
-        """``refuse``: why this process cannot run a policy that is valid on its own (one
-        line), or None; such a reload fails like an invalid file."""
+        """``record``: told each reload's outcome (applied or not); ``refuse``: why this process
+        cannot run a policy that is valid on its own (one line), or None; such a reload fails
+        like an invalid file."""
         self.fleet = Fleet(policy)
         self.path = path
-        self._reloads = reloads
+        self._record = record
         self._refuse = refuse
         self._stamp = _stamp(path) if path is not None else None
+        """The file as it stood when last read, whether its policy applied or not."""
         self._polled = self._stamp
+        self._applied = self._stamp
+        """The file as it stood when the policy in force was read from it."""
         self._one_at_a_time = asyncio.Lock()
         self._reloading: set[asyncio.Task[ReloadResult]] = set()
 
@@ -98,8 +104,11 @@ class PolicyHolder:
             return ReloadResult(False, ("the gateway was started without a policy file",))
         async with self._one_at_a_time:
             # Stamped before the read: an edit made during the read is seen by the next poll.
-            self._stamp = _stamp(path)
-            return self._swap(await asyncio.to_thread(_read, path))
+            stamp = self._stamp = _stamp(path)
+            result = self._swap(await asyncio.to_thread(_read, path))
+            if result.ok:
+                self._applied = stamp
+            return result
 
     def _swap(self, read: PolicyFile | tuple[str, ...]) -> ReloadResult:
         if isinstance(read, tuple):
@@ -126,14 +135,14 @@ class PolicyHolder:
             log.exception("policy reload failed unexpectedly")
             return self._failed((f"unexpected error: {type(exc).__name__}: {exc}",))
         self.fleet = fleet
-        self._reloads.labels("ok").inc()
+        self._record(True)
         log.info("policy reloaded from %s", self.path)
         for warning in warnings:
             log.warning("policy reload: %s", warning)
         return ReloadResult(True, warnings=warnings)
 
     def _failed(self, problems: tuple[str, ...]) -> ReloadResult:
-        self._reloads.labels("error").inc()
+        self._record(False)
         log.error("policy reload failed, the current policy stays: %s", "; ".join(problems))
         return ReloadResult(False, problems)
 
@@ -142,6 +151,19 @@ class PolicyHolder:
         task = asyncio.get_running_loop().create_task(self.reload())
         self._reloading.add(task)
         task.add_done_callback(self._reloading.discard)
+
+    @property
+    def read_at(self) -> Stamp | None:
+        """The file's stamp when the policy in force was read from it: a file that failed to
+        load since is not it."""
+        return self._applied
+
+    def read_when(self, stamp: Stamp | None) -> None:
+        """Says the policy in force was read from the file as it stood at ``stamp``, not as it
+        stands now (a replacement worker starts with its parent's policy): a file changed
+        since, one that failed to load in the parent included, is read again once it settles,
+        and says for itself whether it loads."""
+        self._stamp = self._polled = self._applied = stamp
 
     def changed_on_disk(self) -> bool:
         return self.path is not None and _stamp(self.path) != self._stamp

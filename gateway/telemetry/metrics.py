@@ -43,6 +43,7 @@ POOL_ARRIVALS = "gateway_pool_arrivals"  # exposed as gateway_pool_arrivals_tota
 POOL_ARRIVAL_RATE = "gateway_pool_arrival_rate"
 POOL_REPLICA_CAPACITY = "gateway_pool_replica_capacity"
 POLICY_RELOADS = "gateway_policy_reloads"
+POLICY_LAST_RELOAD_OK = "gateway_policy_last_reload_successful"
 TIER_THRESHOLD = "gateway_tier_threshold"
 CLIENT_CONNECTIONS = "gateway_client_connections"
 CONNECTIONS_REFUSED = "gateway_connections_refused"  # gateway_connections_refused_total
@@ -225,6 +226,15 @@ class GatewayMetrics:
         )  # fmt: skip
         for result in ("ok", "error"):
             self.policy_reloads.labels(result)
+        # The counter's error count stops rising while a bad file stays on disk, so an alert
+        # on its increase clears; this stays 0 until a reload applies.
+        self.policy_last_reload_ok = Gauge(
+            POLICY_LAST_RELOAD_OK,
+            "1 if the last policy reload applied (or none was tried yet), 0 if it failed and "
+            "the policy in force is no longer the file on disk.",
+            registry=self.registry,
+        )
+        self.policy_last_reload_ok.set(1)
         self.ejections = Counter(
             REPLICA_EJECTIONS, "Times the replica was ejected for consecutive failed requests.",
             ["pool", "replica"], registry=self.registry,
@@ -282,6 +292,10 @@ class GatewayMetrics:
     def _forget_pool(self, pool: str) -> None:
         self._answered = {key: kids for key, kids in self._answered.items() if key[0] != pool}
         self._ttft.pop(pool, None)
+
+    def policy_reloaded(self, ok: bool) -> None:
+        self.policy_reloads.labels("ok" if ok else "error").inc()
+        self.policy_last_reload_ok.set(1 if ok else 0)
 
     def answered(self, pool: str, route: str, status: int, started: float) -> None:
         """A request ended: counted, and its duration observed."""
