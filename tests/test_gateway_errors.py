@@ -101,6 +101,26 @@ async def test_a_body_over_the_limit_is_413(gateway: GatewayClient) -> None:
     assert body["error"]["code"] == "request_too_large"
 
 
+async def test_a_body_over_the_limit_closes_its_connection_so_the_next_request_is_not_lost(
+    gateway: GatewayClient,
+) -> None:
+    # Kept alive, the rest of the refused body would jam the connection's parser: the next
+    # request on it would go unanswered until the keep-alive timer closed it.
+    reader, writer = await asyncio.open_connection(gateway.host, gateway.port)
+    big = b'{"model": "sim-model", "prompt": "' + b"x" * (20 * BODY_LIMIT) + b'"}'
+    writer.write(
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (COMPLETIONS.encode(), len(big), big)
+    )
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    async with asyncio.timeout(5):
+        got, fields, body = await read_answer(reader)
+        assert (got, openai_error(body)["code"]) == (413, "request_too_large")
+        assert fields.get("connection", "").lower() == "close"
+        assert await reader.read() == b""  # closed, not left waiting: the client retries anew
+    writer.close()
+
+
 @pytest.mark.parametrize(
     ("expect", "length", "status", "code"),
     [

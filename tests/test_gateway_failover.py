@@ -91,6 +91,62 @@ async def test_a_5xx_before_the_first_byte_is_retried_on_another_replica() -> No
         assert metric(text, "gateway_retries_total", pool="small") == failures
 
 
+VLLM_STREAM_ERROR = b'data: {"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}\n\ndata: [DONE]\n\n'
+"""How vLLM fails a stream it has started (a request the engine finished with an error): a
+200 whose first event is the error, or whose first is the role chunk and the second the
+error, where a request not streamed gets a 500."""
+ROLE_CHUNK = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+
+
+@pytest.mark.parametrize("opening", [b"", ROLE_CHUNK], ids=["error first", "after the role"])
+async def test_a_stream_that_opens_with_vllms_error_event_is_retried_on_another_replica(
+    opening: bytes,
+) -> None:
+    failures = 0
+
+    async def failing(request: web.Request) -> web.StreamResponse:
+        nonlocal failures
+        failures += 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if opening:
+            await response.write(opening)  # a read of its own, as vLLM's role chunk may be
+        await response.write(VLLM_STREAM_ERROR)
+        return response
+
+    async with running_sims(1) as [good]:
+        async with fake_replica(failing) as bad_url, running_gateway([bad_url, good.url]) as gw:
+            sdk = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+            for i in range(8):
+                stream = await sdk.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"Question {i}"}],
+                    max_tokens=2,
+                    stream=True,
+                )
+                assert [chunk async for chunk in stream]  # whole, from the good replica
+            _, text = await get_text(f"{gw.url}/metrics")
+        assert failures > 0
+        assert metric(text, "gateway_retries_total", pool="small") == failures
+
+
+async def test_the_5xx_relayed_when_no_other_replica_is_left_says_where_it_came_from() -> None:
+    async def broken(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "engine died", "code": "boom"}}, status=500)
+
+    async with fake_replica(broken) as bad_url, running_gateway([bad_url]) as gw:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{gw.url}/v1/chat/completions", data=orjson.dumps(chat("s", "q"))
+            ) as response,
+        ):
+            assert response.status == 500
+            assert (await response.json())["error"]["code"] == "boom"
+            assert response.headers[headers.REPLICA] == bad_url.removeprefix("http://")
+            assert response.headers[headers.ROUTE]
+
+
 async def test_with_retries_off_the_5xx_reaches_the_client_unchanged() -> None:
     async def broken(request: web.Request) -> web.Response:
         return web.json_response({"error": {"message": "engine died", "code": "boom"}}, status=500)

@@ -58,8 +58,10 @@ def invalid_encoding(encoding: str) -> UnreadBody:
     )  # fmt: skip
 
 
-def body_too_large(limit: int) -> ApiError:
-    return ApiError(
+def body_too_large(limit: int) -> UnreadBody:
+    """Read up to the limit and no further: the rest of the body is still on the wire, so the
+    connection closes after the answer (kept alive, the next request on it would be lost)."""
+    return UnreadBody(
         413, f"The request body is larger than the limit of {limit} bytes.",
         code="request_too_large",
     )  # fmt: skip

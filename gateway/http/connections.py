@@ -63,7 +63,9 @@ class RequestHead:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.fields.append((name, value))
+        # Trailing white space stripped, as aiohttp strips it: a key, an id or a hint reads
+        # the same whichever side serves the request (llhttp keeps it).
+        self.fields.append((name, value.rstrip(b" \t")))
 
 
 def framed_body_length(fields: list[tuple[bytes, bytes]], head_bytes: int, limit: int) -> int:

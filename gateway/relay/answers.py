@@ -16,7 +16,7 @@ from __future__ import annotations
 from gateway.http.exchange import Exchange
 from gateway.http.request_body import Endpoint
 from gateway.relay.upstream import UpstreamResponse
-from gateway.relay.upstream_errors import UpstreamError
+from gateway.relay.upstream_errors import ReplicaDisconnected, StreamFailed, UpstreamError
 
 SSE = "text/event-stream"
 JSON = "application/json"
@@ -43,6 +43,36 @@ def from_vllm(content_type: str) -> bool:
 _OPENING_EVENTS = (b"event: response.created\n", b"event: response.in_progress\n")
 """What a /v1/responses stream sends before the engine has produced anything: vLLM yields
 both as the request starts, before its prefill."""
+
+
+_ERROR_EVENT = b'data: {"error"'
+"""How vLLM fails a stream it has started (the engine finished the request with an error): an
+event of its own, where a request not streamed gets a 5xx. Model output cannot fake it: in an
+event's JSON a quote is escaped."""
+_ROLE = b'"delta":{"role"'
+"""A chat stream's first chunk, the assistant's role, which vLLM sends before the first
+token's chunk or an error event."""
+
+
+async def first_output(upstream: UpstreamResponse, endpoint: Endpoint) -> bytes:
+    """A stream's first reads, up to its first token: held back from the client, so that a
+    replica that dies, stalls or answers vLLM's error event before it is one more failed
+    attempt (retried elsewhere), not a broken stream. Held with it: a Responses stream's
+    opening events and a chat stream's role chunk, which come before the prefill ends."""
+    first = await upstream.readany()
+    while first and (
+        not has_first_token(endpoint, first)
+        or (endpoint is Endpoint.CHAT and first.count(b"data: ") == 1 and _ROLE in first)
+    ):
+        more = await upstream.readany()
+        if not more:
+            break
+        first += more
+    if not first:
+        raise ReplicaDisconnected("stream ended before its first byte")
+    if _ERROR_EVENT in first:
+        raise StreamFailed("answered an error event before its first token")
+    return first
 
 
 def has_first_token(endpoint: Endpoint, chunk: bytes) -> bool:

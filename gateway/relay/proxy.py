@@ -36,7 +36,6 @@ from gateway.http.exchange import Exchange
 from gateway.relay import answers, stream_usage
 from gateway.relay.upstream import UpstreamResponse, Upstreams
 from gateway.relay.upstream_errors import (
-    ReplicaDisconnected,
     ReplicaUnreachable,
     UpstreamError,
     failure_reason,
@@ -141,6 +140,9 @@ class Forwarder:
                 pool.end(dispatch)
             if isinstance(result, Failure):
                 failure = result
+                failure.where = routed.answer_headers(
+                    dispatch.replica.name, dispatch.decision.route
+                )
                 continue
             return result
         return await self._give_up(req, failure)
@@ -168,20 +170,7 @@ class Forwarder:
                     replica.url, routed.parsed.endpoint.value, req.body, out
                 )
                 if upstream.content_type == answers.SSE and upstream.status < 400:
-                    # Nothing has gone to the client yet: a replica that dies or stalls
-                    # before its first chunk is one more failed attempt, not a broken stream.
-                    first = await upstream.readany()
-                    endpoint = routed.parsed.endpoint
-                    while first and not answers.has_first_token(endpoint, first):
-                        # A Responses stream opens with events sent before the prefill: held
-                        # back until its first token, so a prefill that fails or stalls is
-                        # still a failed attempt.
-                        more = await upstream.readany()
-                        if not more:
-                            break
-                        first += more
-                    if not first:
-                        raise ReplicaDisconnected("stream ended before its first byte")
+                    first = await answers.first_output(upstream, routed.parsed.endpoint)
         except (UpstreamError, TimeoutError) as exc:
             if upstream is not None:
                 upstream.close()
@@ -236,6 +225,7 @@ class Forwarder:
             await _answer(exchange, hdrs, error)
             return error.status
         outcome.status = failure.status
+        hdrs = failure.where or hdrs
         hdrs["Content-Type"] = failure.content_type
         await exchange.answer(failure.status, hdrs, failure.body)
         return failure.status

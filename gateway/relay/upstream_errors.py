@@ -24,6 +24,11 @@ class ReplicaDisconnected(UpstreamError):
     """The replica closed the connection before its answer ended."""
 
 
+class StreamFailed(UpstreamError):
+    """The replica failed the request in its stream's own error event (vLLM's way, once the
+    stream's headers are sent)."""
+
+
 class BadAnswer(UpstreamError):
     """The replica's bytes are not HTTP/1.1."""
 
