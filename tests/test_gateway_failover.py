@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import aiohttp
@@ -128,6 +129,32 @@ async def test_a_stream_that_opens_with_vllms_error_event_is_retried_on_another_
             _, text = await get_text(f"{gw.url}/metrics")
         assert failures > 0
         assert metric(text, "gateway_retries_total", pool="small") == failures
+
+
+async def test_an_error_event_later_in_a_stream_is_relayed_and_counted_as_a_failure() -> None:
+    async def fails_midway(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(ROLE_CHUNK)
+        await response.write(
+            ROLE_CHUNK.replace(b'"role":"assistant","content":""', b'"content":"a"')
+        )
+        await asyncio.sleep(0.3)  # the tokens are out to the client: the error comes midway
+        await response.write(VLLM_STREAM_ERROR)
+        return response
+
+    async with fake_replica(fails_midway) as url, running_gateway([url]) as gw:
+        sdk = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+        stream = await sdk.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "q"}], stream=True
+        )
+        with pytest.raises(APIError, match="Internal server error"):  # as vLLM's own client gets
+            async for _ in stream:
+                pass
+        _, text = await get_text(f"{gw.url}/metrics")
+    # Counted as the stream the contract calls failed, not as an answer: it was not one.
+    assert metric(text, "gateway_requests_total", pool="small", code="502") == 1
+    assert not metric(text, "gateway_requests_total", pool="small", code="200")
 
 
 async def test_the_5xx_relayed_when_no_other_replica_is_left_says_where_it_came_from() -> None:

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import sys
+import zlib
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import aiohttp
+import brotli
 import orjson
 import pytest
 import pytest_asyncio
@@ -19,6 +22,11 @@ from bench.launcher import start_gateway
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, MODEL, chat, pool_policy, running_sims
 from tests.hardening import openai_error, raw_http, wait_for_log
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -115,6 +123,27 @@ async def test_a_body_that_is_not_the_gzip_it_claims_is_a_400(gateway: ManagedPr
             f"{gateway.url}/v1/chat/completions", data=real, headers=headers
         ) as response:
             assert response.status == 200  # a real gzip body is fine
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd"])
+async def test_a_body_in_each_coding_the_contract_names_is_read(
+    gateway: ManagedProcess, coding: str
+) -> None:
+    raw = orjson.dumps(chat("s", "q"))
+    compress = {
+        "gzip": gzip.compress,
+        "deflate": zlib.compress,
+        "br": brotli.compress,
+        "zstd": zstd.compress,
+    }[coding]
+    headers = {"Content-Encoding": coding, "Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{gateway.url}/v1/chat/completions", data=compress(raw), headers=headers
+        ) as response,
+    ):
+        assert response.status == 200
 
 
 @pytest.mark.parametrize(

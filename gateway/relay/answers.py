@@ -106,7 +106,7 @@ class StreamEnd:
     writes may split the end marker over any number of reads (a byte each, at worst), which a
     window of the last two reads would take for a stream cut short."""
 
-    __slots__ = ("_ended", "_responses", "_tail", "_whole")
+    __slots__ = ("_ended", "_responses", "_tail", "_whole", "errored")
 
     def __init__(self, endpoint: Endpoint) -> None:
         self._responses = endpoint is Endpoint.RESPONSES
@@ -115,6 +115,9 @@ class StreamEnd:
         self._ended = False
         self._tail = b""
         """At least the stream's last _TAIL bytes (all of a read that long, kept, not copied)."""
+        self.errored = False
+        """Whether the stream carried vLLM's error event: the replica failed the request, though
+        the stream ends as any other. Looked for within each read (vLLM writes an event whole)."""
 
     def feed(self, chunk: bytes) -> None:
         """The next read of the stream, as it came."""
@@ -122,6 +125,8 @@ class StreamEnd:
         if self._responses and not self._ended:
             seam = tail[1 - _END_MARK_BYTES :] + chunk[: _END_MARK_BYTES - 1]
             self._ended = _responses_ended(chunk) or _responses_ended(seam)
+        elif _ERROR_EVENT in chunk:
+            self.errored = True
         self._tail = chunk if len(chunk) >= _TAIL else tail[len(chunk) - _TAIL :] + chunk
 
     @property

@@ -360,6 +360,9 @@ class Forwarder:
                 shown.rest()
                 await exchange.write(sse_error(ConnectionResetError("stream ended early")))
                 clean = False
+            elif clean and end.errored:  # relayed as it came: a failed request all the same
+                self._failed(routed.pool, dispatch.replica, "error event in its stream")
+                clean = False
             elif clean:
                 self._outliers.success(dispatch.replica)
             if tail := shown.rest():  # the last event, sent without its blank line
