@@ -126,6 +126,22 @@ def pool_saturated(saturated: PoolSaturated, waited_s: float) -> ApiError:
     )
 
 
+def replica_unreachable(replica: str, exc: BaseException) -> ApiError:
+    """A stored response's lookup that could not reach the replica holding it."""
+    return ApiError(
+        502, f"Replica {replica} could not be reached: {type(exc).__name__}.",
+        type_="server_error", code="upstream_unavailable",
+    )  # fmt: skip
+
+
+def stored_response_unavailable(message: str, param: str) -> ApiError:
+    """A stored response that only one replica holds, which cannot take the request now."""
+    return ApiError(
+        503, message, type_="service_unavailable_error", param=param,
+        code="previous_response_unavailable",
+    )  # fmt: skip
+
+
 def upstream_error(replica: str, exc: BaseException) -> bytes:
     """Body of an attempt that failed before the replica's first byte."""
     if isinstance(exc, TimeoutError):

@@ -21,7 +21,14 @@ from aiohttp import web
 
 from gateway import headers
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
-from gateway.http.errors import ApiError, WithHeaders, bad_request, echoed
+from gateway.http.errors import (
+    ApiError,
+    WithHeaders,
+    bad_request,
+    echoed,
+    replica_unreachable,
+    stored_response_unavailable,
+)
 from gateway.http.request_body import Endpoint, ParsedRequest
 from gateway.rate_limit import RateLimiter
 from gateway.routing.affinity import ReplicaRef, ResponseHomes, RoutingMemory
@@ -111,12 +118,11 @@ async def _stored_on(
     if pool is None or replica is None:
         raise not_found(response_id)
     if not replica.healthy:
-        raise ApiError(
-            503, f"Response with id '{response_id}' is stored on replica {replica.name}, "
-            "which is not healthy now; retry later.",
-            type_="service_unavailable_error", param="response_id",
-            code="previous_response_unavailable",
-        )  # fmt: skip
+        raise stored_response_unavailable(
+            f"Response with id '{response_id}' is stored on replica {replica.name}, which is "
+            "not healthy now; retry later.",
+            "response_id",
+        )
     return pool, replica
 
 
@@ -172,10 +178,7 @@ class ResponseLookup:
             status = 502
             if request.writer.output_size > 0:
                 raise  # mid-relay: the connection is cut, as any broken stream
-            error = ApiError(
-                502, f"Replica {replica.name} could not be reached: {type(exc).__name__}.",
-                type_="server_error", code="upstream_unavailable",
-            )  # fmt: skip
+            error = replica_unreachable(replica.name, exc)
             answered = {headers.REQUEST_ID: REQUEST_ID.get(), headers.POOL: pool.name, **limits}
             return error.response(answered)
         finally:

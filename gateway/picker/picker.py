@@ -19,7 +19,14 @@ from gateway import headers
 from gateway.fleet.outlier import OutlierDetector
 from gateway.fleet.pools import PoolSaturated, PoolState
 from gateway.fleet.replicas import Dispatch, ReplicaState
-from gateway.http.errors import ApiError, WithHeaders, no_healthy_replica, pool_saturated
+from gateway.http.errors import (
+    ApiError,
+    WithHeaders,
+    no_healthy_replica,
+    pool_saturated,
+    replica_unreachable,
+    stored_response_unavailable,
+)
 from gateway.http.request_body import Endpoint
 from gateway.picker.envoy_config import FALLBACKS
 from gateway.picker.exchange import PickerExchange
@@ -130,17 +137,13 @@ class Picker:
         try:
             address = await self._addresses.of(replica.url)
         except OSError as exc:
-            raise ApiError(
-                502, f"Replica {replica.name} could not be reached: {type(exc).__name__}.",
-                type_="server_error", code="upstream_unavailable",
-            ) from None  # fmt: skip
+            raise replica_unreachable(replica.name, exc) from None
         if exchange.subset is not None and address not in exchange.subset:
-            raise ApiError(
-                503, f"The replica that holds the response, {replica.name}, is not among the "
+            raise stored_response_unavailable(
+                f"The replica that holds the response, {replica.name}, is not among the "
                 "endpoints the proxy allows for this request.",
-                type_="service_unavailable_error", param="response_id",
-                code="previous_response_unavailable",
-            )  # fmt: skip
+                "response_id",
+            )
         status = CLIENT_CLOSED
 
         def ended(end: int) -> None:

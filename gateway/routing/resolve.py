@@ -9,7 +9,12 @@ from collections.abc import Callable, Iterable, Mapping
 
 from gateway import headers
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
-from gateway.http.errors import ApiError, bad_request, model_not_found
+from gateway.http.errors import (
+    ApiError,
+    bad_request,
+    model_not_found,
+    stored_response_unavailable,
+)
 from gateway.http.request_body import Endpoint, ParsedRequest, with_member
 from gateway.routing.affinity import RouteHooks, RoutingMemory, adapter_replicas
 from gateway.routing.client_hints import forced_tier
@@ -232,14 +237,12 @@ def _hooks(
                     param="previous_response_id", code="previous_response_not_found",
                 )  # fmt: skip
             if not replica.available(time.monotonic()):  # down, or ejected after failures
-                raise ApiError(
-                    503,
+                raise stored_response_unavailable(
                     f"Response with id '{previous}' is stored on replica {home.replica}, which "
                     "is not available now; retry later, or start over without "
                     "previous_response_id.",
-                    type_="service_unavailable_error", param="previous_response_id",
-                    code="previous_response_unavailable",
-                )  # fmt: skip
+                    "previous_response_id",
+                )
             return RouteHooks(memory, pool.name, frozenset((home.replica,)), True, adapter, learn)
         # Unknown here (forgotten, or served through another gateway): the pool's policy
         # chooses, and a replica without it answers vLLM's own 404.
