@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from gateway.shared_state.worker_mesh import MeshPlace
 from gateway.supervisor import _Supervisor
 from gateway.watchdog import Heartbeats
 from router_policies.schema import Policy
-from tests.conftest import pool_policy
+from tests.conftest import policy_holder, pool_policy
 
 URL = "http://127.0.0.1:9101"
 TENANTS = {"limits": {"tenants": {"acme": {"api_key_sha256": ["a" * 64]}}}}
@@ -44,6 +45,17 @@ def looks(parent: _Supervisor, n: int) -> None:
     for _ in range(n):
         time.sleep(LOOK_S * 1.5)
         parent.keep_policy()
+
+
+def replacement_of(
+    parent: PolicyHolder, record: Callable[[bool], None] = lambda ok: None
+) -> PolicyHolder:
+    """What a replacement worker holds: the parent's policy, read when the parent read it,
+    whatever the file on disk has become since."""
+    assert parent.path is not None
+    worker = PolicyHolder(parent.fleet.policy, parent.path, record)
+    worker.read_when(parent.read_at)
+    return worker
 
 
 def eps_and_tenants(policy: Policy) -> tuple[float, bool]:
@@ -95,11 +107,9 @@ async def test_a_worker_started_on_an_older_reading_reads_the_file_changed_since
 ) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(policy_text(0.25))
-    older = PolicyHolder(load_checked_policy(path), path, lambda ok: None)
+    older = policy_holder(path)
     path.write_text(policy_text(0.5))
-    # What a replacement builds: the parent's policy, and the file on disk newer than it.
-    worker = PolicyHolder(older.fleet.policy, path, lambda ok: None)
-    worker.read_when(older.read_at)
+    worker = replacement_of(older)
     assert not worker.settled_change()  # changed since the reading: seen by the first poll
     assert worker.settled_change()  # and read once it stands still
     assert (await worker.reload()).ok
@@ -113,12 +123,11 @@ async def test_a_worker_started_after_the_parent_failed_to_load_the_file_fails_i
     # started on the parent's last good policy as if it were the file's, it would say 1.
     path = tmp_path / "policy.yaml"
     path.write_text(policy_text(0.25))
-    parent = PolicyHolder(load_checked_policy(path), path, lambda ok: None)
+    parent = policy_holder(path)
     path.write_text("pools: [")
     assert not (await parent.reload()).ok
     outcomes: list[bool] = []
-    worker = PolicyHolder(parent.fleet.policy, path, outcomes.append)
-    worker.read_when(parent.read_at)
+    worker = replacement_of(parent, outcomes.append)
     assert not worker.settled_change()
     assert worker.settled_change()
     assert not (await worker.reload()).ok
