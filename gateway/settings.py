@@ -59,8 +59,14 @@ class Settings(BaseSettings):
     """A stream's wait for its first byte (queueing + prefill): past it the attempt fails and,
     since the client has received nothing yet, moves to another replica."""
     first_byte_timeout_s: Annotated[float, Field(gt=0)] = 600.0
-    """Longest silence from a replica otherwise: a non-streaming answer (sent whole, after the
-    last token) and the gap between two chunks of a stream."""
+    """Longest silence from a replica otherwise: the gap between two chunks of a stream or of
+    a non-streaming answer's body."""
+    answer_timeout_s: Annotated[float, Field(gt=0)] = 1800.0
+    """A non-streaming answer's wait for its headers, which vLLM sends with the body after the
+    last token: this bounds the generation itself (32k tokens at 20 a second under load is
+    27 min; vllm-router's and sglang-router's request timeout is 1800 s too). Past it the
+    client gets 504 and the replica's request is aborted, neither retried (another replica
+    would take as long) nor counted against the replica (slow is not broken)."""
     header_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """A client connection that has not sent complete request headers within this time
     (counted from its opening, or from the end of its previous response) is closed."""

@@ -100,8 +100,13 @@ async def test_a_json_answer_too_long_to_hold_that_breaks_midway_counts_towards_
                 except aiohttp.ClientPayloadError:
                     cut += 1
         _, text = await get_text(f"{gw.url}/metrics")
+        log = gw.log_tail(1 << 22)
     assert cut == bad.hits == 2
     assert metric(text, "gateway_replica_ejected", replica=bad_name) == 1.0
+    assert metric(text, "gateway_requests_total", pool="small", code="502") == 2.0
+    # A replica's broken answer is the replica's fault, logged as such, not the gateway's.
+    assert "broke midway" in log
+    assert "Traceback" not in log
 
 
 async def hangs_up(request: web.Request) -> web.StreamResponse:

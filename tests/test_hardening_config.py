@@ -142,7 +142,7 @@ async def test_invalid_utf8_in_the_policy_is_refused_and_later_edits_still_apply
                 _, text = await get_text(f"{gw.url}/metrics")
                 return metric(text, "gateway_policy_reloads_total", result="error") == 1.0
 
-            await eventually(error_counted)
+            assert await eventually(error_counted)
             async with (
                 aiohttp.ClientSession() as session,
                 session.post(f"{gw.url}/admin/reload", headers=admin) as response,
@@ -156,7 +156,7 @@ async def test_invalid_utf8_in_the_policy_is_refused_and_later_edits_still_apply
                 status, text = await get_text(f"{gw.url}/ready")
                 return status == 200 and '"small":2' in text
 
-            await eventually(both_replicas_served)
+            assert await eventually(both_replicas_served)
         finally:
             await gw.stop()
 

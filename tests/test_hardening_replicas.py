@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import socket
+import struct
+import zlib
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -29,7 +32,7 @@ from tests.conftest import (
     running_gateway,
     running_sims,
 )
-from tests.hardening import FAST, Counted, beside_two_good, wait_for_log
+from tests.hardening import FAST, Counted, beside_two_good, openai_error, wait_for_log
 
 
 async def engine_dead(request: web.Request) -> web.Response:
@@ -187,6 +190,103 @@ async def test_a_silent_replica_costs_a_stream_the_first_token_timeout_then_is_e
         assert metric(text, "gateway_replica_ejected", replica=bad_url.removeprefix("http://")) == 1
 
 
+async def test_a_non_streaming_answer_past_its_timeout_is_504_stopped_and_not_retried() -> None:
+    # vLLM sends a whole answer after its last token: a slow one is most likely still being
+    # generated, which another replica would take as long to do again.
+    stopped: list[bool] = []
+
+    async def generating(request: web.Request) -> web.StreamResponse:
+        for _ in range(100):  # 5 s, past the timeout the test sets
+            await asyncio.sleep(0.05)
+            if request.transport is None or request.transport.is_closing():
+                stopped.append(True)  # the gateway closed the connection: vLLM aborts
+                break
+        return web.json_response({})
+
+    env = {"GATEWAY_ANSWER_TIMEOUT_S": "0.3", "GATEWAY_OUTLIER_CONSECUTIVE_FAILURES": "2"}
+    async with (
+        beside_two_good(slow := Counted(generating), env) as (gw, slow_name),
+        aiohttp.ClientSession() as session,
+    ):
+        answers = []
+        for i in range(6):
+            body = orjson.dumps(chat("s", f"q{i}"))
+            async with session.post(f"{gw.url}/v1/chat/completions", data=body) as response:
+                answers.append((response.status, response.headers[headers.REPLICA]))
+                if response.status == 504:
+                    assert openai_error(await response.read())["code"] == "response_timeout"
+        _, text = await get_text(f"{gw.url}/metrics")
+        assert await eventually(lambda: len(stopped) == slow.hits)
+    assert answers.count((504, slow_name)) == slow.hits == 2  # once in three, each tried once
+    assert [status for status, _ in answers].count(200) == 4
+    # Slow is not broken: two in a row would have ejected it.
+    assert metric(text, "gateway_replica_ejected", replica=slow_name) == 0
+    assert metric(text, "gateway_retries_total", pool="small") is None
+    assert metric(text, "gateway_requests_total", pool="small", code="504") == 2
+
+
+async def test_a_5xx_whose_body_stalls_is_given_up_on_closed_and_retried() -> None:
+    # An error body comes whole with its head: one that does not is not worth the wait (the
+    # silence allowed between two chunks is 600 s), nor a connection left open.
+    closed: list[bool] = []
+
+    async def stalls(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=500, headers={"Content-Type": "application/json"})
+        response.content_length = 100
+        await response.prepare(request)
+        await response.write(b'{"error": ')
+        for _ in range(200):  # 10 s
+            await asyncio.sleep(0.05)
+            if request.transport is None or request.transport.is_closing():
+                closed.append(True)
+                break
+        return response
+
+    async with (
+        beside_two_good(staller := Counted(stalls)) as (gw, _),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=8)) as session,
+    ):
+        body = orjson.dumps(chat("s", "q"))
+        async with session.post(f"{gw.url}/v1/chat/completions", data=body) as response:
+            assert response.status == 200  # from a good replica
+        assert staller.hits == 1
+        assert await eventually(lambda: closed == [True])
+
+
+async def test_a_client_that_leaves_while_its_whole_answer_is_written_is_counted_499() -> None:
+    big = {"id": "x", "object": "chat.completion", "created": 0, "model": MODEL, "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "x" * (24 << 20)},
+         "finish_reason": "length"}]}  # fmt: skip
+    answered: list[bool] = []
+
+    async def answers_24_mb(request: web.Request) -> web.Response:
+        answered.append(True)
+        return web.json_response(big)
+
+    env = {"GATEWAY_MAX_BUFFERED_ANSWER_BYTES": str(32 << 20)}  # held whole, sent in one write
+    async with fake_replica(answers_24_mb) as url, running_gateway([url], env=env) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing
+            sock.connect(("127.0.0.1", port))
+            body = orjson.dumps(chat("s", "q"))
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            assert await eventually(lambda: answered == [True])
+            await asyncio.sleep(0.5)  # the answer is in the gateway's socket, waiting
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+        async def counted() -> bool:
+            _, text = await get_text(f"{gw.url}/metrics")
+            return metric(text, "gateway_requests_total", pool="small", code="499") == 1.0
+
+        assert await eventually(counted)
+        _, text = await get_text(f"{gw.url}/metrics")
+        assert metric(text, "gateway_requests_total", pool="small", code="200") is None
+
+
 async def test_a_client_that_leaves_a_non_streaming_request_is_counted_499() -> None:
     async def slow(request: web.Request) -> web.Response:
         await asyncio.sleep(3)
@@ -205,7 +305,7 @@ async def test_a_client_that_leaves_a_non_streaming_request_is_counted_499() -> 
             _, text = await get_text(f"{gw.url}/metrics")
             return metric(text, "gateway_requests_total", pool="small", code="499") == 1.0
 
-        await eventually(counted)
+        assert await eventually(counted)
         # It was routed before its client left: counted under its route, not "none".
         _, text = await get_text(f"{gw.url}/metrics")
         assert metric(text, "gateway_requests_total", route="none", code="499") is None
@@ -244,6 +344,34 @@ async def test_a_compressed_answer_reaches_the_openai_client_decodable() -> None
         )
         assert completion.choices[0].message.content == "zipped"
     assert seen_encodings == ["identity"]  # the gateway asks for plain bytes
+
+
+async def test_a_compressed_stream_reaches_the_openai_client_whole_and_counts_as_a_success() -> (
+    None
+):
+    # No event can be read inside compressed bytes: the gateway relays them as they come and
+    # takes a clean end for the end, rather than appending an error event to them.
+    def event(content: str) -> bytes:
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                 "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}  # fmt: skip
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    async def gzips_its_stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"}
+        )
+        await response.prepare(request)
+        packer = zlib.compressobj(wbits=31)  # gzip
+        for part in (event("zipped "), event("stream"), b"data: [DONE]\n\n"):
+            await response.write(packer.compress(part) + packer.flush(zlib.Z_SYNC_FLUSH))
+        await response.write(packer.flush())
+        return response
+
+    async with fake_replica(gzips_its_stream) as url, running_gateway([url]) as gw:
+        assert await stream_text(gw.url, "hi") == "zipped stream"
+        _, text = await get_text(f"{gw.url}/metrics")
+    assert metric(text, "gateway_requests_total", pool="small", code="200") == 1.0
+    assert metric(text, "gateway_requests_total", pool="small", code="502") is None
 
 
 HUGE_MB = 300

@@ -114,7 +114,7 @@ async def test_reloads_during_200_concurrent_streams_drop_none(
     async def three_reloads() -> bool:
         return await reloads(gateway.url, "ok") >= 3
 
-    await eventually(three_reloads)
+    assert await eventually(three_reloads)
     assert await reloads(gateway.url, "error") == 0
     async with (
         aiohttp.ClientSession() as session,
@@ -143,7 +143,7 @@ async def test_a_broken_file_changes_nothing_but_the_error_count_and_says_so_whi
             async def error_counted() -> bool:
                 return await reloads(gateway.url, "error") > errors_before  # noqa: B023
 
-            await eventually(error_counted)
+            assert await eventually(error_counted)
         assert await reloads(gateway.url, "ok") == ok_before
         async with session.post(
             f"{gateway.url}/v1/chat/completions", data=orjson.dumps(sticky)

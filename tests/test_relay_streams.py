@@ -166,6 +166,18 @@ def test_the_done_marker_ends_a_stream_only_as_its_last_event() -> None:
     assert not ended(Endpoint.COMPLETIONS, [b'data: {"text":"data: [DONE]"}\n\n'])
 
 
+def test_vllms_error_event_is_found_however_the_replicas_writes_split_it() -> None:
+    error = b'data: {"error":{"message":"engine died","code":500}}\n\n'
+    for reads in every_split(CHUNK + error + DONE):
+        end = StreamEnd(Endpoint.CHAT)
+        for read in reads:
+            end.feed(read)
+        assert end.errored and end.ended
+    end = StreamEnd(Endpoint.CHAT)
+    end.feed(b'data: {"delta":"data: {\\"error\\""}\n\n')  # model output cannot fake it
+    assert not end.errored
+
+
 def streaming(last_reads: Callable[[bytes], list[bytes]]) -> Handler:
     """A replica's chat handler: one event, the usage where asked, then the `data: [DONE]`
     event written as ``last_reads`` cuts it, each write apart from the next."""

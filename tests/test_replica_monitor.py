@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.fleet.monitor import ProbeSettings, ReplicaMonitor
+from gateway.fleet.monitor import ANSWER_MAX_BYTES, ProbeSettings, ReplicaMonitor
 from gateway.fleet.pools import Fleet
 from gateway.fleet.replicas import EngineStats
 from router_policies.schema import parse_policy
@@ -82,6 +82,10 @@ UNREADABLE_METRICS = {
     "a label left open": (b'vllm:num_requests_waiting{model_name="first} 1\n', "text/plain"),
     "not UTF-8": (b"vllm:num_requests_running 1\n\xff\xfe\n", "text/plain"),
     "an HTML page": (b"<html><body>Bad gateway</body></html>", "text/html"),
+    "longer than the gateway reads": (
+        b'vllm:num_requests_running{model_name="first"} 1\n' * (ANSWER_MAX_BYTES // 48 + 1),
+        "text/plain",
+    ),
 }
 
 

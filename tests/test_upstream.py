@@ -78,8 +78,8 @@ async def body_of(response: UpstreamResponse) -> bytes:
     return b"".join(parts)
 
 
-async def post(client: Upstreams, url: str) -> UpstreamResponse:
-    return await client.post(url, "/v1/chat/completions", b'{"model": "m"}', [("X-Id", "1")])
+async def post(client: Upstreams, url: str, wait: float = 5.0) -> UpstreamResponse:
+    return await client.post(url, "/v1/chat/completions", b'{"model": "m"}', [("X-Id", "1")], wait)
 
 
 async def test_requests_reuse_one_keep_alive_connection() -> None:
@@ -105,7 +105,7 @@ async def test_the_request_carries_the_path_prefix_host_length_and_headers() -> 
     async with raw_server(script) as (url, _):
         client = Upstreams(1.0, 5.0)
         response = await client.post(
-            f"{url}/prefix/", "/v1/completions", b"{}", [("X-Id", "7"), ("Bad", "a\r\nb")]
+            f"{url}/prefix/", "/v1/completions", b"{}", [("X-Id", "7"), ("Bad", "a\r\nb")], 5.0
         )
         response.close()
     request = seen[0]
@@ -193,7 +193,7 @@ async def test_a_silent_replica_times_out_before_and_after_its_headers() -> None
 
     async with raw_server(silent) as (url, _):
         with pytest.raises(ReadTimeout):
-            await post(Upstreams(1.0, 0.2), url)
+            await post(Upstreams(1.0, 5.0), url, wait=0.2)  # the head's own wait
     head_only = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{"
     async with raw_server(answering(head_only)) as (url, _):
         response = await post(Upstreams(1.0, 0.2), url)

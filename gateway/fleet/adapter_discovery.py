@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 import aiohttp
 import orjson
 
+from gateway.fleet.monitor import read_at_most
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,8 @@ async def _list(session: aiohttp.ClientSession, pool: PoolState, replica: Replic
         ) as response:
             if response.status != 200:
                 return
-            listed = adapters_in(orjson.loads(await response.read()), pool.model)
-    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            listed = adapters_in(orjson.loads(await read_at_most(response)), pool.model)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: not JSON, too long
         log.debug("no model list from %s: %r", replica.name, exc)
         return
     replica.adapters = frozenset(listed)

@@ -17,6 +17,23 @@ from gateway.fleet.scrape import parse_engine_stats
 
 log = logging.getLogger(__name__)
 
+ANSWER_MAX_BYTES = 8 << 20
+"""Most of a replica's /metrics or model list read: vLLM's /metrics is ~100 KB (its histograms,
+for one model). A longer answer is a missed read, not memory the gateway gives whatever a
+replica (or the proxy in front of it) sends."""
+
+
+async def read_at_most(resp: aiohttp.ClientResponse, limit: int = ANSWER_MAX_BYTES) -> bytes:
+    """The answer's body; ValueError past ``limit`` bytes, read no further."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise ValueError(f"longer than {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
 
 @dataclass(frozen=True, slots=True)
 class ProbeSettings:
@@ -139,7 +156,7 @@ class ReplicaMonitor:
                     return
                 if resp.content_type == "text/html":  # a proxy's page; read, it says 0 everywhere
                     raise ValueError("an HTML page")
-                text = await resp.text()
+                text = (await read_at_most(resp)).decode()
             stats = parse_engine_stats(text, replica.engine)
         except (aiohttp.ClientError, TimeoutError):
             return  # health checks decide about liveness; a missed scrape keeps the last figures

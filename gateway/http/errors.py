@@ -134,6 +134,15 @@ def replica_unreachable(replica: str, exc: BaseException) -> ApiError:
     )  # fmt: skip
 
 
+def answer_timed_out(replica: str, waited_s: float) -> ApiError:
+    """A non-streaming answer the replica had not sent within GATEWAY_ANSWER_TIMEOUT_S."""
+    return ApiError(
+        504, f"Replica {replica} had not answered after {waited_s:g} s; the request was "
+        "stopped. Stream it (stream: true) to receive its tokens as they come.",
+        type_="server_error", code="response_timeout",
+    )  # fmt: skip
+
+
 def stored_response_unavailable(message: str, param: str) -> ApiError:
     """A stored response that only one replica holds, which cannot take the request now."""
     return ApiError(

@@ -13,6 +13,8 @@ holds at most the limit whatever the replica sends.
 
 from __future__ import annotations
 
+import asyncio
+
 from gateway.http.exchange import Exchange
 from gateway.http.request_body import Endpoint
 from gateway.relay.upstream import UpstreamResponse
@@ -34,6 +36,9 @@ with it)."""
 FAILURE_BYTES = 64 * 1024
 """Most of a failed attempt's answer kept in case no other replica takes the request: error
 bodies are short, and a longer one is replaced by the gateway's own."""
+FAILURE_WAIT_S = 2.0
+"""Longest wait for a failed attempt's answer: vLLM writes an error body with its head, and
+the retry waits on it (a stream's first-token deadline is not running any more)."""
 
 
 def from_vllm(content_type: str) -> bool:
@@ -58,11 +63,17 @@ async def first_output(upstream: UpstreamResponse, endpoint: Endpoint) -> bytes:
     """A stream's first reads, up to its first token: held back from the client, so that a
     replica that dies, stalls or answers vLLM's error event before it is one more failed
     attempt (retried elsewhere), not a broken stream. Held with it: a Responses stream's
-    opening events and a chat stream's role chunk, which come before the prefill ends."""
+    opening events and a chat stream's role chunk, which come before the prefill ends.
+    Compressed bytes (a replica that ignored the gateway's Accept-Encoding) cannot be read:
+    the first read goes as it came."""
     first = await upstream.readany()
-    while first and (
-        not has_first_token(endpoint, first)
-        or (endpoint is Endpoint.CHAT and first.count(b"data: ") == 1 and _ROLE in first)
+    while (
+        first
+        and upstream.content_encoding is None
+        and (
+            not has_first_token(endpoint, first)
+            or (endpoint is Endpoint.CHAT and first.count(b"data: ") == 1 and _ROLE in first)
+        )
     ):
         more = await upstream.readany()
         if not more:
@@ -108,16 +119,17 @@ class StreamEnd:
 
     __slots__ = ("_ended", "_responses", "_tail", "_whole", "errored")
 
-    def __init__(self, endpoint: Endpoint) -> None:
-        self._responses = endpoint is Endpoint.RESPONSES
-        self._whole = endpoint not in _ENDS_WITH_DONE
-        """Whether any clean close is whole: a stream with no end marker to wait for."""
+    def __init__(self, endpoint: Endpoint, raw: bool = False) -> None:
+        self._responses = endpoint is Endpoint.RESPONSES and not raw
+        self._whole = raw or endpoint not in _ENDS_WITH_DONE
+        """Whether any clean close is whole: a stream with no end marker to wait for, or one
+        whose bytes are compressed (``raw``), where no marker can be read."""
         self._ended = False
         self._tail = b""
         """At least the stream's last _TAIL bytes (all of a read that long, kept, not copied)."""
         self.errored = False
         """Whether the stream carried vLLM's error event: the replica failed the request, though
-        the stream ends as any other. Looked for within each read (vLLM writes an event whole)."""
+        the stream ends as any other."""
 
     def feed(self, chunk: bytes) -> None:
         """The next read of the stream, as it came."""
@@ -125,8 +137,9 @@ class StreamEnd:
         if self._responses and not self._ended:
             seam = tail[1 - _END_MARK_BYTES :] + chunk[: _END_MARK_BYTES - 1]
             self._ended = _responses_ended(chunk) or _responses_ended(seam)
-        elif _ERROR_EVENT in chunk:
-            self.errored = True
+        elif not self._whole and not self.errored:
+            seam = tail[1 - len(_ERROR_EVENT) :] + chunk[: len(_ERROR_EVENT) - 1]
+            self.errored = _ERROR_EVENT in chunk or _ERROR_EVENT in seam
         self._tail = chunk if len(chunk) >= _TAIL else tail[len(chunk) - _TAIL :] + chunk
 
     @property
@@ -164,11 +177,13 @@ async def relay_rest(exchange: Exchange, upstream: UpstreamResponse) -> bytes:
 
 
 async def drain(upstream: UpstreamResponse) -> bytes | None:
-    """A failed attempt's answer; None when it is longer than FAILURE_BYTES or broke."""
+    """A failed attempt's answer; None when it is longer than FAILURE_BYTES, broke, or was
+    not in within FAILURE_WAIT_S."""
     try:
-        body, whole = await read_head(upstream, FAILURE_BYTES)
+        async with asyncio.timeout(FAILURE_WAIT_S):
+            body, whole = await read_head(upstream, FAILURE_BYTES)
     except (UpstreamError, TimeoutError):
-        return None
+        whole = False
     if not whole:
         upstream.close()  # not worth reading to the end to keep the connection
         return None

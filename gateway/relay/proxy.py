@@ -23,6 +23,7 @@ from gateway.fleet.replicas import Dispatch, ReplicaState
 from gateway.http.errors import (
     ApiError,
     answer_broke,
+    answer_timed_out,
     answer_too_long,
     no_healthy_replica,
     not_openai,
@@ -36,6 +37,7 @@ from gateway.http.exchange import Exchange
 from gateway.relay import answers, stream_usage
 from gateway.relay.upstream import UpstreamResponse, Upstreams
 from gateway.relay.upstream_errors import (
+    ReadTimeout,
     ReplicaUnreachable,
     UpstreamError,
     failure_reason,
@@ -88,9 +90,7 @@ class Forwarder:
             outcome.status = SHUTTING_DOWN
             if exchange.started:
                 return outcome.wire  # a stream, already ended with an error event
-            error = shutting_down()
-            await _answer(exchange, {headers.REQUEST_ID: routed.request_id}, error)
-            return error.status
+            return await _refuse(req, {headers.REQUEST_ID: routed.request_id}, shutting_down())
         finally:
             self._metrics.answered(routed.pool.name, outcome.route, outcome.status, routed.started)
             log.debug(
@@ -111,7 +111,7 @@ class Forwarder:
         sent = exchange.headers
         out += [(name, sent[name]) for name in _FORWARDED_REQUEST_HEADERS if name in sent]
         tried: list[str] = []
-        failure: Failure | None = None
+        failed: tuple[Failure, Dispatch] | None = None
         for attempt in range(self._settings.retries + 1):
             try:
                 skip = tried
@@ -120,9 +120,7 @@ class Forwarder:
                 dispatch = await self._acquire(pool, routed, skip, attempt)
             except PoolSaturated as saturated:
                 error = pool_saturated(saturated, pool.policy.queue_timeout_s)
-                outcome.status = error.status
-                await _answer(exchange, routed.refusal_headers(), error)
-                return error.status
+                return await _refuse(req, routed.refusal_headers(), error)
             if dispatch is None:
                 break
             routed.dispatched()
@@ -139,13 +137,10 @@ class Forwarder:
                 # Also on cancellation (the client left while the replica was still silent).
                 pool.end(dispatch)
             if isinstance(result, Failure):
-                failure = result
-                failure.where = routed.answer_headers(
-                    dispatch.replica.name, dispatch.decision.route
-                )
+                failed = result, dispatch
                 continue
             return result
-        return await self._give_up(req, failure)
+        return await self._give_up(req, failed)
 
     async def _acquire(
         self, pool: PoolState, routed: Routed, skip: list[str], attempt: int
@@ -161,19 +156,20 @@ class Forwarder:
         stream = routed.parsed.stream
         upstream: UpstreamResponse | None = None
         first = b""
+        settings = self._settings
         try:
-            # Not streamed: no context (its getpid() per request); the read timeout bounds it.
-            wait = self._settings.first_token_timeout_s
-            deadline = asyncio.timeout(wait) if stream else _UNBOUNDED
+            # Not streamed: no context (its getpid() per request); the head's timer bounds it.
+            deadline = asyncio.timeout(settings.first_token_timeout_s) if stream else _UNBOUNDED
             async with deadline:
-                upstream = await self._upstreams.post(
-                    replica.url, routed.parsed.endpoint.value, req.body, out
-                )
+                path, wait = routed.parsed.endpoint.value, settings.answer_timeout_s
+                upstream = await self._upstreams.post(replica.url, path, req.body, out, wait)
                 if upstream.content_type == answers.SSE and upstream.status < 400:
                     first = await answers.first_output(upstream, routed.parsed.endpoint)
         except (UpstreamError, TimeoutError) as exc:
             if upstream is not None:
                 upstream.close()
+            elif not stream and isinstance(exc, ReadTimeout):
+                return await self._timed_out(req, dispatch)
             if isinstance(exc, ReplicaUnreachable):
                 replica.mark_down()
             reason = failure_reason(exc, stream)
@@ -206,28 +202,35 @@ class Forwarder:
             reason = f"answer broke: {failure_reason(exc, False)}"
             if upstream.status < 500:  # a 5xx is counted already
                 self._failed(routed.pool, replica, reason)
-            if req.exchange.started:
-                raise  # part of it is out: the client learns by the connection cut short
+            if req.exchange.started:  # part of it is out: the client learns by the cut
+                raise ConnectionResetError("the replica's answer broke off midway") from exc
             # A non-streaming answer is held back until whole: none of it reached the client.
             log.warning("replica %s failed before the first byte: %s", replica.name, reason)
             return Failure(502, answer_broke(replica.name, exc), answers.JSON)
 
+    async def _timed_out(self, req: Forwarding, dispatch: Dispatch) -> int:
+        """A non-streaming answer not in within its timeout: most likely still being generated,
+        so neither retried (another replica would take as long) nor the replica's failure."""
+        replica, waited = dispatch.replica.name, self._settings.answer_timeout_s
+        log.warning("replica %s had not answered in %g s: request stopped", replica, waited)
+        where = req.routed.answer_headers(replica, dispatch.decision.route)
+        return await _refuse(req, where, answer_timed_out(replica, waited))
+
     def _failed(self, pool: PoolState, replica: ReplicaState, reason: str) -> None:
         self._outliers.failure(pool, replica, reason, time.monotonic())
 
-    async def _give_up(self, req: Forwarding, failure: Failure | None) -> int:
-        exchange, routed, outcome = req.exchange, req.routed, req.outcome
-        pool = routed.pool
-        hdrs = routed.refusal_headers()
-        if failure is None:
-            error = no_healthy_replica(pool.name)
-            outcome.status = error.status
-            await _answer(exchange, hdrs, error)
-            return error.status
-        outcome.status = failure.status
-        hdrs = failure.where or hdrs
+    async def _give_up(self, req: Forwarding, failed: tuple[Failure, Dispatch] | None) -> int:
+        """The last failed attempt's answer (naming its replica, as every proxied answer does),
+        or 503 when no replica could be tried."""
+        routed = req.routed
+        if failed is None:
+            error = no_healthy_replica(routed.pool.name)
+            return await _refuse(req, routed.refusal_headers(), error)
+        failure, dispatch = failed
+        req.outcome.status = failure.status
+        hdrs = routed.answer_headers(dispatch.replica.name, dispatch.decision.route)
         hdrs["Content-Type"] = failure.content_type
-        await exchange.answer(failure.status, hdrs, failure.body)
+        await req.exchange.answer(failure.status, hdrs, failure.body)
         return failure.status
 
     async def _relay(
@@ -263,25 +266,25 @@ class Forwarder:
         body, whole = await answers.read_head(upstream, self._settings.max_buffered_answer_bytes)
         if routed.hooks is not None:
             routed.hooks.answered(replica, upstream.status, body)
-        outcome.status = outcome.wire = upstream.status
-        if whole:
-            tail = body
-            await exchange.answer(upstream.status, out, body)
-        else:
-            try:
+        outcome.wire = upstream.status
+        try:
+            if whole:
+                tail = body
+                await exchange.answer(upstream.status, out, body)
+            else:
                 await exchange.start(upstream.status, out, body, upstream.content_length)
                 del body
                 tail = await answers.relay_rest(exchange, upstream)
-            except ConnectionResetError:
-                outcome.status = CLIENT_CLOSED  # the client left, noticed on a write
-                return False
-            except (UpstreamError, TimeoutError) as exc:
-                # Part of the body is out and JSON has no in-band error: the client learns of
-                # the failure by the connection being cut short.
-                log.warning("answer from %s broke midway: %r", replica, exc)
-                outcome.status = STREAM_FAILED
-                raise
-            await exchange.end()
+                await exchange.end()
+        except ConnectionResetError:
+            return False  # the client left, noticed on a write: CLIENT_CLOSED, as if cancelled
+        except (UpstreamError, TimeoutError) as exc:
+            # Part of the body is out and JSON has no in-band error: the client learns of the
+            # failure by the connection being cut short.
+            log.warning("answer from %s broke midway: %r", replica, exc)
+            outcome.status = STREAM_FAILED
+            raise
+        outcome.status = upstream.status  # only now: it reached the client whole
         if upstream.status < 500:
             self._outliers.success(dispatch.replica)  # only now: it was read whole
         routed.learn_usage(dispatch, tail)
@@ -303,13 +306,14 @@ class Forwarder:
         watch = routed.hooks.answered if routed.hooks is not None else None
         endpoint = routed.parsed.endpoint
         waiting = True  # for the first token: its time is the TTFT and the prefill's end
-        end = answers.StreamEnd(endpoint)  # its end marker may come split over any reads
+        raw = upstream.content_encoding is not None  # compressed: no event can be read in it
+        end = answers.StreamEnd(endpoint, raw)  # its end marker may come split over any reads
 
         def note(chunk: bytes) -> None:
             """What routing learns from a chunk, once it is on its way to the client."""
             nonlocal watch, waiting
             end.feed(chunk)
-            if waiting and answers.has_first_token(endpoint, chunk):
+            if waiting and (raw or answers.has_first_token(endpoint, chunk)):
                 waiting = False
                 self._metrics.ttft_of(routed.pool.name).observe(
                     time.perf_counter() - routed.started
@@ -320,11 +324,7 @@ class Forwarder:
             routed.learn_usage(dispatch, chunk)
 
         # The usage the gateway asked for is learned from, not shown to the client.
-        shown = (
-            stream_usage.UsageDropped()
-            if req.asked_usage
-            else stream_usage.WholeEvents(raw=upstream.content_encoding is not None)
-        )
+        shown = stream_usage.UsageDropped() if req.asked_usage else stream_usage.WholeEvents(raw)
 
         def relay(chunk: bytes) -> None:
             exchange.write_nowait(shown(chunk))
@@ -347,9 +347,10 @@ class Forwarder:
                         await exchange.write(shown(chunk))
                         note(chunk)
             except (UpstreamError, TimeoutError) as exc:
-                log.warning(
-                    "stream from %s broke after the first byte: %r", out[headers.REPLICA], exc
-                )
+                if raw:  # no error event can be read in compressed bytes: the cut tells
+                    outcome.status = STREAM_FAILED
+                    raise
+                log.warning("stream from %s broke midway: %r", out[headers.REPLICA], exc)
                 self._failed(routed.pool, dispatch.replica, "stream broke")
                 shown.rest()  # half an event, which no client could read: not sent
                 await exchange.write(sse_error(exc))
@@ -388,5 +389,8 @@ async def _end_with(exchange: Exchange, event: bytes) -> None:
             await exchange.end()
 
 
-async def _answer(exchange: Exchange, hdrs: dict[str, str], error: ApiError) -> None:
-    await exchange.answer(error.status, error.answer_headers(hdrs), error.body())
+async def _refuse(req: Forwarding, hdrs: dict[str, str], error: ApiError) -> int:
+    """Answers ``error`` as the request's outcome; its status."""
+    req.outcome.status = error.status
+    await req.exchange.answer(error.status, error.answer_headers(hdrs), error.body())
+    return error.status

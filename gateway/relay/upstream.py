@@ -333,10 +333,10 @@ class Upstreams:
         self._pools: dict[str, _Pool] = {}
 
     async def post(
-        self, base_url: str, path: str, body: bytes, headers: Iterable[tuple[str, str]]
+        self, base_url: str, path: str, body: bytes, headers: Iterable[tuple[str, str]], wait: float
     ) -> UpstreamResponse:
-        """Sends the request; returns once the answer's headers are in. A pooled connection
-        the replica closed before answering is replaced by a new one, once."""
+        """Sends the request; returns once the answer's headers are in, within ``wait`` s. A
+        pooled connection the replica closed before answering is replaced by a new one, once."""
         pool = self._pools.get(base_url) or self._pool(base_url)
         target = pool.target
         head = [b"POST ", target.prefix, path.encode(), b" HTTP/1.1\r\nHost: ", target.host_header]
@@ -350,20 +350,20 @@ class Upstreams:
         conn = pool.take()
         if conn is not None:
             try:
-                return await self._send(conn, data)
+                return await self._send(conn, data, wait)
             except ReplicaDisconnected:
                 if conn.received:
                     raise
-        return await self._send(await self._connect(pool), data)
+        return await self._send(await self._connect(pool), data, wait)
 
     async def close(self) -> None:
         for pool in self._pools.values():
             while pool.idle:
                 pool.idle.pop().close()
 
-    async def _send(self, conn: _Connection, data: bytes) -> UpstreamResponse:
+    async def _send(self, conn: _Connection, data: bytes, wait: float) -> UpstreamResponse:
         head = conn.request(data, self._read_timeout_s)
-        timer = conn.loop.call_later(self._read_timeout_s, _time_out_head, head)
+        timer = conn.loop.call_later(wait, _time_out_head, head, wait)
         try:
             return await head
         except BaseException:
@@ -395,6 +395,6 @@ class Upstreams:
         return pool
 
 
-def _time_out_head(head: asyncio.Future[UpstreamResponse]) -> None:
+def _time_out_head(head: asyncio.Future[UpstreamResponse], wait: float) -> None:
     if not head.done():
-        head.set_exception(ReadTimeout("no answer from the replica within the read timeout"))
+        head.set_exception(ReadTimeout(f"no answer from the replica in {wait:g} s"))

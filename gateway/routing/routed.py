@@ -112,9 +112,6 @@ class Failure:
     status: int
     body: bytes
     content_type: str
-    where: dict[str, str] | None = None
-    """The answer headers naming the replica that failed (``Routed.answer_headers``): an
-    answer relayed from it, or about it, says where it went, as every proxied answer does."""
 
 
 @dataclass(slots=True)
