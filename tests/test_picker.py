@@ -165,8 +165,11 @@ async def test_with_the_picker_gone_envoy_serves_on_and_a_restarted_picker_route
 async def test_failing_closed_envoy_refuses_while_the_picker_is_gone() -> None:
     async with behind_envoy(fail_open=False) as (picker, envoy, _):
         await picker.kill()
-        with pytest.raises(openai.InternalServerError):
+        with pytest.raises(openai.InternalServerError) as refused:
             await client(envoy).chat.completions.create(**chat(SYSTEM, "refused"))
+    # In serve's OpenAI shape, with the request's id, as Envoy's other answers are.
+    assert refused.value.code == "picker_unavailable"
+    assert refused.value.response.headers.get("x-request-id")
 
 
 async def test_a_replica_failing_before_its_first_byte_is_retried_on_a_fallback() -> None:

@@ -113,9 +113,9 @@ def _openai_shaped(
 def _local_replies(max_body_bytes: int) -> list[dict[str, Any]]:
     """Envoy's own answers in `serve`'s OpenAI shape, each with the request's id: its 413 (a
     body over the buffer limit; the picker's own 413 says the same), its 502 and 503 (no
-    replica answered), its 504 (the picker never answers 504 itself). A replica's answer is
-    never a local reply, whatever its status. Every other local reply (the picker's refusals
-    among them) only gets the request's id where it has none."""
+    replica answered), its 500 failing closed, its 504 (the picker never answers 504 itself).
+    A replica's answer is never a local reply, whatever its status. Every other local reply
+    (the picker's refusals among them) only gets the request's id where it has none."""
     return [
         _openai_shaped(
             413, f"The request body is larger than the limit of {max_body_bytes} bytes.",
@@ -129,6 +129,13 @@ def _local_replies(max_body_bytes: int) -> list[dict[str, Any]]:
         _openai_shaped(
             502, "A replica's answer could not be relayed: %LOCAL_REPLY_BODY%.",
             "server_error", "upstream_error", envoys_own=True,
+        ),
+        # Failing closed, the picker unreachable: Envoy's ext_proc error, which sets no
+        # response flag to tell it from the picker's own 500 (an internal error, as rare as
+        # serve's): both say the picker could not route the request, and why.
+        _openai_shaped(
+            500, "The gateway's endpoint picker could not route the request "
+            "(%RESPONSE_CODE_DETAILS%).", "server_error", "picker_unavailable",
         ),
         # A replica's timeout, or the picker's (fail closed: its message timeout).
         _openai_shaped(

@@ -138,8 +138,11 @@ class StreamEnd:
             seam = tail[1 - _END_MARK_BYTES :] + chunk[: _END_MARK_BYTES - 1]
             self._ended = _responses_ended(chunk) or _responses_ended(seam)
         elif not self._whole and not self.errored:
-            seam = tail[1 - len(_ERROR_EVENT) :] + chunk[: len(_ERROR_EVENT) - 1]
-            self.errored = _ERROR_EVENT in chunk or _ERROR_EVENT in seam
+            # Across the seam only when a read ended mid-line: the marker holds no line break.
+            self.errored = _ERROR_EVENT in chunk or (
+                not tail.endswith(b"\n")
+                and _ERROR_EVENT in tail[1 - len(_ERROR_EVENT) :] + chunk[: len(_ERROR_EVENT) - 1]
+            )
         self._tail = chunk if len(chunk) >= _TAIL else tail[len(chunk) - _TAIL :] + chunk
 
     @property
