@@ -17,7 +17,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.headers import REQUEST_ID
 from gateway.picker.envoy_config import SERVED
-from tests.conftest import MODEL, chat, fake_replica, get_text, metric
+from tests.conftest import MODEL, Handler, chat, eventually, fake_replica, get_text, metric
 from tests.picker import SYSTEM, Unavailable, behind_envoy, client, tiers_behind_envoy
 from tests.tiers import EASY, HARD
 
@@ -182,3 +182,46 @@ async def test_no_answer_names_the_replica_that_served_it() -> None:
             **chat(SYSTEM, "hello", max_tokens=2)
         )
         assert SERVED not in raw.headers
+
+
+def streams_then(last: bytes) -> Handler:
+    """A replica's chat handler: one chunk of a stream, then ``last``, then a clean end."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                 "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}  # fmt: skip
+        await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n" + last)
+        return response
+
+    return handler
+
+
+FAILED_STREAMS = {
+    "closed before data: [DONE]": b"",
+    "vLLM's error event": b'data: {"error":{"message":"engine died","code":500}}\n\ndata: [DONE]\n\n',
+}
+
+
+@pytest.mark.parametrize("last", FAILED_STREAMS.values(), ids=FAILED_STREAMS.keys())
+async def test_a_stream_its_replica_failed_after_the_first_byte_counts_502_as_in_serve(
+    last: bytes,
+) -> None:
+    body = orjson.dumps(chat(SYSTEM, "hi", stream=True))
+    async with (
+        fake_replica(streams_then(last)) as replica,
+        behind_envoy(0, more=[replica]) as (picker, envoy, _),
+        aiohttp.ClientSession() as session,
+    ):
+        async with session.post(f"{envoy.listen_url}{CHAT}", data=body) as answer:
+            assert answer.status == 200
+            await answer.read()  # relayed as it came: Envoy closed it cleanly
+
+        async def counted() -> bool:
+            _, exposition = await get_text(f"{picker.url}/metrics")
+            return metric(exposition, "gateway_requests_total", pool="small", code="502") == 1.0
+
+        assert await eventually(counted)
+        _, exposition = await get_text(f"{picker.url}/metrics")
+    assert metric(exposition, "gateway_requests_total", pool="small", code="200") is None

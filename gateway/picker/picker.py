@@ -32,7 +32,7 @@ from gateway.picker.envoy_config import FALLBACKS
 from gateway.picker.exchange import PickerExchange
 from gateway.relay import answers
 from gateway.relay.stream_usage import UsageDropped, asking_usage
-from gateway.routing.routed import CLIENT_CLOSED, Outcome, Routed
+from gateway.routing.routed import CLIENT_CLOSED, STREAM_FAILED, Outcome, Routed
 from gateway.telemetry.metrics import GatewayMetrics
 from router_policies.decision import Decision, Route
 
@@ -109,6 +109,9 @@ class Picker:
                     # The client had all of it and closed before the answer's formal end (the
                     # sync OpenAI SDK leaves at `data: [DONE]`): the replica's answer stands.
                     status = answer.status
+                elif 0 < status < 400 and (why := answer.stream_failure) is not None:
+                    status = STREAM_FAILED  # as `serve` counts it; Envoy relayed it as it came
+                    self._outliers.failure(pool, answer.dispatch.replica, why, time.monotonic())
                 outcome.status = status
                 if 0 < status < 500:
                     self._outliers.success(answer.dispatch.replica)
@@ -286,6 +289,17 @@ class _Answer:
         if self._end is not None:
             return self._end.ended
         return not self._stream and self._length is not None and self._relayed >= self._length
+
+    @property
+    def stream_failure(self) -> str | None:
+        """Why a stream that closed cleanly failed all the same: it closed before its end
+        marker, or carried vLLM's error event. None where neither (or it is not a stream)."""
+        end = self._end
+        if end is None:
+            return None
+        if not end.ended:
+            return "stream cut short"
+        return "error event in its stream" if end.errored else None
 
     def chunk(self, chunk: bytes) -> None:
         routed, dispatch = self._routed, self.dispatch

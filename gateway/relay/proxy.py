@@ -42,7 +42,7 @@ from gateway.relay.upstream_errors import (
     UpstreamError,
     failure_reason,
 )
-from gateway.routing.routed import CLIENT_CLOSED, Failure, Forwarding, Outcome, Routed
+from gateway.routing.routed import CLIENT_CLOSED, STREAM_FAILED, Failure, Forwarding, Routed
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
 
@@ -51,8 +51,6 @@ log = logging.getLogger(__name__)
 # The replica sees the client's credentials (vLLM's --api-key) and trace context, nothing else:
 # hop-by-hop and gateway-specific headers stay here.
 _FORWARDED_REQUEST_HEADERS = ("Authorization", "traceparent", "tracestate", "Accept")
-STREAM_FAILED = 502
-"""Status recorded for a stream that ended with an SSE error event (its wire status is 200)."""
 SHUTTING_DOWN = 503
 """Status recorded for a request the drain deadline ended."""
 _UNBOUNDED: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
@@ -77,7 +75,7 @@ class Forwarder:
     async def forward(self, exchange: Exchange, routed: Routed) -> int:
         """Answers the request through ``exchange``; the status its answer went out with."""
         asked = stream_usage.asking_usage(routed.parsed) if self._settings.stream_usage else None
-        req = Forwarding(exchange, routed, Outcome(), asked or routed.parsed.raw, asked is not None)
+        req = Forwarding(exchange, routed, asked or routed.parsed.raw, asked is not None)
         outcome = req.outcome
         try:
             return await self._forward(req)

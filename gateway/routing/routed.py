@@ -22,6 +22,9 @@ _CHOICES_STREAMED = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS))
 """Streams of chunks with choices, whose usage comes in a final event without any."""
 CLIENT_CLOSED = 499
 """Status recorded for a request whose client went away first (nginx's convention)."""
+STREAM_FAILED = 502
+"""Status recorded for a stream whose replica failed it after its first byte (its wire status
+is 200): broken, cut short before its end, or carrying vLLM's error event."""
 
 
 @value
@@ -131,8 +134,8 @@ class Forwarding:
 
     exchange: Exchange
     routed: Routed
-    outcome: Outcome
     body: bytes
     """What the replicas are sent: the client's body, or it asking for a stream's usage."""
     asked_usage: bool = False
     """The gateway asked for the stream's usage: the client does not get that event."""
+    outcome: Outcome = field(default_factory=Outcome)
