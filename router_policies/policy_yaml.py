@@ -152,9 +152,12 @@ EMPTY_FILE = "the file is empty (no settings, at most comments): a policy needs 
 Model = TypeVar("Model", bound=BaseModel)
 
 
-def read_validated(text: str, model: type[Model]) -> tuple[Model, Locations]:
-    """``model`` validated from the YAML in ``text``, and where each of its keys is, from one
-    parse; raises InvalidPolicy, naming the line and the field of each mistake."""
+def read_validated(
+    text: str, model: type[Model], context: dict[str, Any] | None = None
+) -> tuple[Model, Locations]:
+    """``model`` validated from the YAML in ``text`` (with pydantic's validation ``context``),
+    and where each of its keys is, from one parse; raises InvalidPolicy, naming the line and
+    the field of each mistake."""
     try:
         data, root = read_policy_yaml(text)
     except KeyProblems as exc:
@@ -165,6 +168,6 @@ def read_validated(text: str, model: type[Model]) -> tuple[Model, Locations]:
         raise InvalidPolicy([EMPTY_FILE])
     locations = Locations(root)
     try:
-        return model.model_validate(data), locations
+        return model.model_validate(data, context=context), locations
     except ValidationError as exc:
         raise InvalidPolicy(describe_errors(exc, locations, model)) from None

@@ -31,7 +31,7 @@ from router_policies.redis_url import checked as checked_redis_url
 from router_policies.redis_url import mask as mask_url
 from router_policies.session_settings import SessionSettings
 from router_policies.strict_model import StrictModel
-from router_policies.tier_settings import TierSettings
+from router_policies.tier_settings import POLICY_FOLDER, TierSettings
 from router_policies.yaml_locations import FieldPath, Locations, error_at, errors_at
 
 
@@ -330,15 +330,16 @@ def parse_policy(data: Any) -> Policy:
     return Policy.model_validate(data)
 
 
-def read_policy(text: str) -> tuple[Policy, Locations]:
+def read_policy(text: str, folder: Path | None = None) -> tuple[Policy, Locations]:
     """The policy in a file's ``text``, and where its keys are (for the checks beyond the
-    schema to name lines without parsing it again); raises InvalidPolicy."""
-    return read_validated(text, Policy)
+    schema to name lines without parsing it again); raises InvalidPolicy. ``folder``: the
+    file's, which relative paths in it are read from."""
+    return read_validated(text, Policy, {POLICY_FOLDER: folder})
 
 
 def load_policy(path: str | Path) -> Policy:
     """Reads and validates a policy file; raises OSError, UnicodeDecodeError, InvalidPolicy."""
-    return read_policy(Path(path).read_text(encoding="utf-8"))[0]
+    return read_policy(Path(path).read_text(encoding="utf-8"), Path(path).parent)[0]
 
 
 def effective_policy_yaml(policy: Policy) -> str:

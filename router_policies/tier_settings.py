@@ -7,10 +7,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from router_policies.strict_model import StrictModel
 from router_policies.yaml_locations import error_at
+
+POLICY_FOLDER = "policy_folder"
+"""Key of the validation context naming the policy file's folder (None: text read from no
+file), which relative paths in it are read from."""
 
 
 class TierClassifierName(StrEnum):
@@ -90,7 +94,8 @@ class TierSettings(StrictModel):
     cue model (`weights`)."""
     model: str | None = None
     """Model file of the `learned` classifier (`llm-gateway tiers train`); unset: the shipped
-    default. Read when the policy is loaded."""
+    default. Read when the policy is loaded; a relative path from the policy file's folder
+    (where a Kubernetes ConfigMap mounts both), not the gateway's working directory."""
     weights: TierWeights = TierWeights()
     """Weights of the `cue` classifier."""
     allow_header_override: bool = False
@@ -109,6 +114,14 @@ class TierSettings(StrictModel):
     def other_pool(self, pool: str) -> str:
         """The pool of the other tier."""
         return self.large if pool == self.small else self.small
+
+    @field_validator("model")
+    @classmethod
+    def _from_policy_folder(cls, model: str | None, info: ValidationInfo) -> str | None:
+        folder = (info.context or {}).get(POLICY_FOLDER)
+        if model is None or folder is None:
+            return model
+        return str(Path(folder) / model)  # an absolute `model` stays as it is
 
     @model_validator(mode="after")
     def _two_pools(self) -> TierSettings:

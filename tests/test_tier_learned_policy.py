@@ -64,6 +64,25 @@ def test_learned_with_a_model_file_uses_it(tmp_path: Path) -> None:
     assert router.classifier.meta["examples"] == len(TINY)
 
 
+def test_a_relative_model_path_is_read_from_the_policy_files_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where a Kubernetes ConfigMap mounts both, whatever the gateway's working directory.
+    train(tiny_examples(), TrainConfig(min_df=1)).save(tmp_path / "mine.json.gz")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "pools:\n"
+        "  s: {model: s, replicas: ['http://127.0.0.1:1']}\n"
+        "  l: {model: l, replicas: ['http://127.0.0.1:2']}\n"
+        "tiers:\n"
+        "  auto: {small: s, large: l, classifier: learned, model: mine.json.gz}\n"
+    )
+    monkeypatch.chdir(tmp_path.parent)
+    tier = load_checked_policy(policy).tiers["auto"]
+    assert tier.model == str(tmp_path / "mine.json.gz")
+    assert isinstance(TierRouter("auto", tier).classifier, LearnedTierModel)
+
+
 def test_a_missing_model_file_is_a_policy_error(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="no file"):
         settings(classifier="learned", model=str(tmp_path / "nope.json.gz"))

@@ -90,7 +90,7 @@ def read_policy_file(path: str | Path) -> PolicyFile:
     """Reads, parses and validates the file, and checks its replica URLs. Touches nothing the
     gateway shares, so a reload may run it off the event loop; raises OSError,
     UnicodeDecodeError or InvalidPolicy."""
-    policy, locations = read_policy(Path(path).read_text(encoding="utf-8"))
+    policy, locations = read_policy(Path(path).read_text(encoding="utf-8"), Path(path).parent)
     return PolicyFile(policy, locations, tuple(replica_url_problems(policy)))
 
 
