@@ -52,6 +52,10 @@ def problem(url: str) -> str | None:
     """Why ``url`` is not a Redis URL redis-py can connect to, or None. The URL is shown
     masked."""
     shown = mask(url)
+    userinfo = url.partition("://")[2].rpartition("@")[0]
+    if any(mark in userinfo for mark in "/?#"):
+        # Parsed, the URL would end its host at that mark, and a parse error quote the rest.
+        return f"{shown!r}: percent-encode '/', '?' and '#' in the password (%2F, %3F, %23)"
     try:
         parts = urlsplit(url)
         _ = parts.port  # parsing it is the check: a bad port raises ValueError

@@ -162,6 +162,22 @@ def test_the_password_is_in_no_validation_error(monkeypatch: pytest.MonkeyPatch)
         assert SECRET not in str(refused)
 
 
+@pytest.mark.parametrize("mark", ["/", "?", "#"])
+def test_a_password_with_a_mark_that_ends_a_urls_host_is_refused_unquoted(
+    mark: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Parsed, its host would end at the mark, and the parser's error quote the password's rest.
+    url = f"redis://:{SECRET[:4]}{mark}{SECRET[4:]}@cache:6379/0"
+    with pytest.raises(ValidationError) as in_file:
+        policy(redis_url=url)
+    monkeypatch.setenv("GATEWAY_REDIS_URL", url)
+    with pytest.raises(ValidationError) as in_env:
+        Settings()
+    for refused in (in_file.value, in_env.value):
+        assert "percent-encode '/', '?' and '#' in the password" in str(refused)
+        assert SECRET[:4] not in str(refused) and SECRET[4:] not in str(refused)
+
+
 # -- precedence: the variables over the file -----------------------------------------------------
 
 
