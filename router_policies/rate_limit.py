@@ -85,6 +85,14 @@ def needed(cost: float, limit: Limit) -> float:
     return min(cost, limit.per_minute)
 
 
+def taken(cost: float, limit: Limit) -> float:
+    """What an admitted ``cost`` takes from its bucket: all of it, up to the debt's bound (a
+    cost above the bucket's size is admitted from a full bucket only). A correction by the
+    usage counts from this, not from the cost: a refund of the part never taken would refill
+    what the request's tokens used."""
+    return min(cost, _most_used(limit))
+
+
 def _most_used(limit: Limit) -> float:
     """A full bucket given out and one more owed: the debt's bound."""
     return 2 * limit.per_minute
@@ -103,10 +111,10 @@ def take(
 ) -> Verdict:
     """Take ``costs[i]`` from bucket i for every i, or nothing at all."""
     current = [refilled(b, lim, now) for b, lim in zip(buckets, limits, strict=True)]
-    short = [
+    short = [  # a cost of 0 (a stored response's lookup) is admitted from a bucket in debt
         (needed(cost, lim) - (lim.per_minute - b.used)) / lim.per_s
         for b, lim, cost in zip(current, limits, costs, strict=True)
-        if lim.per_minute - b.used < needed(cost, lim)
+        if cost > 0 and lim.per_minute - b.used < needed(cost, lim)
     ]
     if short:
         views = tuple(view(b, lim) for b, lim in zip(current, limits, strict=True))

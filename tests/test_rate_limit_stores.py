@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -36,6 +37,10 @@ CASES: dict[str, tuple[list[float], list[Step]]] = {
     "a cost above the size: from a full bucket only, into debt": (
         [100],
         [([250], True, [0]), ([1], False, [0])],
+    ),
+    "a cost of 0 (a stored response's lookup) from a bucket in debt": (
+        [100],
+        [([250], True, [0]), ([0], True, [0]), ([1], False, [0])],
     ),
     "fractional costs add up": (
         [10],
@@ -249,6 +254,29 @@ async def test_requests_arriving_while_a_lease_is_renewed_wait_for_it() -> None:
         await store.close()
     assert all(v is not None and v.allowed for v in verdicts)
     assert calls <= 200 / 50 + 1  # one renewal per lease, not one per waiting request
+
+
+async def test_requests_no_lease_could_cover_go_to_redis_at_once_not_in_line() -> None:
+    class Watched(RedisStore):
+        in_flight = most = 0
+
+        async def take_leasing(self, *args: Any) -> Any:
+            Watched.in_flight += 1
+            Watched.most = max(Watched.most, Watched.in_flight)
+            try:
+                return await super().take_leasing(*args)
+            finally:
+                Watched.in_flight -= 1
+
+    async with running_redis() as server:
+        store = LeasedStore(Watched(server.url, _errors()), lease_s=0.5)
+        tokens = Limit(200_000)  # leases of 1,666 tokens
+        verdicts = await asyncio.gather(
+            *(store.take(["{t}:tokens"], [tokens], [2_000]) for _ in range(20))
+        )
+        await store.close()
+    assert all(v is not None and v.allowed for v in verdicts)
+    assert Watched.most > 1  # each its own round trip, side by side
 
 
 async def test_instances_leasing_never_admit_more_than_the_limit_together() -> None:

@@ -58,14 +58,15 @@ class Picker:
         """Ask for a stream's usage the client did not ask for (gateway/relay/stream_usage.py)."""
 
     async def forward(self, exchange: PickerExchange, routed: Routed) -> int:
-        """Picks the replica and follows its answer; the status the answer ended with."""
+        """Picks the replica and follows its answer; the status the answer went out with (a
+        stream that failed midway: its 200, as `serve` says, which the limits charge)."""
         outcome = Outcome()
         try:
             await self._forward(exchange, routed, outcome)
         finally:
             pool = routed.pool.name
             self._metrics.answered(pool, outcome.route, outcome.status, routed.started)
-        return outcome.status
+        return outcome.wire
 
     async def _forward(self, exchange: PickerExchange, routed: Routed, outcome: Outcome) -> None:
         pool = routed.pool
@@ -79,7 +80,7 @@ class Picker:
             dispatch, error = None, pool_saturated(saturated, pool.policy.queue_timeout_s)
         if dispatch is None:
             error = error or no_healthy_replica(pool.name)
-            outcome.status = error.status
+            outcome.status = outcome.wire = error.status
             await exchange.refuse(WithHeaders(error, routed.refusal_headers()))  # as serve's
             return
         routed.dispatched()
@@ -109,7 +110,8 @@ class Picker:
                     # The client had all of it and closed before the answer's formal end (the
                     # sync OpenAI SDK leaves at `data: [DONE]`): the replica's answer stands.
                     status = answer.status
-                elif 0 < status < 400 and (why := answer.stream_failure) is not None:
+                outcome.wire = status
+                if 0 < status < 400 and (why := answer.stream_failure) is not None:
                     status = STREAM_FAILED  # as `serve` counts it; Envoy relayed it as it came
                     self._outliers.failure(pool, answer.dispatch.replica, why, time.monotonic())
                 outcome.status = status

@@ -6,9 +6,9 @@ in this process while it covers them and has not expired. What is leased counts 
 Redis, so the instances together never admit more than the limit. The price: an instance may
 hold, unspent, up to about ``lease_s`` of a tenant's rate that the others cannot use, until it
 returns the rest with its next call to Redis, or until the bucket has refilled that much, or
-until it stops (close() gives every lease back). A limit too small to lease a whole request
-(under 120 per minute at 0.5 s) is taken from Redis on every request, as exactly as without
-leases. Refunds (the usage correction) go back into the live lease while it holds no more than
+until it stops (close() gives every lease back). A request no lease could cover (its cost
+above a lease's size: any request, for a limit under 120 per minute at 0.5 s) is taken from
+Redis at once, as exactly as without leases, beside the others rather than in line. Refunds (the usage correction) go back into the live lease while it holds no more than
 one lease's worth; the rest, a refund reaching an expired lease, or one that arrives while the
 lease is being renewed, is written to Redis.
 """
@@ -57,6 +57,12 @@ class LeasedStore:
     async def take(
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
     ) -> Verdict | None:
+        sizes = [math.floor(limit.per_s * self._lease_s) for limit in limits]
+        if any(cost > size for cost, size in zip(costs, sizes, strict=True)):
+            # No lease would cover it: to Redis at once (the unspent leases given back), not in
+            # line behind a renewal, nor holding the requests behind it in line.
+            leases = [self._leases.get(k) for k in keys]
+            return await self._renew(keys, limits, costs, leases, self._clock(), [0] * len(keys))
         while True:
             leases = [self._leases.get(k) for k in keys]
             now = self._clock()
@@ -78,7 +84,7 @@ class LeasedStore:
         done = asyncio.Event()
         self._renewing.update(dict.fromkeys(keys, done))
         try:
-            return await self._renew(keys, limits, costs, leases, now)
+            return await self._renew(keys, limits, costs, leases, now, sizes)
         finally:
             for key in keys:
                 self._renewing.pop(key, None)
@@ -91,6 +97,7 @@ class LeasedStore:
         costs: Sequence[float],
         leases: Sequence[_Lease | None],
         now: float,
+        sizes: Sequence[int],
     ) -> Verdict | None:
         # What is left of the old leases goes back in the same call, before Redis decides: the
         # decision is then the local store's on the bucket this instance reports (a cost
@@ -100,8 +107,6 @@ class LeasedStore:
         for old in leases:
             if old is not None:
                 old.left = 0.0
-        # Whole units only: a fraction of a request could never be spent, only held.
-        sizes = [math.floor(limit.per_s * self._lease_s) for limit in limits]
         taken = await self._shared.take_leasing(keys, limits, costs, sizes, returned)
         if taken is None or not taken[0].allowed:
             # Nothing was taken, nothing given back: the leases keep what they had.
@@ -113,11 +118,12 @@ class LeasedStore:
         verdict, leased = taken
         # Refunds went to Redis while it answered (adjust_now): the new lease holds what it
         # lent, no more than one lease.
-        new = [
+        new = [  # whole units only: a fraction of a request could never be spent, only held
             _Lease(lent, size, now + self._lease_s, seen)
             for lent, size, seen in zip(leased, sizes, verdict.views, strict=True)
         ]
-        self._leases.update(zip(keys, new, strict=True))
+        if any(sizes):  # none lent, a renewal's lease landed meanwhile would be lost
+            self._leases.update(zip(keys, new, strict=True))
         return _verdict(new, limits)
 
     async def adjust(self, key: str, limit: Limit, delta: float) -> None:

@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -26,11 +27,17 @@ from gateway.rate_limit.store import BucketStore
 from gateway.routing.resolve import Resolution
 from gateway.routing.routed import CLIENT_CLOSED
 from router_policies.limits_settings import LimitsSettings, TenantLimits
-from router_policies.rate_limit import BucketView, Limit, format_reset, needed
+from router_policies.rate_limit import BucketView, Limit, format_reset, needed, taken
 from router_policies.value import value
 
 REQUESTS, TOKENS = "requests", "tokens"
-_COMPLETION_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+_ANSWER_BUDGETS = {
+    Endpoint.CHAT: ("max_completion_tokens", "max_tokens"),
+    Endpoint.COMPLETIONS: ("max_tokens",),
+    Endpoint.RESPONSES: ("max_output_tokens",),
+}
+"""Where each generating endpoint's longest answer is, in the order vLLM reads them (a field
+another endpoint uses is not one vLLM reads here)."""
 _TOTAL_TOKENS = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
 _HEADER_NAMES = {
     REQUESTS: (
@@ -95,15 +102,26 @@ def _key(tenant: str, kind: str) -> str:
 def estimate_tokens(
     parsed: ParsedRequest, prompt_bytes: int, chars_per_token: float, default_completion: int
 ) -> float:
-    """Prompt tokens from its bytes, plus the most the request may generate."""
+    """Prompt tokens from its bytes, plus the most the request may generate: its answer budget
+    (parse_request has checked it is a count) for each choice of each prompt."""
     prompt = math.ceil(prompt_bytes / chars_per_token)
-    if not parsed.endpoint.prefix_routed:
+    fields = _ANSWER_BUDGETS.get(parsed.endpoint)
+    if fields is None:
         return float(prompt)  # embeddings, scores, the tokenizer: nothing generated
     body = parsed.body
-    completion = next((body[f] for f in _COMPLETION_FIELDS if body.get(f)), default_completion)
-    n = body.get("n") if parsed.endpoint in (Endpoint.CHAT, Endpoint.COMPLETIONS) else 1
+    completion = next((body[f] for f in fields if body.get(f) is not None), default_completion)
+    n = body.get("n") if parsed.endpoint is not Endpoint.RESPONSES else 1
     choices = n if isinstance(n, int) and n > 0 else 1
-    return float(prompt + int(completion) * choices)
+    return float(prompt + completion * choices * _prompts(body))
+
+
+def _prompts(body: Mapping[str, Any]) -> int:
+    """How many prompts a body holds: a completions batch (a list of texts or of token lists)
+    is answered once per prompt."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return len(prompt)
+    return 1
 
 
 def _headers(kinds: tuple[str, ...], views: tuple[BucketView, ...]) -> dict[str, str]:
@@ -239,7 +257,9 @@ class RateLimiter:
         out = _headers(kinds, verdict.views)
         if verdict.allowed:
             plan.admitted.inc()
-            return Admission(tenant.name, out, counted, tokens, token_limit)
+            # What the bucket took: a cost past its debt's bound is not (so nor refunded).
+            charged = tokens if token_limit is None else taken(tokens, token_limit)
+            return Admission(tenant.name, out, counted, charged, token_limit)
         short = _short(verdict.views, limits, costs)
         kind = kinds[short]
         self._limited.labels(tenant.name, kind).inc()

@@ -88,7 +88,7 @@ local retry = 0
 for i = 1, n do
   local need = math.min(costs[i], sizes[i])
   local level = sizes[i] - used[i]
-  if level < need then
+  if need > 0 and level < need then
     retry = math.max(retry, (need - level) / (sizes[i] / 60))
   end
 end
