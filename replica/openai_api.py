@@ -13,6 +13,13 @@ REQUEST_ID: Final = "x-request-id"
 """vLLM names a request (and its response id) after this header when the caller sends one."""
 
 
+def json_body(raw: bytes) -> object:
+    """A request body's JSON as vLLM reads it (Python's json, through FastAPI): a UTF-8 byte
+    order mark, which some tools send first, is skipped (RFC 8259 allows it). Raises
+    orjson.JSONDecodeError."""
+    return orjson.loads(raw.removeprefix(b"\xef\xbb\xbf"))
+
+
 def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
     error = {"message": message, "type": type_, "param": param, "code": code}
     return orjson.dumps({"error": error})

@@ -271,6 +271,26 @@ async def test_a_content_length_too_long_to_be_a_number_is_aiohttps_to_refuse(
     assert "could not frame" not in caplog.text
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        POST.replace(b"Host: x\r\n", b""),
+        POST.replace(b"Host: x\r\n", b"Host: x\r\nHost: y\r\n"),
+        POST.replace(b"Content-Type: application/json\r\n", b"Content-Type: a/b\r\n" * 2),
+    ],
+    ids=["no-host", "two-hosts", "two-content-types"],
+)
+async def test_a_request_aiohttp_refuses_is_refused_whoever_frames_it(
+    gateway: GatewayClient, head: bytes
+) -> None:
+    # RFC 9112: a request without Host, or with two, gets a 400; aiohttp's parser says so.
+    reader, writer = await connect(gateway)
+    writer.write(head)
+    status, _, _ = await answer_within(reader)
+    writer.close()
+    assert status == 400
+
+
 TLS_CLIENT_HELLO = bytes.fromhex("160301020001") + b"\x03\x03" + bytes(32)
 
 

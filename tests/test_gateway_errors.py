@@ -122,25 +122,37 @@ async def test_a_body_over_the_limit_closes_its_connection_so_the_next_request_i
 
 
 @pytest.mark.parametrize(
-    ("expect", "length", "status", "code"),
+    ("method", "path", "expect", "length", "status", "code"),
     [
-        (b"100-continue", BODY_LIMIT + 1, 413, "request_too_large"),
-        (b"tea", 2, 417, "expectation_failed"),
+        (b"POST", CHAT, b"100-continue", BODY_LIMIT + 1, 413, "request_too_large"),
+        (b"POST", CHAT, b"tea", 2, 417, "expectation_failed"),
+        (b"GET", "/v1/models", b"tea", 0, 417, "expectation_failed"),
+        (b"GET", "/v1/responses/resp_1", b"tea", 0, 417, "expectation_failed"),
     ],
-    ids=["continue-over-the-limit", "unsupported"],
+    ids=["continue-over-the-limit", "unsupported", "unsupported-on-a-get", "on-a-lookup"],
 )
-async def test_an_expectation_refused_is_answered_at_once_with_an_openai_error(
-    gateway: GatewayClient, expect: bytes, length: int, status: int, code: str
+async def test_an_expectation_refused_is_answered_at_once_with_an_openai_error_and_a_close(
+    gateway: GatewayClient,
+    method: bytes,
+    path: str,
+    expect: bytes,
+    length: int,
+    status: int,
+    code: str,
 ) -> None:
     # A body over the limit is refused before the client sends it, not invited by a 100.
     reader, writer = await asyncio.open_connection(gateway.host, gateway.port)
     writer.write(
-        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\nExpect: %s\r\nX-Request-Id: expecting-1\r\n\r\n"
-        % (CHAT.encode(), length, expect)
+        % (method, path.encode(), length, expect)
     )
     async with asyncio.timeout(5):
         got, fields, body = await read_answer(reader)
+        # The body it announced is not coming: the connection closes, rather than read the
+        # client's next request as that body.
+        assert fields.get("connection", "").lower() == "close"
+        assert await reader.read() == b""
     writer.close()
     assert got == status
     assert openai_error(body)["code"] == code
@@ -190,3 +202,11 @@ async def test_ready_names_the_pool_without_replicas(gateway: GatewayClient) -> 
     async with gateway.get("/ready") as response:
         assert response.status == 503
         assert (await response.json())["healthy_replicas"] == {"small": 1, "down": 0}
+
+
+async def test_a_body_with_a_byte_order_mark_is_read_as_vllm_reads_it(
+    gateway: GatewayClient,
+) -> None:
+    data = b'\xef\xbb\xbf{"model": "sim-model", "max_tokens": 2, "prompt": "hi"}'
+    async with gateway.post(COMPLETIONS, data=data) as response:
+        assert response.status == 200, await response.text()

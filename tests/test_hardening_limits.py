@@ -202,9 +202,10 @@ async def test_connections_over_the_limit_are_refused_clearly_and_others_go_on(
     held = [await asyncio.open_connection(parts.hostname, parts.port) for _ in range(20)]
     try:
         await asyncio.sleep(0.2)
-        status, _, body = await raw_http(gateway.url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, head, body = await raw_http(gateway.url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert status == 503
         assert openai_error(body)["code"] == "too_many_connections"
+        assert b"\r\nx-request-id: " in head.lower()  # as on every answer
     finally:
         for _, writer in held:
             writer.close()
@@ -233,6 +234,7 @@ async def test_malformed_http_gets_an_openai_error_and_leaks_nothing_to_the_log(
     status, head, body = await raw_http(gateway.url, request_bytes)
     assert 400 <= status < 500
     assert b"application/json" in head
+    assert b"\r\nx-request-id: " in head.lower()  # as on every answer
     openai_error(body)
     log = await wait_for_log(gateway, "answered")
     assert SECRET not in log

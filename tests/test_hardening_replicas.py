@@ -287,6 +287,39 @@ async def test_a_client_that_leaves_while_its_whole_answer_is_written_is_counted
         assert metric(text, "gateway_requests_total", pool="small", code="200") is None
 
 
+@pytest.mark.parametrize("framing", ["Content-Length", "chunked"])  # the front's, aiohttp's
+async def test_a_client_that_reads_nothing_of_its_whole_answer_is_gone_after_the_send_timeout(
+    framing: str,
+) -> None:
+    big = {"id": "x", "object": "chat.completion", "created": 0, "model": MODEL, "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "x" * (24 << 20)},
+         "finish_reason": "length"}]}  # fmt: skip
+
+    async def answers_24_mb(request: web.Request) -> web.Response:
+        return web.json_response(big)
+
+    env = {"GATEWAY_MAX_BUFFERED_ANSWER_BYTES": str(32 << 20), "GATEWAY_SEND_TIMEOUT_S": "1"}
+    async with fake_replica(answers_24_mb) as url, running_gateway([url], env=env) as gw:
+        body = orjson.dumps(chat("s", "q"))
+        if framing == "chunked":
+            sent = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        else:
+            sent = b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing
+            sock.connect(("127.0.0.1", int(gw.url.rsplit(":", 1)[1])))
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\n" + sent
+            )
+
+            async def counted() -> bool:
+                _, text = await get_text(f"{gw.url}/metrics")
+                return metric(text, "gateway_requests_total", pool="small", code="499") == 1.0
+
+            assert await eventually(counted)
+
+
 async def test_a_client_that_leaves_a_non_streaming_request_is_counted_499() -> None:
     async def slow(request: web.Request) -> web.Response:
         await asyncio.sleep(3)

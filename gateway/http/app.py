@@ -6,7 +6,6 @@ import asyncio
 import functools
 import hmac
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -36,12 +35,13 @@ from gateway.fleet.monitor import ProbeSettings, ReplicaMonitor
 from gateway.fleet.outlier import OutlierDetector, OutlierSettings
 from gateway.fleet.pools import Fleet
 from gateway.http import responses_lookup
+from gateway.http.admin_route import admin_route
 from gateway.http.body_read import UnreadBody, body_too_large, read_body
 from gateway.http.completions import complete, count_error
 from gateway.http.errors import ApiError, aiohttp_error, expectation_failed, internal_error
 from gateway.http.exchange import AiohttpExchange
 from gateway.http.models_list import model_card, model_list
-from gateway.http.request_body import Endpoint, parse_request
+from gateway.http.request_body import Endpoint
 from gateway.http.request_ids import request_id
 from gateway.policy.reload import PolicyHolder
 from gateway.rate_limit.keys import bearer
@@ -49,9 +49,6 @@ from gateway.rate_limit.make import make_limiter
 from gateway.relay.proxy import Forwarder
 from gateway.relay.upstream import Upstreams
 from gateway.routing.affinity import RoutingMemory
-from gateway.routing.client_hints import with_client_hints
-from gateway.routing.explain import comparison_view, explain
-from gateway.routing.resolve import resolve
 from gateway.routing.tokenize import TokenKeys
 from gateway.settings import Settings
 from gateway.shared_state import make_shared_state
@@ -221,64 +218,6 @@ async def admin_policy(request: web.Request) -> web.Response:
     return _json(request.app[POLICY].fleet.policy.model_dump(mode="json"))
 
 
-async def admin_route(request: web.Request) -> web.Response:
-    """The decision a request would get, without sending it: for operators tuning weights."""
-    try:
-        endpoint = Endpoint(request.query.get("endpoint", Endpoint.CHAT.value))
-    except ValueError:
-        raise ApiError(400, "'endpoint' must be a completion path.", param="endpoint") from None
-    settings = request.app[SETTINGS]
-    raw = await read_body(request, settings.body_timeout_s)
-    parsed = parse_request(endpoint, raw, settings.max_json_depth)
-    memory, fleet = request.app[MEMORY], request.app[POLICY].fleet
-    if parsed.previous_response_id is not None:
-        await memory.responses.find(parsed.previous_response_id)  # stored through another process
-    await memory.large_conversations.recall(fleet.tiers.get(parsed.model), parsed.body)
-    resolution = resolve(fleet, parsed, request.headers.get(headers.TIER), memory)
-    # As a dispatch would: a stored response's replica, or an adapter's warm replicas.
-    hooks = resolution.hooks
-    exclude = hooks.exclude(resolution.pool.replicas, [], 0) if hooks is not None else ()
-    pool = resolution.pool
-    features = with_client_hints(
-        resolution.features, parsed.body, request.headers, pool.policy.session
-    )
-    if pool.events_on:
-        features = await request.app[TOKEN_KEYS].attach(pool, parsed, features)
-    decision = pool.decide(features, exclude, explain=True)
-    tier = None
-    if resolution.verdict is not None:
-        verdict = resolution.verdict
-        threshold = verdict.threshold
-        tier = {
-            "tier": verdict.tier.value,
-            "classifier": verdict.score.classifier,
-            "score": verdict.score.score,
-            # JSON has no infinity (orjson writes null): calibrated to a target share of 0 or 1
-            # it is +-inf, written "inf" or "-inf" as the metric's exposition says +Inf.
-            "threshold": threshold if math.isfinite(threshold) else str(threshold),
-            "forced": verdict.forced,
-            "kept_by_conversation": verdict.kept,
-            "kept_by_stored_response": resolution.choice is not None and resolution.choice.stored,
-            "features": dict(verdict.score.features),
-            "contributions": dict(verdict.score.contributions),
-            **comparison_view(resolution.compared, resolution.compared_for),
-        }
-    route = resolution.answer_route(decision.route) if decision else resolution.route
-    return _json(
-        {
-            "model": parsed.model,
-            "tier": tier,
-            "pool": resolution.pool.name,
-            "replica": decision.replica if decision else None,
-            "route": route.value if route else None,
-            "matched_blocks": decision.matched_blocks if decision else 0,
-            "fingerprint_blocks": len(resolution.features.block_hashes),
-            "chars_per_token": round(resolution.pool.learned.chars_per_token, 3),
-            **explain(decision),
-        }
-    )
-
-
 def build_app(settings: Settings, policy: Policy, mesh: MeshPlace | None = None) -> web.Application:
     """The gateway; ``mesh``: this process is one of `serve --workers N`, sharing with the
     others over the mesh when no Redis is configured."""
@@ -296,19 +235,23 @@ def build_app(settings: Settings, policy: Policy, mesh: MeshPlace | None = None)
         refuse=policy_refusal(settings),
     )
     app.cleanup_ctx.append(lambda app: _background(app, mesh))
+    # Every route answers an Expect header as the middleware answers errors (aiohttp's own
+    # handler would answer plain text, echoing it).
+    get = functools.partial(app.router.add_get, expect_handler=_expect)
+    post = functools.partial(app.router.add_post, expect_handler=_expect)
     for endpoint in Endpoint:
-        app.router.add_post(endpoint.value, completion_handler(endpoint), expect_handler=_expect)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model:.+}", retrieve_model)
+        post(endpoint.value, completion_handler(endpoint))
+    get("/v1/models", list_models)
+    get("/v1/models/{model:.+}", retrieve_model)
     responses_lookup.add_routes(
-        app, lambda: app[POLICY].fleet, app[MEMORY], app[METRICS], lambda: app[LIMITER]
+        app, lambda: app[POLICY].fleet, app[MEMORY], app[METRICS], lambda: app[LIMITER], _expect
     )
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/admin/reload", admin(admin_reload))
-    app.router.add_get("/admin/policy", admin(admin_policy))
-    app.router.add_post("/admin/route", admin(admin_route), expect_handler=_expect)
+    get("/health", health)
+    get("/ready", ready)
+    get("/metrics", metrics)
+    post("/admin/reload", admin(admin_reload))
+    get("/admin/policy", admin(admin_policy))
+    post("/admin/route", admin(admin_route))
     return app
 
 
@@ -325,7 +268,12 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
         return None
     error = body_too_large(limit) if expect == "100-continue" else expectation_failed()
     count_error(request.app, request.path, error.status)
-    return error.response({headers.REQUEST_ID: request_id(request.headers)})
+    # The body it announced is not coming: the connection closes after the answer, at once
+    # (not read on as that body, nor lingered on for it).
+    request.content.feed_eof()
+    response = error.response({headers.REQUEST_ID: request_id(request.headers)})
+    response.force_close()
+    return response
 
 
 async def _background(app: web.Application, mesh: MeshPlace | None) -> AsyncIterator[None]:

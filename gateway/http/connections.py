@@ -26,7 +26,9 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from gateway.headers import REQUEST_ID
 from gateway.http.errors import ApiError, too_many_connections
+from gateway.http.request_ids import request_id
 from gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,12 @@ _LIMIT_DIGITS = 18
 """Digits of the longest Content-Length read as a number: any body limit has fewer."""
 _HANDED_OVER = frozenset((b"expect", b"transfer-encoding", b"content-encoding"))
 """Request headers that send a request to aiohttp: what they ask for is its to do."""
+_SINGLETONS = frozenset((
+    b"host", b"content-type", b"user-agent", b"content-location", b"content-range", b"etag",
+    b"max-forwards", b"server",
+))  # fmt: skip
+"""Fields aiohttp refuses twice (its parser's SINGLETON_HEADERS, Content-Length and
+Transfer-Encoding aside): a request with two, or with no Host, is aiohttp's to answer 400."""
 
 
 class RequestHead:
@@ -78,6 +86,7 @@ def framed_body_length(fields: list[tuple[bytes, bytes]], head_bytes: int, limit
     ):
         return -1
     length = -1
+    seen: set[bytes] = set()
     for name, value in fields:
         lower = name.lower()
         if lower == b"content-length":
@@ -87,7 +96,11 @@ def framed_body_length(fields: list[tuple[bytes, bytes]], head_bytes: int, limit
             length = int(value)
         elif lower in _HANDED_OVER:
             return -1
-    return length if length <= limit else -1
+        elif lower in _SINGLETONS:
+            if lower in seen:
+                return -1
+            seen.add(lower)
+    return length if length <= limit and b"host" in seen else -1
 
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
@@ -171,11 +184,12 @@ class _Refusal(asyncio.Protocol):
             self._closer.cancel()
 
 
-def _refusal_bytes(limit: int) -> bytes:
-    body = too_many_connections(limit).body()
+def _refusal_bytes(body: bytes) -> bytes:
+    """The 503 with its own request id, as every answer has."""
     head = (
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+        f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n"
+        f"{REQUEST_ID}: {request_id({})}\r\n\r\n"
     )
     return head.encode() + body
 
@@ -191,7 +205,7 @@ class ConnectionGate:
         self._handler_args = handler_args
         self.limit = limit
         self.open = 0
-        self._refusal = _refusal_bytes(limit)
+        self._refusal = too_many_connections(limit).body()
         self._refused = metrics.connections_refused
         self._refused_since_log = 0
         self._last_log = float("-inf")
@@ -204,7 +218,7 @@ class ConnectionGate:
         if self.open >= self.limit:
             self._refused.inc()
             self._log_refusal()
-            return _Refusal(self._refusal)
+            return _Refusal(_refusal_bytes(self._refusal))
         return self.front() if self.front is not None else self.handler()
 
     def handler(self) -> asyncio.Protocol:
@@ -288,6 +302,6 @@ class _Handler(RequestHandler):
             type_="invalid_request_error" if status < 500 else "server_error",
             code=phrase.lower().replace(" ", "_").replace("-", "_"),
         )
-        response = error.response()
+        response = error.response({REQUEST_ID: request_id(request.headers)})
         response.force_close()
         return response

@@ -73,7 +73,9 @@ class AiohttpExchange:
         return self.response is not None and self.response.prepared
 
     async def answer(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
-        self.response = web.Response(status=status, body=body, headers=headers)
+        # Written here, not by aiohttp once the handler returns: under the send timeout.
+        await self.start(status, headers, body, len(body))
+        await self.end()
 
     async def start(
         self, status: int, headers: Mapping[str, str], first: bytes, length: int | None = None

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from gateway.http.errors import ApiError, bad_request
+from replica.openai_api import json_body
 from router_policies.fingerprint import (
     CanonicalPrompt,
     canonical_chat,
@@ -95,7 +96,7 @@ def with_member(raw: bytes, name: str, value: object) -> bytes:
 
 def parse_request(endpoint: Endpoint, raw: bytes, max_depth: int = 64) -> ParsedRequest:
     try:
-        body = orjson.loads(raw)
+        body = json_body(raw)
     except orjson.JSONDecodeError as exc:
         if str(exc).startswith("depth limit exceeded"):
             raise too_deeply_nested(max_depth) from None  # orjson's own limit, at 1024 levels

@@ -14,7 +14,7 @@ to Envoy instead of relaying.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -192,7 +192,9 @@ def add_routes(
     memory: RoutingMemory,
     metrics: GatewayMetrics,
     limiter: Callable[[], RateLimiter],
+    expect: Callable[[web.Request], Awaitable[web.StreamResponse | None]],
 ) -> None:
+    """The two routes, ``expect`` answering their Expect headers."""
     lookup = ResponseLookup(fleet, memory, metrics, limiter)
 
     async def session(app: web.Application) -> AsyncIterator[None]:
@@ -201,5 +203,5 @@ def add_routes(
             yield
 
     app.cleanup_ctx.append(session)
-    app.router.add_get("/v1/responses/{response_id}", lookup.retrieve)
-    app.router.add_post("/v1/responses/{response_id}/cancel", lookup.cancel)
+    app.router.add_get("/v1/responses/{response_id}", lookup.retrieve, expect_handler=expect)
+    app.router.add_post("/v1/responses/{response_id}/cancel", lookup.cancel, expect_handler=expect)

@@ -8,9 +8,10 @@ hold, unspent, up to about ``lease_s`` of a tenant's rate that the others cannot
 returns the rest with its next call to Redis, or until the bucket has refilled that much, or
 until it stops (close() gives every lease back). A request no lease could cover (its cost
 above a lease's size: any request, for a limit under 120 per minute at 0.5 s) is taken from
-Redis at once, as exactly as without leases, beside the others rather than in line. Refunds (the usage correction) go back into the live lease while it holds no more than
-one lease's worth; the rest, a refund reaching an expired lease, or one that arrives while the
-lease is being renewed, is written to Redis.
+Redis at once, as exactly as without leases, beside the others rather than in line. Refunds
+(the usage correction) go back into the live lease while it holds no more than one lease's
+worth; the rest, a refund reaching an expired lease, or one that arrives while the lease is
+being renewed, is written to Redis.
 """
 
 from __future__ import annotations

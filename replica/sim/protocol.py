@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import orjson
 
+from replica.openai_api import json_body
 from replica.sim.config import SimConfig
 from replica.sim.errors import VllmError, invalid
 from replica.sim.tokenizer import TemplateError, render_chat, tokenize
@@ -173,7 +174,7 @@ def _max_tokens(body: Mapping[str, Any], kind: Kind, max_model_len: int) -> int 
 def load_body(raw: bytes, config: SimConfig) -> Body:
     """A JSON object body naming this replica's model (or none)."""
     try:
-        body = orjson.loads(raw)
+        body = json_body(raw)
     except orjson.JSONDecodeError as exc:
         raise _bad(f"invalid JSON body: {exc}") from exc
     if not isinstance(body, dict):
