@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from router_policies.strict_model import StrictModel
 from router_policies.yaml_locations import error_at
@@ -115,6 +122,14 @@ class TierSettings(StrictModel):
         """The pool of the other tier."""
         return self.large if pool == self.small else self.small
 
+    @model_serializer(mode="wrap")
+    def _weights_of_the_cue_only(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # The effective policy reads back as the same policy: no weights the learned refuses.
+        data: dict[str, Any] = dump(self)
+        if self.classifier is not TierClassifierName.CUE:
+            data.pop("weights", None)
+        return data
+
     @field_validator("model")
     @classmethod
     def _from_policy_folder(cls, model: str | None, info: ValidationInfo) -> str | None:
@@ -139,6 +154,9 @@ class TierSettings(StrictModel):
         if self.model is not None and self.classifier is not TierClassifierName.LEARNED:
             why = "`model` is the learned classifier's file: set `classifier: learned`"
             raise error_at(("model",), why, self.model)
+        if "weights" in self.model_fields_set and self.classifier is not TierClassifierName.CUE:
+            why = "`weights` are the cue classifier's, which the learned one ignores: set "
+            raise error_at(("weights",), why + "`classifier: cue`, or leave them out", None)
         if self.model is not None and not Path(self.model).is_file():
             # Caught here so that check-policy names it; its content is checked at load.
             raise error_at(("model",), f"no file {self.model!r}", self.model)

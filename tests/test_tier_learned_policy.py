@@ -25,7 +25,7 @@ from gateway.fleet.pools import Fleet
 from gateway.policy.check import load_checked_policy
 from replica.processes import ManagedProcess
 from router_policies import tier_classifiers
-from router_policies.schema import InvalidPolicy
+from router_policies.schema import InvalidPolicy, effective_policy_yaml, read_policy
 from router_policies.tier_classifier_learned import EXPLAIN_TOP, LearnedTierModel
 from router_policies.tier_classifiers import CACHED_MODELS, CueClassifier, load_learned
 from router_policies.tier_router import TierRouter
@@ -83,6 +83,14 @@ def test_a_relative_model_path_is_read_from_the_policy_files_folder(
     assert isinstance(TierRouter("auto", tier).classifier, LearnedTierModel)
 
 
+@pytest.mark.parametrize("classifier", ["learned", "cue"])
+def test_the_effective_policy_check_policy_prints_reads_back_as_the_same(classifier: str) -> None:
+    text = (Path(__file__).parent.parent / "router_policies/examples/tiers.yaml").read_text()
+    policy, _ = read_policy(text.replace("classifier: learned", f"classifier: {classifier}"))
+    again, _ = read_policy(effective_policy_yaml(policy))
+    assert again == policy
+
+
 def test_a_missing_model_file_is_a_policy_error(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="no file"):
         settings(classifier="learned", model=str(tmp_path / "nope.json.gz"))
@@ -97,7 +105,12 @@ def test_a_model_file_that_does_not_load_names_the_field(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     "bad",
-    [{"classifier": "neural"}, {"model": "m.json.gz"}, {"classifier": "cue", "model": "m.json.gz"}],
+    [
+        {"classifier": "neural"},
+        {"model": "m.json.gz"},
+        {"classifier": "cue", "model": "m.json.gz"},
+        {"weights": {"math": 3.0}},  # the learned classifier's (the default): it has none
+    ],
 )
 def test_bad_classifier_settings_are_rejected(bad: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
