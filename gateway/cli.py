@@ -21,6 +21,7 @@ from gateway.cli_types import listen_port, port
 from router_policies.schema import InvalidPolicy, Policy, effective_policy_yaml
 
 if TYPE_CHECKING:
+    from gateway.policy.reload import Stamp
     from gateway.settings import Settings
 
 TOOLS_GROUP = "llm_gateway.tools"
@@ -33,10 +34,11 @@ _TOOL_HELP = {
 
 def _process_config(
     flags: Sequence[tuple[str, str, object]],
-) -> tuple[Settings, Policy] | None:
+) -> tuple[Settings, Policy, Stamp | None] | None:
     """What `serve` and `epp` run with: the settings (``flags``, each a field, the flag that
-    sets it and its value, over GATEWAY_*), logging configured, and the policy checked; None
-    (and the reason on stderr) when unusable."""
+    sets it and its value, over GATEWAY_*), logging configured, the policy checked and the
+    file's stamp from before it was read (an edit made since is read again once the gateway
+    runs); None (and the reason on stderr) when unusable."""
     # SIGHUP asks a running gateway to reload its policy. Until its event loop takes the signal
     # (once it listens) the default would end the process: ignored meanwhile, as the policy
     # file watch picks up an edit made then.
@@ -54,10 +56,13 @@ def _process_config(
     if settings.policy is None:
         print("error: no policy file: pass --policy PATH or set GATEWAY_POLICY", file=sys.stderr)
         return None
+    from gateway.policy.reload import file_stamp
+
+    read_at = file_stamp(settings.policy)
     policy = _load_or_explain(settings.policy)
     if policy is None or not _state_usable(settings, policy):
         return None
-    return settings, policy
+    return settings, policy, read_at
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -67,12 +72,12 @@ def _serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if config is None:
         return 2
-    settings, policy = config
+    settings, policy, read_at = config
     if not _listenable(settings.host, settings.port, "--port" if args.port is not None else None):
         return 2
     from gateway.server import run
 
-    return run(settings, policy)
+    return run(settings, policy, read_at=read_at)
 
 
 def _epp(args: argparse.Namespace) -> int:
@@ -85,7 +90,7 @@ def _epp(args: argparse.Namespace) -> int:
     )
     if config is None:
         return 2
-    settings, policy = config
+    settings, policy, read_at = config
     if settings.workers > 1:
         # Workers are forked by `serve` alone: they would run without the picker's gRPC
         # server, and Envoy would find no picker.
@@ -104,7 +109,9 @@ def _epp(args: argparse.Namespace) -> int:
     from gateway.picker.server import add_picker  # here, so that `serve` never loads gRPC
     from gateway.server import run
 
-    return run(settings, policy, lambda app: add_picker(app, settings.host, args.port))
+    return run(
+        settings, policy, lambda app: add_picker(app, settings.host, args.port), read_at=read_at
+    )
 
 
 def _listenable(host: str, port: int, flag: str | None) -> bool:

@@ -264,13 +264,17 @@ def client_side(
 
 
 def run(
-    settings: Settings, policy: Policy, extend: Callable[[web.Application], None] | None = None
+    settings: Settings,
+    policy: Policy,
+    extend: Callable[[web.Application], None] | None = None,
+    read_at: Stamp | None = None,
 ) -> int:
+    """Serves ``policy``, read from the file as it stood at ``read_at``."""
     if settings.workers > 1:
         # The CLI has checked the port is free (port_taken): workers binding it with
         # SO_REUSEPORT would otherwise share it with whatever listens there.
-        return run_workers(settings, policy, _run_worker)
-    return _run_one(settings, policy, extend=extend)
+        return run_workers(settings, policy, _run_worker, read_at)
+    return _run_one(settings, policy, extend=extend, read_at=read_at)
 
 
 def _run_worker(

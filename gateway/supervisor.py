@@ -64,9 +64,12 @@ async def reload_every_worker(policy: PolicyHolder) -> ReloadResult:
     return result
 
 
-def run_workers(settings: Settings, policy: Policy, run_one: RunOne) -> int:
+def run_workers(
+    settings: Settings, policy: Policy, run_one: RunOne, read_at: Stamp | None = None
+) -> int:
     """Fork the workers, forward SIGTERM/SIGINT/SIGHUP to them, replace any that ends before
-    a stop (gateway/watchdog.py for the hung ones)."""
+    a stop (gateway/watchdog.py for the hung ones). ``read_at``: the policy file's stamp when
+    ``policy`` was read from it."""
     if settings.port == 0:
         log.error("--workers > 1 needs a fixed --port: each worker binds it with SO_REUSEPORT")
         return 2
@@ -74,7 +77,10 @@ def run_workers(settings: Settings, policy: Policy, run_one: RunOne) -> int:
     # they share) in a directory only this user can enter.
     run_dir = Path(tempfile.mkdtemp(prefix="llm-gateway-workers-"))
     try:
-        return _Supervisor(settings, policy, run_dir, run_one).run()
+        supervisor = _Supervisor(settings, policy, run_dir, run_one)
+        if read_at is not None:
+            supervisor.policy.read_when(read_at)
+        return supervisor.run()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -6,19 +6,23 @@ again."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import yaml
 
+from gateway import cli
 from gateway.policy.check import load_checked_policy
 from gateway.policy.reload import PolicyHolder, Stamp
 from gateway.settings import Settings
 from gateway.shared_state.worker_mesh import MeshPlace
 from gateway.supervisor import _Supervisor
+from gateway.telemetry import logs
 from gateway.watchdog import Heartbeats
 from router_policies.schema import Policy
 from tests.conftest import policy_holder, pool_policy
@@ -132,3 +136,28 @@ async def test_a_worker_started_after_the_parent_failed_to_load_the_file_fails_i
     assert worker.settled_change()
     assert not (await worker.reload()).ok
     assert outcomes == [False] and eps_and_tenants(worker.fleet.policy) == (0.25, True)
+
+
+def test_an_edit_landing_while_the_gateway_starts_is_read_once_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The file is stamped before `serve` reads it: an edit (a ConfigMap swap) landing between
+    # that read and the gateway's start is a change the gateway reads, not one it takes as read.
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_text(0.25))
+    read = cli._load_or_explain
+
+    def edited_meanwhile(at: Path) -> Policy | None:
+        policy = read(at)
+        path.write_text(policy_text(0.5))
+        return policy
+
+    monkeypatch.setattr(cli, "_load_or_explain", edited_meanwhile)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the test's own handlers stay
+    monkeypatch.setattr(logs, "configure", lambda _: None)
+    config = cli._process_config([("policy", "--policy", str(path))])
+    assert config is not None
+    _, policy, read_at = config
+    holder = PolicyHolder(policy, path, lambda ok: None)
+    holder.read_when(read_at)
+    assert holder.changed_on_disk()

@@ -62,7 +62,8 @@ Stamp = tuple[int, int, int]
 """A policy file's identity on disk: modification time, size, inode."""
 
 
-def _stamp(path: Path) -> Stamp | None:
+def file_stamp(path: Path) -> Stamp | None:
+    """The file's stamp now; None where it cannot be read."""
     # Following the symlink: a Kubernetes ConfigMap update swaps the ..data link underneath.
     try:
         st = path.stat()
@@ -86,7 +87,7 @@ class PolicyHolder:
         self.path = path
         self._record = record
         self._refuse = refuse
-        self._stamp = _stamp(path) if path is not None else None
+        self._stamp = file_stamp(path) if path is not None else None
         """The file as it stood when last read, whether its policy applied or not."""
         self._polled = self._stamp
         self._applied = self._stamp
@@ -104,7 +105,7 @@ class PolicyHolder:
             return ReloadResult(False, ("the gateway was started without a policy file",))
         async with self._one_at_a_time:
             # Stamped before the read: an edit made during the read is seen by the next poll.
-            stamp = self._stamp = _stamp(path)
+            stamp = self._stamp = file_stamp(path)
             result = self._swap(await asyncio.to_thread(_read, path))
             if result.ok:
                 self._applied = stamp
@@ -166,14 +167,14 @@ class PolicyHolder:
         self._stamp = self._polled = self._applied = stamp
 
     def changed_on_disk(self) -> bool:
-        return self.path is not None and _stamp(self.path) != self._stamp
+        return self.path is not None and file_stamp(self.path) != self._stamp
 
     def settled_change(self) -> bool:
         """The file changed since it was last read and has stood as it is since the last poll:
         a file written in place in several writes (an editor saving, a copy) is read once
         whole, not as the prefix on disk between two writes, which may parse (a policy cut
         before its `limits:` would serve every caller without a key)."""
-        stamp = _stamp(self.path) if self.path is not None else None
+        stamp = file_stamp(self.path) if self.path is not None else None
         polled, self._polled = self._polled, stamp
         return stamp != self._stamp and stamp == polled
 
