@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -37,10 +40,32 @@ def load_settings(
     """The settings, ``overrides`` (the command line's; ``flags``: the flag that gave each)
     over GATEWAY_*, or None after printing each mistake to stderr."""
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as exc:
         for line in describe(exc, flags):
             print(line, file=sys.stderr)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
+    else:
+        for line in unknown_variables(os.environ):
+            print(line, file=sys.stderr)
+        return settings
     return None
+
+
+_NOT_OURS = re.compile(r"GATEWAY_(SERVICE_\w+|PORT_\d+_\w+|PUBLISH)")
+"""GATEWAY_* variables that are not settings: Kubernetes' service links of a Service named
+`gateway` (its GATEWAY_PORT is a URL, read as unset), docker-compose.yml's GATEWAY_PUBLISH."""
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning per GATEWAY_* variable that is no setting (a typo, GATEWAY_RETRYS: it would
+    be ignored without a word), with the setting it most resembles."""
+    known = [variable(field) for field in Settings.model_fields]
+    lines = []
+    for name in sorted(environ):
+        if name.startswith("GATEWAY_") and name not in known and not _NOT_OURS.fullmatch(name):
+            like = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {like[0]}?)" if like else ""
+            lines.append(f"warning: {name} is not a setting{hint}: ignored")
+    return lines

@@ -20,7 +20,7 @@ from pydantic import SecretStr, ValidationError
 
 from bench.launcher import GatewayProcess, start_gateway
 from gateway.settings import Settings, usable_cpus
-from gateway.settings_errors import describe
+from gateway.settings_errors import describe, load_settings
 from tests.conftest import (
     FAST_PROBES,
     chat,
@@ -213,6 +213,23 @@ def test_a_bad_setting_is_one_clear_line_and_exit_code_2(
     assert "Traceback" not in result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"error: {variable}:")
+
+
+def test_a_variable_that_is_no_setting_is_named_with_the_setting_it_resembles(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ignored without a word, a typo would leave the default in force.
+    monkeypatch.setenv("GATEWAY_RETRYS", "3")
+    monkeypatch.setenv("GATEWAY_DRAIN_TIMEOUT", "99")
+    # Kubernetes' service links of a Service named `gateway`, and compose's publish address.
+    for name in ("GATEWAY_SERVICE_HOST", "GATEWAY_PORT_8080_TCP_ADDR", "GATEWAY_PUBLISH"):
+        monkeypatch.setenv(name, "10.0.0.1")
+    assert load_settings({}) is not None  # a warning, not a refusal
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: GATEWAY_DRAIN_TIMEOUT is not a setting (did you mean GATEWAY_DRAIN_TIMEOUT_S?): "
+        "ignored",
+        "warning: GATEWAY_RETRYS is not a setting (did you mean GATEWAY_RETRIES?): ignored",
+    ]
 
 
 @pytest.mark.parametrize(
