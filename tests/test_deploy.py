@@ -153,6 +153,13 @@ def test_each_variant_renders_what_it_promises(render_chart: Render) -> None:
             ("autoscaling.mode=hpa", "pools.small.autoscaling.minReplicas=9"),
             "minReplicas is above maxReplicas",
         ),
+        # what the gateway would refuse, or silently drop
+        (("autoscaling.mode=none", "pools.small.replicas=0"), "pools.small.replicas: at least 1"),
+        (
+            ("policy.tiers.auto.large=large-pool",),
+            "policy.tiers.auto.large: large-pool is not a pool",
+        ),
+        (("policy.pools.small.model=m",), "policy.pools: pools are the chart's `pools:` value"),
         (
             ("pools.small.policy.autoscale.max_replicas=2",),
             "pools.small.policy.autoscale.max_replicas: the chart sets it from "

@@ -200,9 +200,11 @@ def test_gateway_deployment_runs_the_contract(render_chart: Render) -> None:
     assert f"{RELEASE}-llm-gateway-admin" not in by_kind(render_chart(), "Secret")
 
 
-def test_policy_checksum_rolls_pods_only_when_asked(render_chart: Render) -> None:
+@pytest.mark.parametrize("name", ["llm-gateway", "llm-gateway-picker"])
+def test_policy_checksum_rolls_pods_only_when_asked(render_chart: Render, name: str) -> None:
     def checksum(*sets: str) -> str | None:
-        deployment = one(render_chart(*sets), "Deployment", f"{RELEASE}-llm-gateway")
+        docs = render_chart("picker.enabled=true", *sets)
+        deployment = one(docs, "Deployment", f"{RELEASE}-{name}")
         value: str | None = deployment["spec"]["template"]["metadata"]["annotations"].get(
             "checksum/policy"
         )

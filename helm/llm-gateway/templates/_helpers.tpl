@@ -107,6 +107,9 @@ servedModelName, managed (whether the chart runs the replicas), replicaCount (li
 {{- fail (printf "pools.%s.autoscaling: minReplicas is above maxReplicas" $name) -}}
 {{- end -}}
 {{- end -}}
+{{- if and $managed (lt $count 1) -}}
+{{- fail (printf "pools.%s.replicas: at least 1 (a pool with no replica is refused by the gateway; to stop a pool's GPUs, set pools.%s.enabled: false)" $name $name) -}}
+{{- end -}}
 {{- $urls := list -}}
 {{- if $managed -}}
 {{- $sts := include "llm-gateway.vllmName" (list $root $name) -}}
@@ -150,9 +153,18 @@ urls: {{ toYaml $urls | nindent 2 }}
 {{- $policy := dict "pools" $pools -}}
 {{- $tiers := dict -}}
 {{- range $virtual, $tier := ($root.Values.policy.tiers | default dict) -}}
+{{- range $role := list "small" "large" -}}
+{{- if not (hasKey $root.Values.pools (index $tier $role)) -}}
+{{- fail (printf "policy.tiers.%s.%s: %v is not a pool of pools (%s)" $virtual $role (index $tier $role) (keys $root.Values.pools | sortAlpha | join ", ")) -}}
+{{- end -}}
+{{- end -}}
+{{- /* A tier over a disabled pool is left out, as the pool is. */ -}}
 {{- if and (hasKey $pools $tier.small) (hasKey $pools $tier.large) -}}
 {{- $_ := set $tiers $virtual $tier -}}
 {{- end -}}
+{{- end -}}
+{{- if hasKey $root.Values.policy "pools" -}}
+{{- fail "policy.pools: pools are the chart's `pools:` value (each pool's routing settings under pools.<name>.policy), not policy.pools" -}}
 {{- end -}}
 {{- if $tiers -}}
 {{- $_ := set $policy "tiers" $tiers -}}
