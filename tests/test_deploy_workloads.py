@@ -176,7 +176,7 @@ def test_gateway_deployment_runs_the_contract(render_chart: Render) -> None:
     secret = one(docs, "Secret", env["GATEWAY_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"])
     assert "admin-token" in secret["data"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready?pools=any"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["resources"]["limits"]

@@ -202,6 +202,10 @@ async def test_ready_names_the_pool_without_replicas(gateway: GatewayClient) -> 
     async with gateway.get("/ready") as response:
         assert response.status == 503
         assert (await response.json())["healthy_replicas"] == {"small": 1, "down": 0}
+    # The chart's probe: ready while a pool can serve, the pods serving the others meanwhile.
+    async with gateway.get("/ready?pools=any") as response:
+        assert response.status == 200
+        assert (await response.json())["healthy_replicas"] == {"small": 1, "down": 0}
 
 
 async def test_a_body_with_a_byte_order_mark_is_read_as_vllm_reads_it(

@@ -174,7 +174,9 @@ async def ready(request: web.Request) -> web.Response:
     if request.app[LIFECYCLE].draining:
         # Load balancers take the pod out while it still serves what they already sent.
         return _json({"ready": False, "draining": True, "healthy_replicas": pools}, 503)
-    is_ready = all(pools.values())
+    # ?pools=any: ready while a pool can serve (the chart's probe: every gateway pod turned
+    # unready by one pool's outage would take the others' traffic down with it).
+    is_ready = (any if request.query.get("pools") == "any" else all)(pools.values())
     return _json({"ready": is_ready, "healthy_replicas": pools}, 200 if is_ready else 503)
 
 
