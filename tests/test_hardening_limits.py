@@ -21,7 +21,7 @@ from multidict import CIMultiDict
 from bench.launcher import start_gateway
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, MODEL, chat, pool_policy, running_sims
-from tests.hardening import openai_error, raw_http, wait_for_log
+from tests.hardening import openai_error, raw_http, read_answer, wait_for_log
 
 if sys.version_info >= (3, 14):
     from compression import zstd
@@ -168,6 +168,29 @@ async def test_a_body_in_a_coding_the_gateway_cannot_read_is_a_415_naming_it(
                 "unsupported_content_encoding",
                 "Content-Encoding",
             )
+
+
+async def test_a_client_still_uploading_when_its_body_times_out_is_not_reset(
+    gateway: ManagedProcess,
+) -> None:
+    # Closed at once, the connection would answer the bytes still coming with a reset, which
+    # can destroy the 408 before the client reads it (a reset drops what is unsent or unread).
+    parts = urlsplit(gateway.url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100000\r\n\r\n{"model":'
+    )
+    async with asyncio.timeout(5):
+        status, _, body = await read_answer(reader)  # past GATEWAY_BODY_TIMEOUT_S
+        assert (status, openai_error(body)["code"]) == (408, "request_timeout")
+        for _ in range(3):  # the upload goes on, read and dropped: no reset comes back
+            writer.write(b" " * 4096)
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        writer.write_eof()
+        assert await reader.read() == b""  # then closed
+    writer.close()
 
 
 async def test_a_connection_without_complete_headers_is_closed(gateway: ManagedProcess) -> None:

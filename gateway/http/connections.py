@@ -156,22 +156,22 @@ def connection_limit(wanted: int) -> int:
 
 
 class _Refusal(asyncio.Protocol):
-    """One connection too many: a complete 503 answer, then the connection closes.
-
-    Closing at once, with the client's request unread, would make the kernel answer it with
-    a reset that can destroy the 503 before the client reads it: the write side is shut
-    instead, and what the client sends is discarded until it closes (or a second passes)."""
+    """One connection too many: a complete 503 answer, then the connection closes (linger)."""
 
     def __init__(self, response: bytes) -> None:
         self._response = response
-        self._closer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tcp = cast(asyncio.Transport, transport)  # uvloop's is one, though not a subclass
         tcp.write(self._response)
-        if tcp.can_write_eof():
-            tcp.write_eof()
-        self._closer = asyncio.get_running_loop().call_later(_REFUSAL_LINGER_S, tcp.close)
+        linger(tcp)
+
+
+class _Discarding(asyncio.Protocol):
+    """A connection's last second: what the client sends is read and dropped."""
+
+    def __init__(self, then: asyncio.BaseProtocol | None) -> None:
+        self._then = then
 
     def data_received(self, data: bytes) -> None:
         pass
@@ -180,8 +180,21 @@ class _Refusal(asyncio.Protocol):
         return False  # the transport closes itself
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._closer is not None:
-            self._closer.cancel()
+        if self._then is not None:
+            self._then.connection_lost(exc)
+
+
+def linger(transport: asyncio.Transport, protocol: asyncio.BaseProtocol | None = None) -> None:
+    """Closes a connection whose last answer is written, the client's request perhaps unread.
+
+    Closing at once, with bytes unread, would make the kernel answer them with a reset that
+    can destroy the answer before the client reads it: the write side is shut instead, and
+    what the client sends is discarded until it closes (or a second passes). ``protocol``, the
+    connection's until now, is told when it is lost."""
+    transport.set_protocol(_Discarding(protocol))
+    if transport.can_write_eof():
+        transport.write_eof()
+    asyncio.get_running_loop().call_later(_REFUSAL_LINGER_S, transport.close)
 
 
 def _refusal_bytes(body: bytes) -> bytes:

@@ -32,6 +32,7 @@ from gateway.http.connections import (
     MAX_HEAD_BYTES,
     RequestHead,
     framed_body_length,
+    linger,
     response_head,
 )
 from gateway.http.errors import ApiError, shutting_down
@@ -330,7 +331,6 @@ class FrontConnection(asyncio.Protocol):
 
     def _body_late(self) -> None:
         """The body did not arrive within the body timeout of its head: a 408."""
-        self._timer = None
         self._refuse(body_late(self._front.body_timeout_s))
 
     def _refuse(self, error: ApiError) -> None:
@@ -341,9 +341,9 @@ class FrontConnection(asyncio.Protocol):
         (endpoint, answer_id), self._waiting_body = self._waiting_body, None
         self._front.count_error(endpoint.value, error.status)
         framing = b"Content-Length: %d\r\nConnection: close\r\n" % len(body := error.body())
-        sent = error.answer_headers({REQUEST_ID: answer_id})
-        self._transport.write(response_head(error.status, sent, framing) + body)
-        self._transport.close()
+        sent = response_head(error.status, error.answer_headers({REQUEST_ID: answer_id}), framing)
+        self._transport.write(sent + body)
+        linger(self._transport, self)  # closed at once, the client still sending: a reset
 
 
 class Front:
