@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httptools
 import orjson
 import pytest
 import pytest_asyncio
@@ -103,6 +104,32 @@ async def test_a_request_written_a_few_bytes_at_a_time_is_answered(
     status, _, body = await read_answer(reader)
     writer.close()
     assert status == 200 and orjson.loads(body)["object"] == "chat.completion"
+
+
+async def test_a_body_arriving_in_pieces_has_its_head_parsed_once_not_once_a_piece(
+    gateway: GatewayClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A parse per piece would make a slow upload of a large head cost the loop per packet.
+    parses = 0
+    parser = httptools.HttpRequestParser
+
+    def counted(head: object) -> httptools.HttpRequestParser:
+        nonlocal parses
+        parses += 1
+        return parser(head)
+
+    monkeypatch.setattr(httptools, "HttpRequestParser", counted)  # as the front finds it
+    head_end = POST.index(b"\r\n\r\n") + 4
+    reader, writer = await connect(gateway)
+    writer.write(POST[:head_end])
+    for i in range(head_end, len(POST), 3):
+        await asyncio.sleep(0.01)  # each piece read on its own
+        writer.write(POST[i : i + 3])
+        await writer.drain()
+    status, _, _ = await read_answer(reader)
+    writer.close()
+    assert status == 200
+    assert parses == 2  # the head when it came, and once the body was in
 
 
 async def test_a_chunked_body_and_an_expectation_go_to_aiohttp_and_are_served(

@@ -31,7 +31,8 @@ from gateway.app_keys import (
 from gateway.fleet.pools import Fleet
 from gateway.http import responses_lookup
 from gateway.http.errors import ApiError, WithHeaders, internal_error
-from gateway.http.front import FrontExchange, Request
+from gateway.http.framed_request import Request
+from gateway.http.front import FrontExchange
 from gateway.http.request_body import Endpoint, parse_request
 from gateway.http.request_ids import request_id
 from gateway.rate_limit.limiter import Admission, RateLimiter, Tenant

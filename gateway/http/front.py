@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import cast
 
@@ -36,6 +35,7 @@ from gateway.http.connections import (
     response_head,
 )
 from gateway.http.errors import ApiError, shutting_down
+from gateway.http.framed_request import Request
 from gateway.http.request_body import Endpoint
 from gateway.http.request_ids import request_id
 
@@ -44,20 +44,6 @@ log = logging.getLogger(__name__)
 _ENDPOINTS = {endpoint.value.encode(): endpoint for endpoint in Endpoint}
 _POST = b"POST "
 """How every request the front takes begins."""
-
-
-class Request:
-    """A completion request the front framed: its endpoint, headers and body."""
-
-    __slots__ = ("body", "endpoint", "headers", "started", "task")
-
-    def __init__(self, endpoint: Endpoint, headers: CIMultiDictProxy[str], body: bytes) -> None:
-        self.endpoint = endpoint
-        self.headers = headers
-        self.body = body
-        self.started = time.perf_counter()
-        self.task: asyncio.Task[None] | None = None
-        """The task serving it (asyncio.current_task() would cost a getpid() per request)."""
 
 
 class FrontExchange:
@@ -138,8 +124,9 @@ class FrontConnection(asyncio.Protocol):
         self.throttled: tuple[Callable[[], None], Callable[[], None]] | None = None
         """What stops and restarts the replica writing to this client directly, while the
         client's socket is full."""
-        self._waiting_body: tuple[Endpoint, str] | None = None
-        """The endpoint and id of a request whose head is in and body is not (its timer runs)."""
+        self._waiting_body: tuple[Endpoint, str, int] | None = None
+        """The endpoint, id and length (head and body) of a request whose head is in and body
+        is not (its timer runs)."""
         self.ended: asyncio.Future[None] | None = None
         """Done when the connection closes, for a drain waiting on it (close_when_idle)."""
 
@@ -243,6 +230,8 @@ class FrontConnection(asyncio.Protocol):
         """Frames the request at the buffer's start and starts serving it, or waits for the
         rest of it (True); False: the request is aiohttp's."""
         buffer = self._buffer
+        if self._waiting_body is not None and len(buffer) < self._waiting_body[2]:
+            return True  # its head is not parsed again for each piece of its body
         if not buffer.startswith(_POST) and not _POST.startswith(buffer):
             return False  # another method, TLS, garbage: aiohttp answers now, not at the timeout
         end = buffer.find(b"\r\n\r\n")
@@ -267,7 +256,7 @@ class FrontConnection(asyncio.Protocol):
         if len(buffer) < total:
             if self._waiting_body is None:
                 self._cancel_timer()
-                self._waiting_body = (endpoint, request_id(headers))
+                self._waiting_body = (endpoint, request_id(headers), total)
                 self._timer = self._loop.call_later(front.body_timeout_s, self._body_late)
             return True
         self._cancel_timer()
@@ -338,7 +327,7 @@ class FrontConnection(asyncio.Protocol):
         (what is left of the body cannot be told from a next request)."""
         self._cancel_timer()
         assert self._waiting_body is not None  # both callers answer a body still awaited
-        (endpoint, answer_id), self._waiting_body = self._waiting_body, None
+        (endpoint, answer_id, _), self._waiting_body = self._waiting_body, None
         self._front.count_error(endpoint.value, error.status)
         framing = b"Content-Length: %d\r\nConnection: close\r\n" % len(body := error.body())
         sent = response_head(error.status, error.answer_headers({REQUEST_ID: answer_id}), framing)
