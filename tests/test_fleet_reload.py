@@ -326,6 +326,17 @@ def test_the_autoscale_history_carries_over_so_a_reload_does_not_scale_down() ->
     assert new.counts.arrivals == 7
 
 
+def test_a_lowered_max_replicas_bounds_the_remembered_peak_at_once() -> None:
+    old = fleet([A])
+    _scale_up_then_calm(small(old))
+    assert small(old).autoscale.desired > 2
+
+    new = small(fleet([A], previous=old, autoscale={"max_replicas": 2}))
+
+    new.update_desired(1001.0)
+    assert new.autoscale.desired == 2  # the peak remembered, within the bound now in force
+
+
 def test_a_changed_stabilisation_window_starts_a_new_history() -> None:
     old = fleet([A])
     _scale_up_then_calm(small(old))

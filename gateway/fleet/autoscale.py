@@ -91,7 +91,10 @@ class PoolAutoscale:
         self.raw_desired = desired_replicas(
             len(healthy), depth, mean_kv_usage, self.settings, self.arrival_rate, capacity
         )
-        self.desired = self.stabilizer.recommend(now, self.raw_desired)
+        # Within the bounds in force: the history may hold a recommendation made under a larger
+        # max_replicas, before a reload lowered it.
+        held = self.stabilizer.recommend(now, self.raw_desired)
+        self.desired = min(max(held, self.settings.min_replicas), self.settings.max_replicas)
 
     def _replica_capacities(self, healthy: Sequence[ReplicaState]) -> list[float]:
         """Each healthy replica's estimated capacity (requests/s at a full batch), from those
