@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
+import orjson
 import pytest
 from prometheus_client import Histogram
 from pydantic import SecretStr
@@ -22,6 +24,9 @@ from router_policies.decision import Route
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
 from tests.conftest import MODEL
 from tests.shared_state import NAMES, SYSTEM, dispatch_to, features, fleet, pool_of
+
+SYNC_S = 0.075
+"""GATEWAY_STATE_SYNC_INTERVAL_S's default."""
 
 # -- what travels --------------------------------------------------------------------------------
 
@@ -135,6 +140,24 @@ def test_a_replayed_adapter_request_marks_its_replica_warm_for_that_adapter_here
     assert adapters.warm("small", MODEL, now, 60.0) == frozenset()  # the base model is no adapter
 
 
+def test_records_another_version_or_a_broken_writer_sent_are_skipped_and_the_rest_replayed() -> (
+    None
+):
+    there, here = fleet(), fleet()
+    good = (time.time(), "small", NAMES[1], features(pool_of(there), SYSTEM))
+    batch = orjson.loads(encode_batch([good]))
+    record = batch["d"][0]
+    batch["d"] = [
+        ["yesterday", *record[1:]],  # a time that is no number
+        [record[0], ["small"], *record[2:]],  # a pool name that is no name
+        [*record[:3], {"not": "a list"}],  # values in another shape
+        record,
+    ]
+    apply_batch(here, orjson.dumps(batch), Histogram("lag", "", registry=None))
+    recent = pool_of(here).replicas[NAMES[1]].recent.value(time.monotonic())
+    assert recent == pytest.approx(1.0, rel=0.01)  # the good one, after three that are not
+
+
 def test_a_dispatch_to_a_replica_this_instance_does_not_know_is_ignored() -> None:
     here = pool_of(fleet())
     here.apply_remote_dispatch("127.0.0.1:1", features(here, SYSTEM), at=time.monotonic())
@@ -149,7 +172,7 @@ def test_counts_published_by_other_instances_add_to_the_local_view() -> None:
     pool_of(theirs).replicas[NAMES[0]].inflight = 3
     pool_of(theirs).counts.arrivals = 10
     pool_of(mine).replicas[NAMES[0]].inflight = 1
-    remote = RemoteFigures()
+    remote = RemoteFigures(SYNC_S)
     remote.apply(mine, {"a": _as_hash(theirs), "b": _as_hash(theirs)}, now=0.0)
     pool = pool_of(mine)
     assert pool.replicas[NAMES[0]].remote_inflight == 6
@@ -164,14 +187,14 @@ def test_prefill_queued_by_other_instances_counts_in_the_cost_models_view() -> N
     theirs, mine = fleet(), fleet()
     busy = pool_of(theirs).replicas[NAMES[2]]
     busy.pending_requests, busy.pending_prefill_tokens = 2, 3000.0
-    RemoteFigures().apply(mine, {"a": _as_hash(theirs)})
+    RemoteFigures(SYNC_S).apply(mine, {"a": _as_hash(theirs)})
     load = pool_of(mine).replicas[NAMES[2]].load()
     assert (load.pending_requests, load.pending_prefill_tokens) == (2, 3000.0)
 
 
 def test_arrivals_only_grow_when_an_instance_restarts_or_disappears() -> None:
     theirs, mine = fleet(), fleet()
-    remote = RemoteFigures()
+    remote = RemoteFigures(SYNC_S)
     pool_of(theirs).counts.arrivals = 10
     remote.apply(mine, {"a": _as_hash(theirs)}, now=0.0)
     pool_of(theirs).counts.arrivals = 12
@@ -199,7 +222,7 @@ def test_counts_unseen_for_a_while_are_no_burst_of_arrivals(
     # The autoscaling rate reads the sum's growth: an instance's total before it was first
     # seen, or through a gap, arrived over that time, not in one read.
     theirs, mine = fleet(), fleet()
-    remote = RemoteFigures()
+    remote = RemoteFigures(SYNC_S)
     pool_of(theirs).counts.arrivals = 100_000  # running long before this one started
     remote.apply(mine, {"a": _as_hash(theirs)}, now=0.0)
     assert pool_of(mine).counts.remote.arrivals == 0
@@ -213,10 +236,29 @@ def test_counts_unseen_for_a_while_are_no_burst_of_arrivals(
     assert pool_of(mine).counts.remote.arrivals == counted + 10
 
 
+def test_reads_a_sync_interval_apart_count_what_arrived_between_them() -> None:
+    # GATEWAY_STATE_SYNC_INTERVAL_S may be up to 5 s: reads that far apart are no gap.
+    theirs, mine = fleet(), fleet()
+    remote = RemoteFigures(2.0)
+    for i, now in enumerate((0.0, 2.0, 4.0)):
+        pool_of(theirs).counts.arrivals = 100 * i
+        remote.apply(mine, {"a": _as_hash(theirs)}, now=now)
+    assert pool_of(mine).counts.remote.arrivals == 200
+
+
+def test_a_count_that_is_no_number_is_left_out_not_raised() -> None:
+    # Another version's field, or a broken write: the others' counts are read all the same.
+    theirs, mine = fleet(), fleet()
+    pool_of(theirs).replicas[NAMES[0]].inflight = 3
+    fields: dict[str, Any] = {**_as_hash(theirs), "w\x1fsmall": None, "a\x1fsmall": "many"}
+    RemoteFigures(SYNC_S).apply(mine, {"a": fields})
+    assert pool_of(mine).replicas[NAMES[0]].remote_inflight == 3
+
+
 def test_when_the_backend_is_away_only_local_counts_remain() -> None:
     theirs, mine = fleet(), fleet()
     pool_of(theirs).replicas[NAMES[0]].inflight = 3
-    RemoteFigures().apply(mine, {"a": _as_hash(theirs)})
+    RemoteFigures(SYNC_S).apply(mine, {"a": _as_hash(theirs)})
     RemoteFigures.forget(mine)
     assert pool_of(mine).replicas[NAMES[0]].remote_inflight == 0
 

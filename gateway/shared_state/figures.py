@@ -37,9 +37,10 @@ def own_figures(fleet: Fleet) -> dict[str, int]:
 GAP_S = 1.0
 """Longest time between two reads over which the other instances' growth still counts as just
 arrived (a read every 75 ms; a flapping backend's failed rounds, each a fraction of a second,
-stay under it). After a longer gap (the backend away, this process stalled) it arrived at any
-time in it, perhaps before the autoscaling rate's window: added at once it would read as a burst
-of arrivals, which the signal's stabiliser then holds for minutes, so that read is a baseline."""
+stay under it), or three sync intervals where those are longer. After a longer gap (the backend
+away, this process stalled) it arrived at any time in it, perhaps before the autoscaling rate's
+window: added at once it would read as a burst of arrivals, which the signal's stabiliser then
+holds for minutes, so that read is a baseline."""
 
 
 class RemoteFigures:
@@ -53,15 +54,16 @@ class RemoteFigures:
     a read it was missing from (the reads leave out an instance silent for the state TTL).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sync_interval_s: float) -> None:
         self._last: dict[str, dict[str, int]] = {}
         self._read_at = -math.inf
+        self._gap_s = max(GAP_S, 3 * sync_interval_s)  # else every read would be a baseline
 
     def apply(
         self, fleet: Fleet, others: Mapping[str, Mapping[str, str | int]], now: float | None = None
     ) -> None:
         now = time.monotonic() if now is None else now
-        before_all = self._last if now - self._read_at <= GAP_S else {}
+        before_all = self._last if now - self._read_at <= self._gap_s else {}
         self._read_at, self._last = now, {}
         per_replica: dict[tuple[str, str, str], int] = {}
         waiting: dict[str, int] = {}
@@ -73,7 +75,7 @@ class RemoteFigures:
                 kind, _, rest = field.partition(_SEP)
                 try:
                     value = int(raw)
-                except ValueError:
+                except (ValueError, TypeError):  # another version's, or broken: not a count
                     continue
                 if kind in _PER_REPLICA:
                     pool_name, _, replica_name = rest.partition(_SEP)

@@ -99,7 +99,7 @@ class RedisState(SharedState):
         self._instances = f"{prefix}:instances"
         self._own_key = self._figures_key(self.instance)
         self._own_stream = self._stream_key(self.instance)
-        self._remote = RemoteFigures()
+        self._remote = RemoteFigures(settings.sync_interval_s)
         self._client = self._connect(settings.timeout_s)
         # XREAD BLOCK holds its connection: a client of its own, whose timeout covers the block.
         self._reader = self._connect(settings.timeout_s + _BLOCK_MS / 1000)
@@ -319,6 +319,9 @@ class RedisState(SharedState):
             for entry_id, fields in entries:
                 self._positions[sender] = entry_id
                 apply_batch(fleet, fields.get(b"d", b"{}"), self._lag, self._adapters)
+                # Between entries: the backlog kept through an outage (up to 2,000 dispatches
+                # an entry, from every instance at once) must not hold up the requests.
+                await asyncio.sleep(0)
         return True
 
     async def _resync_positions(self) -> None:

@@ -47,18 +47,30 @@ def apply_batch(
     now = time.monotonic()
     for record in records:
         try:
-            sent_at, pool_name, replica, values = record
-        except (TypeError, ValueError):
-            continue
-        age = max(wall - float(sent_at), 0.0)
-        lag.observe(age)
-        if age > MAX_AGE_S:
-            continue
-        pool = fleet.pools.get(pool_name)
-        features = codec.decode(names, values)
-        if pool is None or features is None:
-            continue
-        pool.apply_remote_dispatch(replica, features, now - age)
-        if adapters is not None and features.model != pool.model:
-            # An adapter's request is fingerprinted under the adapter's name.
-            adapters.served(pool_name, features.model, replica, now - age)
+            _apply(fleet, names, record, lag, adapters, wall, now)
+        except Exception:  # another version's record, or a broken one: skipped, not the
+            continue  # end of the replay (nor of the reader that runs it)
+
+
+def _apply(
+    fleet: Fleet,
+    names: list[str],
+    record: Any,
+    lag: Histogram,
+    adapters: AdapterHomes | None,
+    wall: float,
+    now: float,
+) -> None:
+    sent_at, pool_name, replica, values = record
+    age = max(wall - float(sent_at), 0.0)
+    lag.observe(age)
+    if age > MAX_AGE_S:
+        return
+    pool = fleet.pools.get(pool_name)
+    features = codec.decode(names, values)
+    if pool is None or features is None:
+        return
+    pool.apply_remote_dispatch(replica, features, now - age)
+    if adapters is not None and features.model != pool.model:
+        # An adapter's request is fingerprinted under the adapter's name.
+        adapters.served(pool_name, features.model, replica, now - age)

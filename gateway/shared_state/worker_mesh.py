@@ -142,7 +142,7 @@ class WorkerMesh(SharedState):
         }
         self._figures: dict[str, tuple[float, dict[str, int]]] = {}
         """The other workers' latest counts, by worker, with when they arrived."""
-        self._remote = RemoteFigures()
+        self._remote = RemoteFigures(settings.sync_interval_s)
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._readers: set[asyncio.Task[None]] = set()
@@ -265,6 +265,7 @@ class WorkerMesh(SharedState):
                 payload = await reader.readexactly(length)
                 if kind == DISPATCHES:
                     apply_batch(fleet(), payload, self._lag, self._adapters)
+                    await asyncio.sleep(0)  # a backlog read at once must not hold up requests
                 elif kind == COUNTS:
                     sender = self._counts(payload) or sender
                 elif kind == RESPONSE and self._homes is not None:
