@@ -23,6 +23,9 @@ import redis.asyncio as aioredis
 from bench.launcher import start_gateway
 from gateway import headers
 from gateway.fleet.pools import Fleet as RoutingFleet
+from gateway.http.errors import ApiError
+from gateway.http.responses_lookup import readable_home
+from gateway.routing.affinity import RoutingMemory
 from gateway.shared_state.redis_state import RedisState
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, chat, eventually, metric_sum, pool_policy, running_sims
@@ -265,3 +268,20 @@ async def test_redis_away_from_the_start_is_reported_once_and_never_as_back(
     assert not any(ups)
     assert sum("unreachable" in line for line in lines) == 1
     assert not any("is back" in line for line in lines)
+
+
+@pytest.mark.parametrize("tenants", [True, False])
+async def test_a_stored_response_whose_home_cannot_be_looked_up_is_a_503_to_retry(
+    tenants: bool,
+) -> None:
+    # Another instance may well have stored it: "not found" would be final, and wrong.
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    state = redis_state(f"redis://127.0.0.1:{port}/0")  # Redis away
+    memory = RoutingMemory()
+    state.share_memory(memory)
+    with pytest.raises(ApiError) as refused:
+        await readable_home(memory.responses, "resp_1", None, "previous_response_id", tenants)
+    assert (refused.value.status, refused.value.code) == (503, "previous_response_unavailable")
+    assert refused.value.param == "previous_response_id"

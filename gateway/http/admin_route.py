@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import orjson
@@ -12,6 +13,7 @@ from gateway.app_keys import MEMORY, POLICY, SETTINGS, TOKEN_KEYS
 from gateway.http.body_read import read_body
 from gateway.http.errors import ApiError
 from gateway.http.request_body import Endpoint, parse_request
+from gateway.routing.affinity import HomesUnavailable
 from gateway.routing.client_hints import with_client_hints
 from gateway.routing.explain import comparison_view, explain
 from gateway.routing.resolve import resolve
@@ -28,7 +30,8 @@ async def admin_route(request: web.Request) -> web.Response:
     parsed = parse_request(endpoint, raw, settings.max_json_depth)
     memory, fleet = request.app[MEMORY], request.app[POLICY].fleet
     if parsed.previous_response_id is not None:
-        await memory.responses.find(parsed.previous_response_id)  # stored through another process
+        with contextlib.suppress(HomesUnavailable):  # the dry run routes it unpinned then
+            await memory.responses.find(parsed.previous_response_id)  # another process's
     await memory.large_conversations.recall(fleet.tiers.get(parsed.model), parsed.body)
     resolution = resolve(fleet, parsed, request.headers.get(headers.TIER), memory)
     # As a dispatch would: a stored response's replica, or an adapter's warm replicas.

@@ -31,7 +31,7 @@ from gateway.http.errors import (
 )
 from gateway.http.request_body import Endpoint, ParsedRequest
 from gateway.rate_limit import RateLimiter
-from gateway.routing.affinity import ReplicaRef, ResponseHomes, RoutingMemory
+from gateway.routing.affinity import HomesUnavailable, ReplicaRef, ResponseHomes, RoutingMemory
 from gateway.telemetry.logs import REQUEST_ID
 from gateway.telemetry.metrics import GatewayMetrics
 from router_policies.decision import Route
@@ -54,7 +54,14 @@ async def readable_home(
     is (a restarted, empty Redis; one stored while Redis was away; forgotten): routed anyway,
     another tenant's would be read wherever the replica happens to hold it. That holds for a
     key `allow_unknown_keys` lets in as much as for a tenant's."""
-    home = await homes.find(response_id)
+    try:
+        home = await homes.find(response_id)
+    except HomesUnavailable:
+        # It may well exist: another process stored it, and where is unknown for now.
+        raise stored_response_unavailable(
+            f"Where response '{echoed(response_id)}' is stored cannot be looked up right now "
+            "(the gateway's shared state is unreachable); retry shortly.", param,
+        ) from None  # fmt: skip
     if (home is None and tenants) or (home is not None and not home.readable_by(tenant)):
         raise not_found(response_id, param)
     return home

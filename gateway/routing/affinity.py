@@ -53,6 +53,11 @@ Publish = Callable[[str, ReplicaRef], None]
 Fetch = Callable[[str], Awaitable[ReplicaRef | None]]
 
 
+class HomesUnavailable(Exception):
+    """The shared state that knows where other processes' responses are stored could not be
+    asked (away, or failing): the home is unknown, not absent."""
+
+
 class ResponseHomes:
     """Response id -> the replica that stored it; least recently used forgotten first.
 
@@ -108,7 +113,8 @@ class ResponseHomes:
         return home
 
     async def find(self, response_id: str) -> ReplicaRef | None:
-        """The home, asking the shared state when this process does not know it."""
+        """The home, asking the shared state when this process does not know it (None: no
+        process stored it); HomesUnavailable when the shared state cannot be asked."""
         home = self.get(response_id)
         if home is None and self.fetch is not None:
             home = await self.fetch(response_id)

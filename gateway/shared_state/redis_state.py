@@ -38,6 +38,7 @@ import redis.asyncio as aioredis
 from prometheus_client import Gauge, Histogram
 
 from gateway.background import finish_within, stop_tasks
+from gateway.routing.affinity import HomesUnavailable
 from gateway.shared_state import responses
 from gateway.shared_state.base import SharedState
 from gateway.shared_state.figures import RemoteFigures, own_figures
@@ -189,16 +190,18 @@ class RedisState(SharedState):
             return False
 
     async def _fetch_home(self, response_id: str) -> ReplicaRef | None:
-        if not self._link.up or len(response_id) > responses.MAX_ID_CHARS:
+        if len(response_id) > responses.MAX_ID_CHARS:
             return None
+        if not self._link.up:
+            raise HomesUnavailable("Redis is unreachable")
         key = self._response_key(response_id)
         for attempt in range(2):
             if attempt:
                 await asyncio.sleep(responses.REDIS_RETRY_S)
             try:
                 raw = await self._client.get(key)
-            except _FAILURES:
-                return None
+            except _FAILURES as exc:
+                raise HomesUnavailable(f"Redis failed: {type(exc).__name__}") from None
             # decode_responses=False: bytes, whatever the client's stubs say.
             found = responses.decode(raw) if isinstance(raw, bytes) else None
             if found is not None and found[0] == response_id:
