@@ -283,6 +283,19 @@ def test_the_response_id_is_learned_from_a_body_or_a_stream_split_anywhere() -> 
     assert memory.responses.get("resp_e") is None
 
 
+@pytest.mark.parametrize(("store", "learned"), [({}, True), ({"store": True}, True), ({"store": False}, False)])  # fmt: skip
+def test_a_response_is_remembered_only_where_it_is_stored(
+    store: dict[str, bool], learned: bool
+) -> None:
+    # `store: false`: nothing to find again, so no home to keep (nor a Redis key for 24 h).
+    memory = RoutingMemory()
+    parsed = parse(Endpoint.RESPONSES, {"model": "m", "input": "hi", **store})
+    hooks = resolve(fleet(), parsed, None, memory).hooks
+    if hooks is not None:
+        hooks.answered(NAMES[0], 200, b'{"id":"resp_1","object":"response"}')
+    assert (memory.responses.get("resp_1") is not None) is learned
+
+
 def test_response_homes_forget_the_least_recently_used() -> None:
     homes = ResponseHomes(capacity=2)
     for i in range(3):

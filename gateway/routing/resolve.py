@@ -223,7 +223,8 @@ def _predict(pool: PoolState, features: RequestFeatures) -> PoolPrediction | Non
 def _hooks(
     memory: RoutingMemory, pool: PoolState, parsed: ParsedRequest, adapter: str | None
 ) -> RouteHooks | None:
-    learn = parsed.endpoint is Endpoint.RESPONSES
+    # `store: false`: nothing to find again, so no home (nor its Redis key, 24 h) to keep.
+    learn = parsed.endpoint is Endpoint.RESPONSES and parsed.body.get("store") is not False
     previous = parsed.previous_response_id
     if previous is not None:
         home = memory.responses.get(previous)
