@@ -60,6 +60,13 @@ async def test_metrics_parse_and_carry_the_contract_names() -> None:
     assert value("gateway_requests_total", pool=names.NO_POOL, code="400") == 1
     assert value("gateway_ttft_seconds_count", pool="small") == 1  # only the streamed one
     assert value("gateway_request_duration_seconds_count", pool="small") == 2
+    # A whole answer may take up to GATEWAY_ANSWER_TIMEOUT_S: its quantile needs buckets there.
+    bounds = {
+        float(s.labels["le"])
+        for s in samples
+        if s.name == "gateway_request_duration_seconds_bucket"
+    }
+    assert {600.0, 1800.0} <= bounds
     assert value("gateway_replica_healthy", pool="small") == 2
     assert value("gateway_replica_inflight", pool="small") == 0
     assert value("gateway_pool_desired_replicas", pool="small") >= 1

@@ -66,6 +66,9 @@ NO_POOL = "none"
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+_DURATION_BUCKETS = (*_LATENCY_BUCKETS, 160.0, 320.0, 600.0, 1200.0, 1800.0)
+"""A whole answer may take up to GATEWAY_ANSWER_TIMEOUT_S (1800 s): long generations' quantiles
+are read off buckets that reach them, not from the last one below."""
 
 
 ReplicaFigure = Callable[[PoolState, ReplicaState, float], float]
@@ -218,7 +221,7 @@ class GatewayMetrics:
         )  # fmt: skip
         self.duration = Histogram(
             DURATION, "Time from request arrival to the end of the response.",
-            ["pool"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+            ["pool"], buckets=_DURATION_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self.policy_reloads = Counter(
             POLICY_RELOADS, "Policy reloads by result (ok, error); an error keeps the old policy.",
