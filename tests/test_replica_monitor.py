@@ -60,11 +60,13 @@ async def test_one_pool_failing_its_autoscale_update_leaves_the_others_updated_a
 
 
 @contextlib.asynccontextmanager
-async def serving_metrics(body: bytes, content_type: str = "text/plain") -> AsyncIterator[str]:
+async def serving_metrics(
+    body: bytes, content_type: str = "text/plain", status: int = 200
+) -> AsyncIterator[str]:
     """A replica whose /metrics answers ``body``."""
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=body, content_type=content_type, charset="utf-8")
+        return web.Response(body=body, content_type=content_type, charset="utf-8", status=status)
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
@@ -78,23 +80,24 @@ async def serving_metrics(body: bytes, content_type: str = "text/plain") -> Asyn
 
 
 UNREADABLE_METRICS = {
-    "a value not a number": (b'vllm:num_requests_running{model_name="first"} many\n', "text/plain"),
-    "a label left open": (b'vllm:num_requests_waiting{model_name="first} 1\n', "text/plain"),
-    "not UTF-8": (b"vllm:num_requests_running 1\n\xff\xfe\n", "text/plain"),
-    "an HTML page": (b"<html><body>Bad gateway</body></html>", "text/html"),
+    "a value not a number": (b'vllm:num_requests_running{model_name="first"} many\n', "text/plain", 200),
+    "a label left open": (b'vllm:num_requests_waiting{model_name="first} 1\n', "text/plain", 200),
+    "not UTF-8": (b"vllm:num_requests_running 1\n\xff\xfe\n", "text/plain", 200),
+    "an HTML page": (b"<html><body>Bad gateway</body></html>", "text/html", 200),
     "longer than the gateway reads": (
         b'vllm:num_requests_running{model_name="first"} 1\n' * (ANSWER_MAX_BYTES // 48 + 1),
-        "text/plain",
+        "text/plain", 200,
     ),
-}
+    "refused (an --api-key engine's 401)": (b'{"error": "Unauthorized"}', "application/json", 401),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize(("body", "content_type"), UNREADABLE_METRICS.values(), ids=UNREADABLE_METRICS.keys())  # fmt: skip
+@pytest.mark.parametrize(("body", "content_type", "status"), UNREADABLE_METRICS.values(), ids=UNREADABLE_METRICS.keys())  # fmt: skip
 async def test_metrics_that_cannot_be_read_are_a_missed_scrape_of_that_replica_logged_once(
-    body: bytes, content_type: str, caplog: pytest.LogCaptureFixture
+    body: bytes, content_type: str, status: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with (
-        serving_metrics(body, content_type) as unreadable,
+        serving_metrics(body, content_type, status) as unreadable,
         serving_metrics(b'vllm:num_requests_waiting{model_name="second"} 50\n') as readable,
         aiohttp.ClientSession() as session,
     ):
@@ -210,3 +213,18 @@ async def test_a_refused_connection_takes_a_replica_out_with_one_line_worded_as_
         f"replica {refused.name} of pool small is now unhealthy",
         f"replica {probed.name} of pool small is now unhealthy",
     ]
+
+
+async def test_a_replica_gone_unhealthy_shows_no_load_figures_but_keeps_its_counters() -> None:
+    # A pod scaled away never comes back to say so: its last queue and KV use are no one's now.
+    # Its counters stay, which tell an engine restarted at its address from the same one.
+    with refusing_addresses(1) as [gone]:
+        fleet = Fleet(parse_policy(one_pool([gone])))
+        [replica] = fleet.pools["small"].replicas.values()
+        replica.record_probe(True, unhealthy_after=1, healthy_after=1)
+        replica.engine = EngineStats(running=3.0, waiting=5.0, kv_usage=0.9, prefix_lookups=7e5)
+        async with aiohttp.ClientSession() as session:
+            monitor = ReplicaMonitor(lambda: fleet, session, ProbeSettings(1, 0.5, 1, 1, 1))
+            await monitor.check_health_once()
+    assert not replica.healthy
+    assert replica.engine == EngineStats(prefix_lookups=7e5)

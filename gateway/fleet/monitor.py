@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -147,13 +148,20 @@ class ReplicaMonitor:
         # A reload's new replica starts unhealthy: its failed first probe is news all the same.
         if replica.healthy != was or (first and not ok):
             log_health(replica, pool.name)
+        if was and not replica.healthy:
+            # Its last load figures are not its state now (a pod scaled away never comes back
+            # to say so): 0 until a scrape reads it again. Its counters stay, which tell a
+            # restarted engine from the same one.
+            replica.engine = dataclasses.replace(
+                replica.engine, running=0.0, waiting=0.0, kv_usage=0.0
+            )
 
     async def _scrape(self, pool: PoolState, replica: ReplicaState) -> None:
         timeout = aiohttp.ClientTimeout(total=max(self._probes.scrape_interval_s, 0.5))
         try:
             async with self._session.get(f"{replica.url}/metrics", timeout=timeout) as resp:
-                if resp.status != 200:
-                    return
+                if resp.status != 200:  # a 401 or a 5xx: logged once, as unreadable figures
+                    raise ValueError(f"HTTP {resp.status}")
                 if resp.content_type == "text/html":  # a proxy's page; read, it says 0 everywhere
                     raise ValueError("an HTML page")
                 text = (await read_at_most(resp)).decode()
