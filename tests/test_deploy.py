@@ -195,6 +195,27 @@ def test_chart_refuses_bad_values_by_name(
 
 
 @pytest.mark.parametrize(
+    ("sets", "prefix"),
+    [
+        # An external Redis may serve other releases: their keys are kept apart by default,
+        (("redis.url=redis://cache:6379/0",), f"llm-gateway:{NAMESPACE}:{RELEASE}"),
+        # unless a prefix was chosen (the variable, or the policy's, which the variable would
+        # otherwise override),
+        (("redis.url=redis://cache:6379/0", "gateway.env.GATEWAY_STATE_KEY_PREFIX=mine"), "mine"),
+        (("redis.url=redis://cache:6379/0", "policy.state.key_prefix=mine"), None),
+        (("redis.enabled=true",), None),  # and the chart's own Redis is the release's alone
+    ],
+)
+def test_an_external_redis_gets_a_key_prefix_of_the_release_unless_one_was_chosen(
+    sets: tuple[str, ...], prefix: str | None, render_chart: Render
+) -> None:
+    deployment = by_kind(render_chart(*sets), "Deployment")[f"{RELEASE}-llm-gateway"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    given = [e.get("value") for e in container["env"] if e["name"] == "GATEWAY_STATE_KEY_PREFIX"]
+    assert given == ([prefix] if prefix is not None else [])
+
+
+@pytest.mark.parametrize(
     ("sets", "name", "value"),
     [
         (("picker.enabled=true",), "GATEWAY_RETRIES", "2"),

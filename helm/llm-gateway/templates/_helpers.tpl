@@ -243,6 +243,12 @@ from its Secret and the URL built on it (Kubernetes expands $(REDIS_PASSWORD) in
     secretKeyRef:
       name: {{ include "llm-gateway.redisUrlSecret" . }}
       key: {{ include "llm-gateway.redisUrlSecretKey" . }}
+{{- /* An external Redis may serve other releases (staging beside production): their keys,
+pools named alike, are kept apart unless a prefix was chosen (gateway.env, policy.state). */}}
+{{- if not (or (hasKey (.Values.gateway.env | default dict) "GATEWAY_STATE_KEY_PREFIX") (.Values.policy.state | default dict).key_prefix) }}
+- name: GATEWAY_STATE_KEY_PREFIX
+  value: {{ printf "llm-gateway:%s:%s" .Release.Namespace .Release.Name | quote }}
+{{- end }}
 {{- else if include "llm-gateway.redisEnabled" . -}}
 {{ include "llm-gateway.redisPasswordEnv" . }}
 - name: GATEWAY_REDIS_URL
