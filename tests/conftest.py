@@ -254,6 +254,12 @@ async def eventually(
     return await holds()
 
 
+async def answered(url: str, code: str, requests: float = 1.0) -> bool:
+    """Whether the server at ``url`` counts ``requests`` of the small pool answered ``code``
+    (its gateway_requests_total): a check for eventually()."""
+    return await metric_sum(url, "gateway_requests_total", pool="small", code=code) == requests
+
+
 async def metric_sum(url: str, name: str, **labels: str) -> float:
     """The sum of the samples of ``name`` whose labels include ``labels``, in the exposition
     the server at ``url`` serves on /metrics (0 where there are none)."""

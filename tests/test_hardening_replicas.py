@@ -23,6 +23,7 @@ from gateway import headers
 from replica.processes import ManagedProcess
 from tests.conftest import (
     MODEL,
+    answered,
     breaks_mid_stream,
     chat,
     eventually,
@@ -257,10 +258,10 @@ async def test_a_client_that_leaves_while_its_whole_answer_is_written_is_counted
     big = {"id": "x", "object": "chat.completion", "created": 0, "model": MODEL, "choices": [
         {"index": 0, "message": {"role": "assistant", "content": "x" * (24 << 20)},
          "finish_reason": "length"}]}  # fmt: skip
-    answered: list[bool] = []
+    replied: list[bool] = []
 
     async def answers_24_mb(request: web.Request) -> web.Response:
-        answered.append(True)
+        replied.append(True)
         return web.json_response(big)
 
     env = {"GATEWAY_MAX_BUFFERED_ANSWER_BYTES": str(32 << 20)}  # held whole, sent in one write
@@ -274,15 +275,11 @@ async def test_a_client_that_leaves_while_its_whole_answer_is_written_is_counted
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                 b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
             )
-            assert await eventually(lambda: answered == [True])
+            assert await eventually(lambda: replied == [True])
             await asyncio.sleep(0.5)  # the answer is in the gateway's socket, waiting
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
-        async def counted() -> bool:
-            _, text = await get_text(f"{gw.url}/metrics")
-            return metric(text, "gateway_requests_total", pool="small", code="499") == 1.0
-
-        assert await eventually(counted)
+        assert await eventually(lambda: answered(gw.url, "499"))
         _, text = await get_text(f"{gw.url}/metrics")
         assert metric(text, "gateway_requests_total", pool="small", code="200") is None
 
@@ -313,11 +310,7 @@ async def test_a_client_that_reads_nothing_of_its_whole_answer_is_gone_after_the
                 b"Content-Type: application/json\r\n" + sent
             )
 
-            async def counted() -> bool:
-                _, text = await get_text(f"{gw.url}/metrics")
-                return metric(text, "gateway_requests_total", pool="small", code="499") == 1.0
-
-            assert await eventually(counted)
+            assert await eventually(lambda: answered(gw.url, "499"))
 
 
 async def test_a_client_that_leaves_a_non_streaming_request_is_counted_499() -> None:
@@ -334,11 +327,7 @@ async def test_a_client_that_leaves_a_non_streaming_request_is_counted_499() -> 
             except TimeoutError:
                 pass
 
-        async def counted() -> bool:
-            _, text = await get_text(f"{gw.url}/metrics")
-            return metric(text, "gateway_requests_total", pool="small", code="499") == 1.0
-
-        assert await eventually(counted)
+        assert await eventually(lambda: answered(gw.url, "499"))
         # It was routed before its client left: counted under its route, not "none".
         _, text = await get_text(f"{gw.url}/metrics")
         assert metric(text, "gateway_requests_total", route="none", code="499") is None

@@ -17,7 +17,16 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.headers import REQUEST_ID
 from gateway.picker.envoy_config import SERVED
-from tests.conftest import MODEL, Handler, chat, eventually, fake_replica, get_text, metric
+from tests.conftest import (
+    MODEL,
+    Handler,
+    answered,
+    chat,
+    eventually,
+    fake_replica,
+    get_text,
+    metric,
+)
 from tests.picker import SYSTEM, Unavailable, behind_envoy, client, tiers_behind_envoy
 from tests.tiers import EASY, HARD
 
@@ -218,10 +227,6 @@ async def test_a_stream_its_replica_failed_after_the_first_byte_counts_502_as_in
             assert answer.status == 200
             await answer.read()  # relayed as it came: Envoy closed it cleanly
 
-        async def counted() -> bool:
-            _, exposition = await get_text(f"{picker.url}/metrics")
-            return metric(exposition, "gateway_requests_total", pool="small", code="502") == 1.0
-
-        assert await eventually(counted)
+        assert await eventually(lambda: answered(picker.url, "502"))
         _, exposition = await get_text(f"{picker.url}/metrics")
     assert metric(exposition, "gateway_requests_total", pool="small", code="200") is None
