@@ -75,5 +75,5 @@ def load_learned(path: str | None) -> LearnedTierModel:
 
 def build_classifier(settings: TierSettings) -> TierClassifier:
     if settings.classifier == "learned":
-        return load_learned(settings.model)
+        return load_learned(settings.model_file)
     return CueClassifier(settings.weights)

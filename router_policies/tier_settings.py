@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 from pydantic import (
     Field,
+    PrivateAttr,
     SerializerFunctionWrapHandler,
     ValidationInfo,
-    field_validator,
     model_serializer,
     model_validator,
 )
@@ -103,6 +103,7 @@ class TierSettings(StrictModel):
     """Model file of the `learned` classifier (`llm-gateway tiers train`); unset: the shipped
     default. Read when the policy is loaded; a relative path from the policy file's folder
     (where a Kubernetes ConfigMap mounts both), not the gateway's working directory."""
+    _folder: Path | None = PrivateAttr(default=None)
     weights: TierWeights = TierWeights()
     """Weights of the `cue` classifier."""
     allow_header_override: bool = False
@@ -130,14 +131,6 @@ class TierSettings(StrictModel):
             data.pop("weights", None)
         return data
 
-    @field_validator("model")
-    @classmethod
-    def _from_policy_folder(cls, model: str | None, info: ValidationInfo) -> str | None:
-        folder = (info.context or {}).get(POLICY_FOLDER)
-        if model is None or folder is None:
-            return model
-        return str(Path(folder) / model)  # an absolute `model` stays as it is
-
     @model_validator(mode="after")
     def _two_pools(self) -> TierSettings:
         if self.small == self.large:
@@ -149,15 +142,23 @@ class TierSettings(StrictModel):
             )
         return self
 
+    @property
+    def model_file(self) -> str | None:
+        """Where ``model`` is: a relative path from the policy file's folder."""
+        if self.model is None or self._folder is None:
+            return self.model
+        return str(self._folder / self.model)  # an absolute `model` stays as it is
+
     @model_validator(mode="after")
-    def _model_needs_learned(self) -> TierSettings:
+    def _model_needs_learned(self, info: ValidationInfo) -> TierSettings:
+        # Kept as written (the effective policy reads back as the same wherever it is moved);
+        # the folder beside it, to find the file.
+        folder = (info.context or {}).get(POLICY_FOLDER)
+        self._folder = Path(folder) if folder is not None else None
         if self.model is not None and self.classifier is not TierClassifierName.LEARNED:
             why = "`model` is the learned classifier's file: set `classifier: learned`"
             raise error_at(("model",), why, self.model)
-        if "weights" in self.model_fields_set and self.classifier is not TierClassifierName.CUE:
-            why = "`weights` are the cue classifier's, which the learned one ignores: set "
-            raise error_at(("weights",), why + "`classifier: cue`, or leave them out", None)
-        if self.model is not None and not Path(self.model).is_file():
+        if self.model_file is not None and not Path(self.model_file).is_file():
             # Caught here so that check-policy names it; its content is checked at load.
             raise error_at(("model",), f"no file {self.model!r}", self.model)
         return self

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import inspect
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -189,6 +190,31 @@ async def breaks_mid_stream(request: web.Request) -> web.StreamResponse:
     assert request.transport is not None
     request.transport.close()
     return response
+
+
+def gzips_its_stream(more: asyncio.Event | None = None) -> Handler:
+    """A replica's chat handler that gzips its stream though asked for plain bytes: "zipped "
+    then "stream" then [DONE], each flushed on its own; ``more``: awaited after the first."""
+
+    def event(content: str) -> bytes:
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                 "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}  # fmt: skip
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"}
+        )
+        await response.prepare(request)
+        packer = zlib.compressobj(wbits=31)  # gzip
+        for i, part in enumerate((event("zipped "), event("stream"), b"data: [DONE]\n\n")):
+            if i == 1 and more is not None:
+                await more.wait()
+            await response.write(packer.compress(part) + packer.flush(zlib.Z_SYNC_FLUSH))
+        await response.write(packer.flush())
+        return response
+
+    return handler
 
 
 def official_client(url: str) -> AsyncOpenAI:

@@ -29,6 +29,7 @@ from tests.conftest import (
     eventually,
     fake_replica,
     get_text,
+    gzips_its_stream,
     metric,
     running_gateway,
     running_sims,
@@ -373,27 +374,31 @@ async def test_a_compressed_stream_reaches_the_openai_client_whole_and_counts_as
 ):
     # No event can be read inside compressed bytes: the gateway relays them as they come and
     # takes a clean end for the end, rather than appending an error event to them.
-    def event(content: str) -> bytes:
-        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
-                 "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}  # fmt: skip
-        return b"data: " + orjson.dumps(chunk) + b"\n\n"
-
-    async def gzips_its_stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"}
-        )
-        await response.prepare(request)
-        packer = zlib.compressobj(wbits=31)  # gzip
-        for part in (event("zipped "), event("stream"), b"data: [DONE]\n\n"):
-            await response.write(packer.compress(part) + packer.flush(zlib.Z_SYNC_FLUSH))
-        await response.write(packer.flush())
-        return response
-
-    async with fake_replica(gzips_its_stream) as url, running_gateway([url]) as gw:
+    async with fake_replica(gzips_its_stream()) as url, running_gateway([url]) as gw:
         assert await stream_text(gw.url, "hi") == "zipped stream"
         _, text = await get_text(f"{gw.url}/metrics")
     assert metric(text, "gateway_requests_total", pool="small", code="200") == 1.0
     assert metric(text, "gateway_requests_total", pool="small", code="502") is None
+
+
+async def test_a_compressed_stream_goes_out_as_it_comes_not_held_for_events() -> None:
+    # The usage event the gateway asks for cannot be found in compressed bytes: nothing is
+    # held back looking for it (the first token would wait for the whole stream).
+    more = asyncio.Event()
+    body = orjson.dumps(chat("s", "hi", stream=True))  # no include_usage: the gateway asks
+    async with (
+        fake_replica(gzips_its_stream(more)) as url,
+        running_gateway([url]) as gw,
+        aiohttp.ClientSession(auto_decompress=False) as session,
+        session.post(f"{gw.url}/v1/chat/completions", data=body) as response,
+    ):
+        async with asyncio.timeout(5):
+            first = await response.content.readany()  # while the replica holds the rest
+        more.set()
+        rest = await response.read()
+    # The first event came while the replica held the rest; all of it, whole, after.
+    assert b'"zipped "' in zlib.decompressobj(wbits=31).decompress(first)
+    assert zlib.decompress(first + rest, wbits=31).endswith(b"data: [DONE]\n\n")
 
 
 HUGE_MB = 300

@@ -25,6 +25,7 @@ from tests.conftest import (
     eventually,
     fake_replica,
     get_text,
+    gzips_its_stream,
     metric,
 )
 from tests.picker import SYSTEM, Unavailable, behind_envoy, client, tiers_behind_envoy
@@ -230,3 +231,18 @@ async def test_a_stream_its_replica_failed_after_the_first_byte_counts_502_as_in
         assert await eventually(lambda: answered(picker.url, "502"))
         _, exposition = await get_text(f"{picker.url}/metrics")
     assert metric(exposition, "gateway_requests_total", pool="small", code="200") is None
+
+
+async def test_a_compressed_stream_counts_as_the_success_it_is() -> None:
+    # No end marker can be read in compressed bytes: a clean close is the end, as in serve.
+    body = orjson.dumps(chat(SYSTEM, "hi", stream=True))
+    async with (
+        fake_replica(gzips_its_stream()) as replica,
+        behind_envoy(0, more=[replica]) as (picker, envoy, _),
+        aiohttp.ClientSession() as session,
+    ):
+        async with session.post(f"{envoy.listen_url}{CHAT}", data=body) as answer:
+            assert answer.status == 200
+            assert (await answer.read()).endswith(b"data: [DONE]\n\n")  # decoded by aiohttp
+        assert await eventually(lambda: answered(picker.url, "200"))
+        assert not await answered(picker.url, "502")

@@ -171,7 +171,8 @@ class ReplicaMonitor:
         except ValueError as exc:  # not UTF-8, not Prometheus's format: missed, as above
             self._missed(pool, replica, f"cannot be read ({exc!s:.200})")
             return
-        pool.apply_engine_stats(replica, stats)
+        if replica.healthy:  # gone unhealthy while the scrape ran: its figures were cleared
+            pool.apply_engine_stats(replica, stats)
         self._unread.discard((pool.name, replica.name))
 
     def _missed(

@@ -170,11 +170,12 @@ def answer_broke(replica: str, exc: BaseException) -> bytes:
     return error_body(f"Replica {replica} {what}.", "server_error", "upstream_error")
 
 
-def answer_too_long(replica: str) -> bytes:
-    """Body of a failed attempt whose own error answer was too long to keep."""
+def answer_unrelayable(replica: str) -> bytes:
+    """Body of a failed attempt whose own error answer could not be kept: too long, broken,
+    or not in within answers.FAILURE_WAIT_S."""
     return error_body(
-        f"Replica {replica} failed with an answer too long to relay.", "server_error",
-        "upstream_error",
+        f"Replica {replica} failed with an error answer that could not be relayed.",
+        "server_error", "upstream_error",
     )  # fmt: skip
 
 

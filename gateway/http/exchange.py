@@ -53,8 +53,8 @@ class Exchange(Protocol):
 
 
 class AiohttpExchange:
-    """An exchange aiohttp serves: a whole answer is returned to it from the handler, a
-    streamed one written through its StreamResponse."""
+    """An exchange aiohttp serves, written through its StreamResponse under the send timeout
+    (a whole answer too, with its length), which the handler then returns."""
 
     __slots__ = ("_request", "_send_timeout_s", "response")
     direct = False  # aiohttp's writes are coroutines

@@ -89,7 +89,8 @@ async def stored_home(
     """The response's pool and replica, and the x-ratelimit-* headers of the answer, for a
     lookup with the client's headers ``sent`` (`serve`'s and the picker's alike): the key
     checked, one request taken from the tenant's request limit, the owner checked. A 404 for
-    an id not found or not the tenant's, a 503 while its replica is not healthy."""
+    an id not found or not the tenant's, a 503 while its replica is not healthy or while the
+    shared state that would know it cannot be asked."""
     tenant = limiter.authenticate(fleet.policy.limits, sent)
     if tenant is None:
         return (*await _stored_on(fleet, homes, None, response_id), {})

@@ -227,16 +227,16 @@ class PickerExchange:
 
     async def follow(
         self,
-        on_status: Callable[[int, str, str, str], Mapping[str, str]],
+        on_status: Callable[[int, Mapping[str, str]], Mapping[str, str]],
         on_chunk: Callable[[bytes], None],
         on_end: Callable[[int], None],
         shown: UsageDropped | None = None,
     ) -> None:
         """Answers Envoy's messages about the replica's answer until its end, then tells
         ``on_end`` its status, or CLIENT_CLOSED when the stream ended first (the client left,
-        or Envoy gave up). ``on_status`` gets the status, the content type, the endpoint that
-        served and the content length ("" where none), and returns headers that replace
-        answer headers of the pick; ``shown``, where the gateway asked for the stream's usage,
+        or Envoy gave up). ``on_status`` gets the status and the answer's headers (names lower
+        case, Envoy's SERVED among them), and returns headers that replace answer headers of
+        the pick; ``shown``, where the gateway asked for the stream's usage,
         is what of each chunk the client gets.
 
         The last message is taken in (its chunk, the end) before it is answered: once Envoy
@@ -252,12 +252,7 @@ class PickerExchange:
                     h.key: (h.raw_value or h.value.encode()).decode(errors="replace") for h in sent
                 }
                 status = int(values.get(":status", "0") or 0)
-                changed = on_status(
-                    status,
-                    values.get("content-type", ""),
-                    values.get(SERVED, ""),
-                    values.get("content-length", ""),
-                )
+                changed = on_status(status, values)
                 if message.response_headers.end_of_stream:
                     on_end(status)
                 await envoy.write(

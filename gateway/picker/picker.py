@@ -28,7 +28,7 @@ from gateway.http.errors import (
     stored_response_unavailable,
 )
 from gateway.http.request_body import Endpoint
-from gateway.picker.envoy_config import FALLBACKS
+from gateway.picker.envoy_config import FALLBACKS, SERVED
 from gateway.picker.exchange import PickerExchange
 from gateway.relay import answers
 from gateway.relay.stream_usage import UsageDropped, asking_usage
@@ -245,6 +245,7 @@ class _Answer:
         self._waiting = True
         """For the stream's first token: its time is the TTFT and the prefill's end."""
         self._tail = b""
+        self._raw = False
         self._end: answers.StreamEnd | None = None
         """Where the stream is: whether its end marker went by (a stream of an endpoint that
         has one)."""
@@ -252,15 +253,19 @@ class _Answer:
         self._relayed = 0
         """Bytes of the answer's body Envoy was let relay."""
 
-    def began(self, status: int, content_type: str, served: str, length: str) -> Mapping[str, str]:
-        """Takes the answer's status and length; the answer headers that change (the
+    def began(self, status: int, sent: Mapping[str, str]) -> Mapping[str, str]:
+        """Takes the answer's status and headers; the answer headers that change (the
         replica, when a fallback served)."""
         self.status = status
-        self._stream = content_type.startswith(answers.SSE) and status < 400
+        self._stream = sent.get("content-type", "").startswith(answers.SSE) and status < 400
         endpoint = self._routed.parsed.endpoint
+        # Compressed (a client's Accept-Encoding reaches the replica): no event can be read.
+        self._raw = "content-encoding" in sent
         if self._stream and endpoint in _MARKED_ENDS:
-            self._end = answers.StreamEnd(endpoint)
+            self._end = answers.StreamEnd(endpoint, self._raw)
+        length = sent.get("content-length", "")
         self._length = int(length) if length.isdigit() else None
+        served = sent.get(SERVED, "")
         pool, now = self._routed.pool, time.monotonic()
         changed: dict[str, str] = {}
         fallback = self.by_address.get(served)
@@ -312,7 +317,7 @@ class _Answer:
         if (
             self._stream
             and self._waiting
-            and answers.has_first_token(routed.parsed.endpoint, chunk)
+            and (self._raw or answers.has_first_token(routed.parsed.endpoint, chunk))
         ):
             self._waiting = False
             self._metrics.ttft_of(pool.name).observe(time.perf_counter() - routed.started)

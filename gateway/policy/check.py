@@ -67,10 +67,10 @@ def tier_model_problems(policy: Policy) -> list[FieldProblem]:
     building the fleet afterwards does not read the file again."""
     problems: list[FieldProblem] = []
     for name, tier in policy.tiers.items():
-        if tier.model is None:
+        if tier.model_file is None:
             continue
         try:
-            load_learned(tier.model)
+            load_learned(tier.model_file)
         except (OSError, ValueError) as exc:
             problems.append((("tiers", name, "model"), f"cannot load the tier model: {exc}"))
     return problems

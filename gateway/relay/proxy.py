@@ -2,7 +2,8 @@
 
 An attempt fails, and moves to another replica, on anything that happens before the client has
 received a byte: a refused connection, a 5xx answer, a stream that ends or stalls before its
-first chunk (`first_token_timeout_s`), a non-streaming answer that breaks while held back. Each
+first chunk (`first_token_timeout_s`), a non-streaming answer that breaks while held back (not
+one past `answer_timeout_s`: most likely still being generated, a 504, not rerun elsewhere). Each
 outcome also feeds the replica's passive health (gateway/fleet/outlier.py): an answer is a
 success once it was read whole. After the first byte a failure can only be reported in-band: a
 stream ends with an SSE error event. TCP_NODELAY is on for both sides: the event loop (uvloop or
@@ -24,7 +25,7 @@ from gateway.http.errors import (
     ApiError,
     answer_broke,
     answer_timed_out,
-    answer_too_long,
+    answer_unrelayable,
     no_healthy_replica,
     not_openai,
     pool_saturated,
@@ -191,7 +192,7 @@ class Forwarder:
                 log.warning("replica %s answered %d", replica.name, upstream.status)
                 body = await answers.drain(upstream)
                 if body is None:
-                    return Failure(upstream.status, answer_too_long(replica.name), answers.JSON)
+                    return Failure(upstream.status, answer_unrelayable(replica.name), answers.JSON)
                 return Failure(upstream.status, body, upstream.content_type)
         dispatch.refused = 400 <= upstream.status < 500  # no blocks stored, none due (pool.end)
         try:
@@ -321,8 +322,13 @@ class Forwarder:
                 watch = None
             routed.learn_usage(dispatch, chunk)
 
-        # The usage the gateway asked for is learned from, not shown to the client.
-        shown = stream_usage.UsageDropped() if req.asked_usage else stream_usage.WholeEvents(raw)
+        # The usage the gateway asked for is learned from, not shown to the client (where it
+        # can be read: compressed, the stream goes as it came).
+        shown = (
+            stream_usage.UsageDropped()
+            if req.asked_usage and not raw
+            else stream_usage.WholeEvents(raw)
+        )
 
         def relay(chunk: bytes) -> None:
             exchange.write_nowait(shown(chunk))

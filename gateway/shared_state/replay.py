@@ -4,6 +4,7 @@ between workers)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,10 @@ from gateway.shared_state.outbox import Sent
 if TYPE_CHECKING:
     from gateway.fleet.pools import Fleet
     from gateway.routing.affinity import AdapterHomes
+
+log = logging.getLogger(__name__)
+_SKIPPED: list[bool] = []
+"""Whether a record was skipped yet (a list: no global statement)."""
 
 MAX_AGE_S = 60.0
 """A dispatch older than this when it arrives (kept through an outage) is not replayed."""
@@ -49,7 +54,10 @@ def apply_batch(
         try:
             _apply(fleet, names, record, lag, adapters, wall, now)
         except Exception:  # another version's record, or a broken one: skipped, not the
-            continue  # end of the replay (nor of the reader that runs it)
+            # end of the replay (nor of the reader that runs it); said once per process
+            if not _SKIPPED:
+                _SKIPPED.append(True)
+                log.warning("skipped a shared dispatch that cannot be replayed", exc_info=True)
 
 
 def _apply(
