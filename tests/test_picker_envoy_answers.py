@@ -6,7 +6,9 @@ address. Real processes: simulated replicas, the picker, Envoy."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
+import zlib
 from typing import Any, cast
 
 import aiohttp
@@ -231,6 +233,24 @@ async def test_a_stream_its_replica_failed_after_the_first_byte_counts_502_as_in
         assert await eventually(lambda: answered(picker.url, "502"))
         _, exposition = await get_text(f"{picker.url}/metrics")
     assert metric(exposition, "gateway_requests_total", pool="small", code="200") is None
+
+
+async def test_a_compressed_stream_goes_out_as_it_comes_not_held_for_the_usage_event() -> None:
+    # The picker asks for the stream's usage: in compressed bytes it can neither be read nor
+    # dropped, so nothing of the stream is held back looking for it.
+    more = asyncio.Event()
+    body = orjson.dumps(chat(SYSTEM, "hi", stream=True))
+    async with (
+        fake_replica(gzips_its_stream(more)) as replica,
+        behind_envoy(0, more=[replica]) as (_, envoy, _),
+        aiohttp.ClientSession(auto_decompress=False) as session,
+        session.post(f"{envoy.listen_url}{CHAT}", data=body) as answer,
+    ):
+        async with asyncio.timeout(5):
+            first = await answer.content.readany()  # while the replica holds the rest
+        more.set()
+        await answer.read()
+    assert b'"zipped "' in zlib.decompressobj(wbits=31).decompress(first)
 
 
 async def test_a_compressed_stream_counts_as_the_success_it_is() -> None:

@@ -252,6 +252,8 @@ class PickerExchange:
                     h.key: (h.raw_value or h.value.encode()).decode(errors="replace") for h in sent
                 }
                 status = int(values.get(":status", "0") or 0)
+                if "content-encoding" in values:
+                    shown = None  # compressed: the usage cannot be read in it, nor dropped
                 changed = on_status(status, values)
                 if message.response_headers.end_of_stream:
                     on_end(status)
