@@ -26,7 +26,7 @@ from gateway.fleet.pools import Fleet as RoutingFleet
 from gateway.http.errors import ApiError
 from gateway.http.responses_lookup import readable_home
 from gateway.routing.affinity import RoutingMemory
-from gateway.shared_state.redis_state import RedisState
+from gateway.shared_state.redis_state import MOST_WRITES, RedisState
 from replica.processes import ManagedProcess
 from tests.conftest import FAST_PROBES, chat, eventually, metric_sum, pool_policy, running_sims
 from tests.redis_server import RedisServer, running_redis
@@ -285,3 +285,23 @@ async def test_a_stored_response_whose_home_cannot_be_looked_up_is_a_503_to_retr
         await readable_home(memory.responses, "resp_1", None, "previous_response_id", tenants)
     assert (refused.value.status, refused.value.code) == (503, "previous_response_unavailable")
     assert refused.value.param == "previous_response_id"
+
+
+async def test_background_writes_redis_cannot_keep_up_with_are_bounded_not_piled_up() -> None:
+    # Each holds one of the client's connections, which the counts round needs too.
+    async with running_redis() as redis:
+        state = redis_state(redis.url)
+        memory = RoutingMemory()
+        state.share_memory(memory)
+        await started(state, routing_fleet())
+        assert await eventually(lambda: _is_up(state))
+        publish = memory.large_conversations.publish
+        assert publish is not None
+        os.kill(redis.pid, signal.SIGSTOP)  # every write now waits
+        try:
+            for i in range(200):
+                publish("m", i)
+            assert len(state._writes) == MOST_WRITES
+        finally:
+            os.kill(redis.pid, signal.SIGCONT)
+        assert await returns(state.stop())

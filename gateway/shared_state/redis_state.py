@@ -63,6 +63,10 @@ _REPLAY_S = 5.0
 """How far back an instance starts reading the stream when another instance appears."""
 LARGE_TTL_S = 86_400
 """A conversation resumed within a day keeps its large tier; the keys (~80 bytes) stay bounded."""
+MOST_WRITES = 32
+"""Background writes (response homes, large conversations) in flight at once: each holds one of
+the client's connections (redis-py's pool has 100), which the counts and publish rounds need
+too; past it Redis is slower than the requests come, and the rest is known here only."""
 _BLOCK_MS = 100
 """Longest wait of one XREAD: how soon the reader notices a new instance."""
 _WITHDRAW_S = 1.0
@@ -167,8 +171,9 @@ class RedisState(SharedState):
         self._soon(lambda: self._client.set(key, b"1", ex=LARGE_TTL_S))
 
     def _soon(self, write: Callable[[], Awaitable[object]]) -> None:
-        """In the background, the request not waiting; with Redis away only this one knows it."""
-        if not self._link.up:
+        """In the background, the request not waiting; with Redis away, or too slow to keep up
+        (MOST_WRITES in flight), only this one knows it."""
+        if not self._link.up or len(self._writes) >= MOST_WRITES:
             return
         task = asyncio.create_task(self._quietly(write))
         self._writes.add(task)
