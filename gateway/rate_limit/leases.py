@@ -58,12 +58,6 @@ class LeasedStore:
     async def take(
         self, keys: Sequence[str], limits: Sequence[Limit], costs: Sequence[float]
     ) -> Verdict | None:
-        sizes = [math.floor(limit.per_s * self._lease_s) for limit in limits]
-        if any(cost > size for cost, size in zip(costs, sizes, strict=True)):
-            # No lease would cover it: to Redis at once (the unspent leases given back), not in
-            # line behind a renewal, nor holding the requests behind it in line.
-            leases = [self._leases.get(k) for k in keys]
-            return await self._renew(keys, limits, costs, leases, self._clock(), [0] * len(keys))
         while True:
             leases = [self._leases.get(k) for k in keys]
             now = self._clock()
@@ -76,6 +70,12 @@ class LeasedStore:
                 for spent, cost in zip(held, costs, strict=True):
                     spent.left -= cost
                 return _verdict(held, limits)
+            # Not on the path above: a lease never holds more than its size.
+            sizes = [math.floor(limit.per_s * self._lease_s) for limit in limits]
+            if any(cost > size for cost, size in zip(costs, sizes, strict=True)):
+                # No lease would cover it: to Redis at once (the unspent leases given back),
+                # not in line behind a renewal, nor holding the requests behind it in line.
+                return await self._renew(keys, limits, costs, leases, now, [0] * len(keys))
             # Requests that arrive while one renews a lease wait for it rather than each
             # lease one of their own (what they leased would be lost to the last one's).
             renewing = next((self._renewing[k] for k in keys if k in self._renewing), None)
