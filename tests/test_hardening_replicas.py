@@ -10,7 +10,7 @@ import socket
 import struct
 import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import aiohttp
 import orjson
@@ -23,6 +23,7 @@ from gateway import headers
 from replica.processes import ManagedProcess
 from tests.conftest import (
     MODEL,
+    Handler,
     answered,
     breaks_mid_stream,
     chat,
@@ -255,27 +256,44 @@ async def test_a_5xx_whose_body_stalls_is_given_up_on_closed_and_retried() -> No
         assert await eventually(lambda: closed == [True])
 
 
-async def test_a_client_that_leaves_while_its_whole_answer_is_written_is_counted_499() -> None:
-    big = {"id": "x", "object": "chat.completion", "created": 0, "model": MODEL, "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "x" * (24 << 20)},
-         "finish_reason": "length"}]}  # fmt: skip
-    replied: list[bool] = []
+def answers_24_mb(replied: list[bool]) -> Handler:
+    """A replica's chat handler answering a 24 MiB completion at once, noting each in ``replied``
+    (more than the socket buffers take from a client that reads nothing)."""
 
-    async def answers_24_mb(request: web.Request) -> web.Response:
+    async def handler(request: web.Request) -> web.Response:
         replied.append(True)
+        big = {"id": "x", "object": "chat.completion", "created": 0, "model": MODEL, "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "x" * (24 << 20)},
+             "finish_reason": "length"}]}  # fmt: skip
         return web.json_response(big)
 
+    return handler
+
+
+@contextlib.contextmanager
+def reading_nothing(url: str, chunked: bool = False) -> Iterator[socket.socket]:
+    """A connection to ``url`` that sends a chat request (its body chunked, which aiohttp serves,
+    or with its length, which the front does) and reads nothing of the answer."""
+    body = orjson.dumps(chat("s", "q"))
+    if chunked:
+        framed = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    else:
+        framed = b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\n" + framed
+        )
+        yield sock
+
+
+async def test_a_client_that_leaves_while_its_whole_answer_is_written_is_counted_499() -> None:
+    replied: list[bool] = []
     env = {"GATEWAY_MAX_BUFFERED_ANSWER_BYTES": str(32 << 20)}  # held whole, sent in one write
-    async with fake_replica(answers_24_mb) as url, running_gateway([url], env=env) as gw:
-        port = int(gw.url.rsplit(":", 1)[1])
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing
-            sock.connect(("127.0.0.1", port))
-            body = orjson.dumps(chat("s", "q"))
-            sock.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-            )
+    async with fake_replica(answers_24_mb(replied)) as url, running_gateway([url], env=env) as gw:
+        with reading_nothing(gw.url) as sock:
             assert await eventually(lambda: replied == [True])
             await asyncio.sleep(0.5)  # the answer is in the gateway's socket, waiting
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -285,32 +303,13 @@ async def test_a_client_that_leaves_while_its_whole_answer_is_written_is_counted
         assert metric(text, "gateway_requests_total", pool="small", code="200") is None
 
 
-@pytest.mark.parametrize("framing", ["Content-Length", "chunked"])  # the front's, aiohttp's
+@pytest.mark.parametrize("chunked", [False, True], ids=["the-fronts", "aiohttps"])
 async def test_a_client_that_reads_nothing_of_its_whole_answer_is_gone_after_the_send_timeout(
-    framing: str,
+    chunked: bool,
 ) -> None:
-    big = {"id": "x", "object": "chat.completion", "created": 0, "model": MODEL, "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "x" * (24 << 20)},
-         "finish_reason": "length"}]}  # fmt: skip
-
-    async def answers_24_mb(request: web.Request) -> web.Response:
-        return web.json_response(big)
-
     env = {"GATEWAY_MAX_BUFFERED_ANSWER_BYTES": str(32 << 20), "GATEWAY_SEND_TIMEOUT_S": "1"}
-    async with fake_replica(answers_24_mb) as url, running_gateway([url], env=env) as gw:
-        body = orjson.dumps(chat("s", "q"))
-        if framing == "chunked":
-            sent = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-        else:
-            sent = b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing
-            sock.connect(("127.0.0.1", int(gw.url.rsplit(":", 1)[1])))
-            sock.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                b"Content-Type: application/json\r\n" + sent
-            )
-
+    async with fake_replica(answers_24_mb([])) as url, running_gateway([url], env=env) as gw:
+        with reading_nothing(gw.url, chunked):
             assert await eventually(lambda: answered(gw.url, "499"))
 
 
