@@ -37,12 +37,13 @@ from tests.conftest import (
 from tests.kv_events import ROOT, TOKENS, events_config, payload
 
 
-def held_pool(url: str, **events: Any) -> tuple[PoolState, RequestFeatures]:
-    """A pool whose one replica at ``url`` reads a live event stream and was sent a prompt."""
+def held_pool(*urls: str, **events: Any) -> tuple[PoolState, RequestFeatures]:
+    """A pool of replicas at ``urls`` whose last reads a live event stream and was sent a
+    prompt."""
     prefix = {"source": "auto", "events": {"port": free_port(), **events}}
-    policy = parse_policy(pool_policy([url], prefix=prefix))
+    policy = parse_policy(pool_policy(list(urls), prefix=prefix))
     pool = PoolState("small", policy.pools["small"])
-    (replica,) = pool.replicas.values()
+    *_, replica = pool.replicas.values()
     replica.kv_events = stream = EventStream("tcp://unused")
     stream.apply(0, payload(block_stored([1], None, TOKENS[:16], 16, None)))
     features = pool.router.features(MODEL, lambda: CanonicalPrompt(b"y" * 2048))
@@ -71,6 +72,27 @@ async def test_a_tokenize_slower_than_its_timeout_leaves_the_request_on_the_esti
         async with aiohttp.ClientSession() as session:
             assert await TokenKeys(session).attach(pool, COMPLETION, features) is features
         assert time.monotonic() - started < 2
+
+
+async def test_tokenize_asks_a_replica_requests_may_go_to_not_an_ejected_one() -> None:
+    asked: list[str] = []
+
+    async def tokenize(request: web.Request) -> web.Response:
+        asked.append(request.host)
+        return web.json_response({"count": 16, "tokens": TOKENS[:16]})
+
+    async with (
+        fake_replica(tokenize, "/tokenize") as failing,
+        fake_replica(tokenize, "/tokenize") as serving,
+    ):
+        pool, features = held_pool(failing, serving)
+        first = next(iter(pool.replicas.values()))
+        # Ejected for failing requests while its /health passes; sent nothing since, it has
+        # the fewest requests in flight.
+        first.outlier.ejected_until = time.monotonic() + 60
+        async with aiohttp.ClientSession() as session:
+            assert await TokenKeys(session).attach(pool, COMPLETION, features) is not features
+        assert asked == [serving.removeprefix("http://")]
 
 
 def conversation(turns: int) -> list[list[ChatCompletionMessageParam]]:

@@ -228,11 +228,13 @@ class TokenKeys:
         """The prompt's token keys and token count, by a replica's /tokenize; None on any
         failure."""
         body = tokenize_body(parsed, model)
-        healthy = pool.healthy()
-        if body is None or not healthy:
+        # Not an ejected replica: it answers /health but may hang every request, and, sent
+        # no traffic, it would always look the least busy.
+        routable = pool.routable()
+        if body is None or not routable:
             return None
         # The least busy replica: its API server tokenizes beside serving.
-        replica = min(healthy, key=lambda r: r.inflight + r.remote_inflight)
+        replica = min(routable, key=lambda r: r.inflight + r.remote_inflight)
         timeout = aiohttp.ClientTimeout(total=pool.policy.prefix.events.tokenize_timeout_s)
         try:
             async with self._session.post(
