@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -61,11 +62,14 @@ async def test_one_pool_failing_its_autoscale_update_leaves_the_others_updated_a
 
 @contextlib.asynccontextmanager
 async def serving_metrics(
-    body: bytes, content_type: str = "text/plain", status: int = 200
+    body: bytes, content_type: str = "text/plain", status: int = 200, *, gzips: bool = False
 ) -> AsyncIterator[str]:
-    """A replica whose /metrics answers ``body``."""
+    """A replica whose /metrics answers ``body``; ``gzips``: compressed for a client accepting
+    gzip, as prometheus_client's exporter (vLLM's /metrics mount) answers."""
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.Response:
+        if gzips and "gzip" in request.headers.get("Accept-Encoding", ""):
+            return web.Response(body=gzip.compress(body), headers={"Content-Encoding": "gzip"})
         return web.Response(body=body, content_type=content_type, charset="utf-8", status=status)
 
     app = web.Application()
@@ -114,6 +118,19 @@ async def test_metrics_that_cannot_be_read_are_a_missed_scrape_of_that_replica_l
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
         f"metrics of replica {first.name} of pool first cannot be read"
     ]
+
+
+async def test_metrics_an_exporter_would_gzip_are_asked_for_uncompressed_and_read() -> None:
+    async with (
+        serving_metrics(b'vllm:num_requests_waiting{model_name="first"} 7\n', gzips=True) as url,
+        # The gateway's session: it relays answers as they come, never decompressing.
+        aiohttp.ClientSession(auto_decompress=False) as session,
+    ):
+        fleet = Fleet(parse_policy(one_pool([url])))
+        (replica,) = fleet.pools["small"].replicas.values()
+        replica.healthy = True
+        await ReplicaMonitor(lambda: fleet, session, PROBES).scrape_once()
+    assert replica.engine.waiting == 7
 
 
 async def _unused(_: web.Request) -> web.Response:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 import aiohttp
 import orjson
 
-from gateway.fleet.monitor import read_at_most
+from gateway.fleet.monitor import UNCOMPRESSED, read_at_most
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
 
 log = logging.getLogger(__name__)
@@ -24,8 +24,6 @@ log = logging.getLogger(__name__)
 ROUNDS_PER_SCRAPE = 10
 """Adapters change far more rarely than load: one listing per 10 metrics scrapes."""
 _TIMEOUT = aiohttp.ClientTimeout(total=2.0)
-_PLAIN = {"Accept-Encoding": "identity"}
-"""The gateway's session does not decompress (it relays bytes as they come)."""
 
 
 def adapters_in(cards: object, base_model: str) -> set[str]:
@@ -60,7 +58,7 @@ def learned_for(fleet: Fleet, found: Mapping[str, set[str]]) -> dict[str, frozen
 async def _list(session: aiohttp.ClientSession, pool: PoolState, replica: ReplicaState) -> None:
     try:
         async with session.get(
-            f"{replica.url}/v1/models", timeout=_TIMEOUT, headers=_PLAIN
+            f"{replica.url}/v1/models", timeout=_TIMEOUT, headers=UNCOMPRESSED
         ) as response:
             if response.status != 200:
                 return
