@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from openai import APIError, AsyncOpenAI
+from openai import APIError, AsyncOpenAI, BadRequestError
 from openai.types.chat import ChatCompletionStreamOptionsParam
 
 from gateway import headers
@@ -129,6 +129,43 @@ async def test_a_stream_that_opens_with_vllms_error_event_is_retried_on_another_
             _, text = await get_text(f"{gw.url}/metrics")
         assert failures > 0
         assert metric(text, "gateway_retries_total", pool="small") == failures
+
+
+VLLM_STREAM_REFUSAL = b'data: {"error": {"message": "The provided JSON schema contains features not supported by xgrammar.", "type": "BadRequestError", "param": null, "code": 400}}\n\ndata: [DONE]\n\n'
+"""vLLM refusing a request it has started to stream (its grammar backend cannot compile the
+schema): the error event's code says the request is at fault."""
+
+
+async def test_a_stream_vllm_refuses_with_a_4xx_event_is_that_4xx_neither_retried_nor_ejecting() -> (
+    None
+):
+    attempts = 0
+
+    async def refusing(request: web.Request) -> web.StreamResponse:
+        nonlocal attempts
+        attempts += 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(ROLE_CHUNK)
+        await response.write(VLLM_STREAM_REFUSAL[:60])  # the event split over two reads
+        await response.write(VLLM_STREAM_REFUSAL[60:])
+        return response
+
+    async with fake_replica(refusing) as first, fake_replica(refusing) as second:
+        async with running_gateway([first, second]) as gw:
+            sdk = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+            for i in range(6):  # more than the failures that would eject a replica
+                with pytest.raises(BadRequestError, match="not supported by xgrammar"):
+                    await sdk.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": f"q{i}"}], stream=True
+                    )
+            _, text = await get_text(f"{gw.url}/metrics")
+            _, ready = await get_text(f"{gw.url}/ready")
+    assert attempts == 6  # one replica each: another would refuse it the same way
+    assert metric(text, "gateway_requests_total", pool="small", code="400") == 6
+    assert not metric(text, "gateway_retries_total", pool="small")
+    assert not metric(text, "gateway_replica_ejections_total", pool="small")
+    assert '"small":2' in ready
 
 
 async def test_an_error_event_later_in_a_stream_is_relayed_and_counted_as_a_failure() -> None:

@@ -166,13 +166,17 @@ def test_the_done_marker_ends_a_stream_only_as_its_last_event() -> None:
     assert not ended(Endpoint.COMPLETIONS, [b'data: {"text":"data: [DONE]"}\n\n'])
 
 
-def test_vllms_error_event_is_found_however_the_replicas_writes_split_it() -> None:
-    error = b'data: {"error":{"message":"engine died","code":500}}\n\n'
+@pytest.mark.parametrize(("code", "refused"), [(500, False), (400, True)])
+def test_vllms_error_event_and_whose_fault_it_is_are_found_however_the_writes_split_it(
+    code: int, refused: bool
+) -> None:
+    error = b'data: {"error":{"message":"engine died","code":%d}}\n\n' % code
     for reads in every_split(CHUNK + error + DONE):
         end = StreamEnd(Endpoint.CHAT)
         for read in reads:
             end.feed(read)
         assert end.errored and end.ended
+        assert end.refused is refused
     end = StreamEnd(Endpoint.CHAT)
     end.feed(b'data: {"delta":"data: {\\"error\\""}\n\n')  # model output cannot fake it
     assert not end.errored

@@ -8,6 +8,7 @@ write, or a streamed one whose head leaves with its first chunk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -117,3 +118,12 @@ class _HeadWithFirstChunk(web.StreamResponse):
     as aiohttp's own web.Response does: one write fewer before the first token."""
 
     _send_headers_immediately = False
+
+
+async def end_with(exchange: Exchange, event: bytes) -> None:
+    """Ends a started answer with ``event`` (an SSE error), if the client takes it within a
+    second: the gateway is stopping, and an error the client can read beats a cut."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1.0):
+            await exchange.write(event)
+            await exchange.end()

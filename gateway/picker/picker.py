@@ -306,7 +306,9 @@ class _Answer:
             return None
         if not end.ended:
             return "stream cut short"
-        return "error event in its stream" if end.errored else None
+        # A 4xx in the event is the request's fault (a schema vLLM cannot compile): not the
+        # replica's failure.
+        return "error event in its stream" if end.errored and not end.refused else None
 
     def chunk(self, chunk: bytes) -> None:
         routed, dispatch = self._routed, self.dispatch

@@ -15,10 +15,17 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
+
 from gateway.http.exchange import Exchange
 from gateway.http.request_body import Endpoint
 from gateway.relay.upstream import UpstreamResponse
-from gateway.relay.upstream_errors import ReplicaDisconnected, StreamFailed, UpstreamError
+from gateway.relay.upstream_errors import (
+    ReplicaDisconnected,
+    StreamFailed,
+    StreamRefused,
+    UpstreamError,
+)
 
 SSE = "text/event-stream"
 JSON = "application/json"
@@ -82,8 +89,28 @@ async def first_output(upstream: UpstreamResponse, endpoint: Endpoint) -> bytes:
     if not first:
         raise ReplicaDisconnected("stream ended before its first byte")
     if _ERROR_EVENT in first:
-        raise StreamFailed("answered an error event before its first token")
+        at = first.index(_ERROR_EVENT) + len(b"data: ")
+        while (
+            b"\n" not in first[at:]
+            and len(first) < FAILURE_BYTES
+            and (more := await upstream.readany())
+        ):
+            first += more  # the event's rest: whose fault it is, is in its code
+        raise _refusal(first[at:].split(b"\n", 1)[0].strip()) or StreamFailed(
+            "answered an error event before its first token"
+        )
     return first
+
+
+def _refusal(event: bytes) -> StreamRefused | None:
+    """vLLM's error event when its code says the request is at fault (a 4xx)."""
+    try:
+        code = orjson.loads(event)["error"]["code"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    if isinstance(code, int) and 400 <= code < 500:
+        return StreamRefused(code, event)
+    return None
 
 
 def has_first_token(endpoint: Endpoint, chunk: bytes) -> bool:
@@ -117,7 +144,7 @@ class StreamEnd:
     writes may split the end marker over any number of reads (a byte each, at worst), which a
     window of the last two reads would take for a stream cut short."""
 
-    __slots__ = ("_ended", "_responses", "_tail", "_whole", "errored")
+    __slots__ = ("_ended", "_event", "_responses", "_tail", "_whole", "errored")
 
     def __init__(self, endpoint: Endpoint, raw: bool = False) -> None:
         self._responses = endpoint is Endpoint.RESPONSES and not raw
@@ -128,8 +155,10 @@ class StreamEnd:
         self._tail = b""
         """At least the stream's last _TAIL bytes (all of a read that long, kept, not copied)."""
         self.errored = False
-        """Whether the stream carried vLLM's error event: the replica failed the request, though
-        the stream ends as any other."""
+        """Whether the stream carried vLLM's error event: the request failed, though the stream
+        ends as any other."""
+        self._event = b""
+        """The error event's bytes from its start, read up to its line's end."""
 
     def feed(self, chunk: bytes) -> None:
         """The next read of the stream, as it came."""
@@ -138,12 +167,24 @@ class StreamEnd:
             seam = tail[1 - _END_MARK_BYTES :] + chunk[: _END_MARK_BYTES - 1]
             self._ended = _responses_ended(chunk) or _responses_ended(seam)
         elif not self._whole and not self.errored:
-            # Across the seam only when a read ended mid-line: the marker holds no line break.
-            self.errored = _ERROR_EVENT in chunk or (
-                not tail.endswith(b"\n")
-                and _ERROR_EVENT in tail[1 - len(_ERROR_EVENT) :] + chunk[: len(_ERROR_EVENT) - 1]
-            )
+            at = chunk.find(_ERROR_EVENT)
+            if at >= 0:
+                self.errored, self._event = True, chunk[at : at + FAILURE_BYTES]
+            elif not tail.endswith(b"\n"):
+                # Across the seam only when a read ended mid-line: the marker holds no line break.
+                seam = tail[1 - len(_ERROR_EVENT) :] + chunk[: len(_ERROR_EVENT) - 1]
+                if (at := seam.find(_ERROR_EVENT)) >= 0:
+                    self.errored = True
+                    self._event = seam[at:] + chunk[len(_ERROR_EVENT) - 1 : FAILURE_BYTES]
+        elif self.errored and b"\n" not in self._event and len(self._event) < FAILURE_BYTES:
+            self._event += chunk[:FAILURE_BYTES]
         self._tail = chunk if len(chunk) >= _TAIL else tail[len(chunk) - _TAIL :] + chunk
+
+    @property
+    def refused(self) -> bool:
+        """Whether the error event's code says the request is at fault (a 4xx), not the replica."""
+        line = self._event.split(b"\n", 1)[0].removeprefix(b"data: ").strip()
+        return self.errored and _refusal(line) is not None
 
     @property
     def ended(self) -> bool:

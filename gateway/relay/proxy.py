@@ -34,12 +34,13 @@ from gateway.http.errors import (
     sse_error,
     upstream_error,
 )
-from gateway.http.exchange import Exchange
+from gateway.http.exchange import Exchange, end_with
 from gateway.relay import answers, stream_usage
 from gateway.relay.upstream import UpstreamResponse, Upstreams
 from gateway.relay.upstream_errors import (
     ReadTimeout,
     ReplicaUnreachable,
+    StreamRefused,
     UpstreamError,
     failure_reason,
 )
@@ -135,10 +136,11 @@ class Forwarder:
             finally:
                 # Also on cancellation (the client left while the replica was still silent).
                 pool.end(dispatch)
-            if isinstance(result, Failure):
-                failed = result, dispatch
-                continue
-            return result
+            if not isinstance(result, Failure):
+                return result
+            failed = result, dispatch
+            if result.final:
+                break
         return await self._give_up(req, failed)
 
     async def _acquire(
@@ -164,6 +166,10 @@ class Forwarder:
                 upstream = await self._upstreams.post(replica.url, path, req.body, out, wait)
                 if upstream.content_type == answers.SSE and upstream.status < 400:
                     first = await answers.first_output(upstream, routed.parsed.endpoint)
+        except StreamRefused as refused:  # the request's fault: answered as vLLM said, not retried
+            upstream.close()  # type: ignore[union-attr]  # (raised reading its stream)
+            dispatch.refused = True
+            return Failure(refused.status, refused.body, answers.JSON, final=True)
         except (UpstreamError, TimeoutError) as exc:
             if upstream is not None:
                 upstream.close()
@@ -366,7 +372,8 @@ class Forwarder:
                 await exchange.write(sse_error(ConnectionResetError("stream ended early")))
                 clean = False
             elif clean and end.errored:  # relayed as it came: a failed request all the same
-                self._failed(routed.pool, dispatch.replica, "error event in its stream")
+                if not end.refused:  # the request's fault: no other replica would serve it
+                    self._failed(routed.pool, dispatch.replica, "error event in its stream")
                 clean = False
             elif clean:
                 self._outliers.success(dispatch.replica)
@@ -375,7 +382,7 @@ class Forwarder:
             await exchange.end()
         except asyncio.CancelledError:
             if self.closing:
-                await _end_with(exchange, shutdown_event())
+                await end_with(exchange, shutdown_event())
             elif clean and end.ended:  # it had all of it (the sync SDK leaves at [DONE])
                 outcome.status = upstream.status
             raise
@@ -384,13 +391,6 @@ class Forwarder:
             return False
         outcome.status = upstream.status if clean else STREAM_FAILED
         return clean
-
-
-async def _end_with(exchange: Exchange, event: bytes) -> None:
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(1.0):
-            await exchange.write(event)
-            await exchange.end()
 
 
 async def _refuse(req: Forwarding, hdrs: dict[str, str], error: ApiError) -> int:

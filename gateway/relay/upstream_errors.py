@@ -29,6 +29,17 @@ class StreamFailed(UpstreamError):
     stream's headers are sent)."""
 
 
+class StreamRefused(Exception):
+    """vLLM refused the request in its stream's error event, with a 4xx code (a schema its
+    grammar backend cannot compile, a prompt past the context): the request's fault, not the
+    replica's. ``body``: the event's JSON, the error a request not streamed would be answered."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"refused the request with {status}")
+        self.status = status
+        self.body = body
+
+
 class BadAnswer(UpstreamError):
     """The replica's bytes are not HTTP/1.1."""
 

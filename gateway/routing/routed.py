@@ -115,6 +115,8 @@ class Failure:
     status: int
     body: bytes
     content_type: str
+    final: bool = False
+    """The request's own fault (vLLM refused it in its stream): answered, not retried."""
 
 
 @dataclass(slots=True)
