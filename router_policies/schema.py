@@ -97,7 +97,7 @@ class HotPrefixSettings(StrictModel):
     """k = ceil(share x replicas x spread_factor): no replica takes more than 1/spread_factor
     of a fair share of the pool's traffic from one prefix alone."""
     half_life_s: Annotated[float, Field(gt=0)] = 30.0
-    """Half-life of the per-prefix request counts the share is taken from."""
+    """Half-life of the per-prefix (and per-session) request counts the share is taken from."""
     min_requests: Annotated[float, Field(ge=1)] = 64.0
     """Shares are taken over at least this many recent requests, so the first few requests of
     a new pool do not each look like the whole of its traffic."""

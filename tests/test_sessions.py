@@ -12,7 +12,7 @@ from openai import AsyncOpenAI, BadRequestError
 from gateway import headers
 from gateway.http.errors import ApiError
 from gateway.routing.client_hints import session_key, ttft_objective_s
-from router_policies.decision import Route
+from router_policies.decision import Decision, Route
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
 from router_policies.policies.prefix_aware import PrefixAware
 from router_policies.schema import PoolPolicy
@@ -26,7 +26,18 @@ from tests.conftest import (
     running_gateway,
     running_sims,
 )
-from tests.routing import NAMES, POOL, candidate, choose, features, holding, snapshot
+from tests.routing import (
+    FEATURES,
+    HOME,
+    NAMES,
+    POOL,
+    SECOND,
+    candidate,
+    choose,
+    features,
+    holding,
+    snapshot,
+)
 
 UNIQUE = features(CanonicalPrompt(b"q" * 4096))  # its own text: no replica holds any of it
 
@@ -55,6 +66,20 @@ class TestTheDecision:
         policy.record(in_session(), moved, now=1.0)
         assert policy.sessions.home("conv-1") == moved.replica  # and it stays where it went
 
+    def test_a_key_with_more_than_a_replicas_share_of_the_traffic_is_not_pinned(self) -> None:
+        # An app that sends one prompt_cache_key (or user) with all of its requests, beside a
+        # conversation that sends its own.
+        policy = holding()
+        app, conversation = replace(FEATURES, session="app"), in_session("conv-1")
+        for i in range(40):
+            policy.record(app, Decision(HOME, Route.PREFIX_HIT), now=i * 0.01)
+        policy.record(conversation, Decision(SECOND, Route.LEAST_LOADED), now=0.4)
+        busy = [candidate(n, running=3.0, recent=5.0) for n in (HOME, SECOND)]
+        spread = choose(policy, snapshot(*busy, now=0.5), app)
+        assert spread.replica not in (HOME, SECOND)  # a hot prefix, warm on the quiet ones
+        kept = choose(policy, snapshot(*busy, now=0.5), conversation)
+        assert (kept.replica, kept.route) == (SECOND, Route.SESSION)
+
     def test_a_session_whose_replica_left_is_routed_as_any_request(self) -> None:
         policy = holding()
         policy.sessions.bind("conv-1", "gone", capacity=10)
@@ -62,7 +87,7 @@ class TestTheDecision:
         assert decision.route is not Route.SESSION
 
     def test_sessions_are_forgotten_least_recently_used_first(self) -> None:
-        sessions = Sessions()
+        sessions = Sessions(half_life_s=30.0)
         for name in ("x", "y", "z"):
             sessions.bind(name, "a", capacity=2)
         assert (sessions.home("x"), sessions.home("z"), len(sessions)) == (None, "a", 2)

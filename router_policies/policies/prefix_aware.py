@@ -22,7 +22,8 @@ replica. Then:
 - With a TTFT objective set (the pool's, or the request's own), a request predicted to miss
   it everywhere joins the replica furthest behind (cost/objective.py).
 - A request naming a session goes back to the replica the session last went to, unless a cold
-  start of its whole prompt elsewhere is predicted sooner (router_policies/sessions.py).
+  start of its whole prompt elsewhere is predicted sooner, or the key takes more than a
+  replica's fair share of the traffic (router_policies/sessions.py).
 
 Turnover is the cache room a replica's prompts newly took (in index units, since the policy
 began): what its engine stored, evicting as much of older histories. Balanced by request
@@ -138,7 +139,9 @@ class PrefixAware(SelectionPolicy):
         self.hot: HotPrefixes = (
             previous.hot if same_hot and previous else HotPrefixes(policy.hot.half_life_s)
         )
-        self.sessions: Sessions = previous.sessions if previous is not None else Sessions()
+        self.sessions: Sessions = (
+            previous.sessions if previous is not None else Sessions(policy.hot.half_life_s)
+        )
 
     def _index(self, replica: str) -> PrefixIndex:
         index = self._indexes.get(replica)
@@ -169,6 +172,8 @@ class PrefixAware(SelectionPolicy):
             index.note_lead(request.home_key, lead)
         self.hot.record(request.home_key, now)
         capacity = self.policy.session.max_sessions
+        if capacity:
+            self.sessions.count(request.session, now)
         if request.session and capacity:
             self.sessions.bind(request.session, decision.replica, capacity)
 
@@ -194,7 +199,10 @@ class PrefixAware(SelectionPolicy):
         f = self._figures(request, snapshot)
         objective = request.ttft_objective_s or self.policy.cost.ttft_objective_s
         chosen: int | None = None
-        if request.session:
+        at_least = self.policy.hot.min_requests
+        if request.session and not self.sessions.shared(
+            request.session, snapshot.now, at_least, len(candidates)
+        ):
             chosen = self._session_home(request.session, candidates, f)
             route = Route.SESSION
         if chosen is None and objective is not None:
