@@ -70,7 +70,8 @@ class CostSettings(StrictModel):
     """The pool's TTFT objective. Set, a request predicted to miss it on every replica goes to
     the replica already furthest behind (under late_limit_s), so that the others stay within
     it: under overload, more requests meet the objective (goodput), the late ones wait longer.
-    Unset: every request goes to its fastest replica."""
+    One whose own prefill alone misses it is routed as any. Unset: every request goes to its
+    fastest replica."""
     late_limit_s: Annotated[float, Field(gt=0)] = 30.0
     """A late request is not sent where it is predicted to wait longer than this (keep it
     under the gateway's first-token timeout)."""

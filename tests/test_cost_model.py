@@ -147,6 +147,8 @@ def test_k_follows_the_share(share: float, replicas: int, k: int) -> None:
         ([3.0, 40.0, 5.0], [3.0, 40.0, 5.0], 2.0, 2),
         # Past the limit everywhere: the fastest serves it (None).
         ([31.0, 40.0], [31.0, 40.0], 2.0, None),
+        # Late by its own prefill (2.5 s on an idle replica), not by the queues: as any other.
+        ([2.5, 3.0, 4.0], [0.0, 0.5, 1.5], 2.0, None),
     ],
 )
 def test_a_request_late_everywhere_goes_to_the_replica_furthest_behind(

@@ -410,6 +410,26 @@ def test_a_request_late_everywhere_joins_the_queue_furthest_behind() -> None:
     assert choose(PrefixAware(POOL), snap).replica in {"a", "c"}
 
 
+def test_long_prompts_late_by_their_own_prefill_spread_over_an_idle_pool() -> None:
+    # Each prefill alone (~8,000 tokens) is past a 0.5 s objective: late by its length.
+    policy = PrefixAware(
+        POOL.model_copy(update={"cost": POOL.cost.model_copy(update={"ttft_objective_s": 0.5})})
+    )
+    queued: dict[str, float] = dict.fromkeys(NAMES, 0.0)
+    for i in range(12):
+        prompt = features(CanonicalPrompt(b"%d " % i + b"x" * 32_000))
+        snap = snapshot(
+            *(
+                candidate(n, pending_prefill_tokens=t, pending_requests=t / 8000)
+                for n, t in queued.items()
+            )
+        )
+        decision = choose(policy, snap, prompt)
+        policy.record(prompt, decision, now=0.0)
+        queued[decision.replica] += 8000.0
+    assert max(queued.values()) <= 3 * 8000.0, queued
+
+
 def test_a_request_that_can_be_in_time_goes_where_it_is() -> None:
     snap = snapshot(full("a", 4), full("b", 9), full("c", 7), full("d", 8))
     decision = choose(PrefixAware(OBJECTIVE_POOL), snap)
