@@ -54,6 +54,8 @@ class RequestFeatures:
     priority: int = 0
     """The client's priority class: higher leaves a saturated pool's queue first; below 0 is
     sheddable, refused at once when the pool is saturated rather than queued."""
+    plain: bool = True
+    """Whether the fingerprinted text is the prompt's own words alone (CanonicalPrompt.plain)."""
 
     @property
     def home_key(self) -> int:
@@ -134,6 +136,10 @@ class CanonicalPrompt:
     text: bytes
     lead_bytes: int = 0
     """Length of the shared lead: system and developer messages and tool definitions."""
+    plain: bool = True
+    """Whether the text is the prompt's own words alone: not an image's, audio's or file's JSON
+    (base64, its size nothing like its tokens), token ids, nor the first of a batch of prompts.
+    Only then does its length against the prompt's tokens tell the characters per token."""
 
 
 def canonical_chat(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> CanonicalPrompt:
@@ -149,14 +155,21 @@ def canonical_chat(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> 
         chunks.append(b"tools" + _ROLE_SEP + orjson.dumps(tools, option=orjson.OPT_SORT_KEYS))
     lead = sum(map(len, chunks))
     chunks.extend(_message_bytes(m) for m in messages[opening:])
-    return CanonicalPrompt(b"".join(chunks), lead)
+    return CanonicalPrompt(b"".join(chunks), lead, not any(map(_has_media, messages)))
+
+
+def _has_media(message: Mapping[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and not all(
+        isinstance(part, Mapping) and part.get("type") == "text" for part in content
+    )
 
 
 def canonical_prompt(prompt: Any) -> CanonicalPrompt:
     """/v1/completions prompt: a string, a list of strings, or token ids (no lead to find)."""
     if isinstance(prompt, str):
         return CanonicalPrompt(prompt.encode())
-    return CanonicalPrompt(orjson.dumps(prompt))
+    return CanonicalPrompt(orjson.dumps(prompt), plain=False)
 
 
 def canonical_responses(body: Mapping[str, Any]) -> CanonicalPrompt:
@@ -200,4 +213,4 @@ def fingerprint(
     hashed = min(len(text), layout.end(max_blocks))
     lead = min(prompt.lead_bytes, hashed)
     home_block = max(layout.blocks_within(lead) - 1, 0)
-    return RequestFeatures(model, hashes, hashed, home_block, lead)
+    return RequestFeatures(model, hashes, hashed, home_block, lead, plain=prompt.plain)

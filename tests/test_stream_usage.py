@@ -289,26 +289,28 @@ def test_a_streams_usage_is_read_from_its_final_event_only() -> None:
     assert part is not None and prompt_usage(part) == PromptUsage(16, None)
 
 
-async def test_a_batch_streamed_with_usage_on_every_chunk_teaches_what_its_final_usage_says() -> (
-    None
-):
-    body: dict[str, Any] = {
-        "model": MODEL, "prompt": ["Tell me about parcels. " * 20, "And boxes?"],
-        "max_tokens": 4, "stream": True,
-    }  # fmt: skip
-    taught = []
-    for options in (
-        {"include_usage": True},
-        {"include_usage": True, "continuous_usage_stats": True},
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "iVBO" * 50_000}}
+NOT_PLAIN_WORDS = {
+    "an image": ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is it?"}, IMAGE]}]}),
+    "a batch": ("/v1/completions", {"prompt": ["Tell me about parcels. " * 20, "And boxes?"]}),
+    "token ids": ("/v1/completions", {"prompt": list(range(1, 400))}),
+}  # fmt: skip
+
+
+async def test_only_a_prompts_own_words_teach_the_characters_per_token() -> None:
+    # An image's base64 is 100x its tokens' size, token ids and a batch's first prompt are
+    # not what its usage counted: each would pull every prompt's token estimate away.
+    async with (
+        in_process_sims(1, MODEL, **ZERO_DELAY) as urls,
+        in_process_gateway(pool_policy(urls), admin_token=ADMIN_TOKEN) as gateway,
     ):
-        async with (
-            in_process_sims(1, MODEL, **ZERO_DELAY) as urls,
-            in_process_gateway(pool_policy(urls), admin_token=ADMIN_TOKEN) as gateway,
-        ):
-            url = str(gateway.make_url("")).rstrip("/")
-            async with gateway.post(
-                "/v1/completions", json={**body, "stream_options": options}
-            ) as r:
-                assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
-            taught.append(await learned_chars_per_token(url, ADMIN_TOKEN))
-    assert taught[0] == taught[1]
+        url = str(gateway.make_url("")).rstrip("/")
+        untaught = await learned_chars_per_token(url, ADMIN_TOKEN)
+        for path, body in NOT_PLAIN_WORDS.values():
+            async with gateway.post(path, json={"model": MODEL, "max_tokens": 2, **body}) as r:
+                assert r.status == 200, await r.text()
+        assert await learned_chars_per_token(url, ADMIN_TOKEN) == untaught
+        plain = {"messages": [{"role": "user", "content": "Tell me about parcels. " * 20}]}
+        async with gateway.post("/v1/chat/completions", json={"model": MODEL, **plain}) as r:
+            assert r.status == 200
+        assert await learned_chars_per_token(url, ADMIN_TOKEN) != untaught

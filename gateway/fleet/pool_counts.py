@@ -50,7 +50,7 @@ class UsageLearning:
         true prefill work, and how far the prefix index's belief held."""
         if usage.prompt_tokens <= 0:
             return
-        if dispatch.request.hashed_bytes > 0:
+        if dispatch.request.hashed_bytes > 0 and dispatch.request.plain:
             ratio = dispatch.request.hashed_bytes / usage.prompt_tokens
             self.chars_per_token += _CHARS_PER_TOKEN_WEIGHT * (ratio - self.chars_per_token)
         if usage.cached_tokens is not None:

@@ -7,6 +7,7 @@ field, never a 500.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
@@ -71,7 +72,8 @@ class ParsedRequest:
             # A batch of prompts is fingerprinted on its first one: the replica prefills them
             # all, but a client's batch shares its opening far more often than not.
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-                prompt = prompt[0]
+                first = canonical_prompt(prompt[0])
+                return first if len(prompt) == 1 else replace(first, plain=False)
             return canonical_prompt(prompt)
         return CanonicalPrompt(b"")
 
