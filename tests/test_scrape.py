@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gateway.fleet.kv_event_stream import EventStream
 from gateway.fleet.pools import PoolState, ReplicaState
 from gateway.fleet.replicas import EngineStats
 from gateway.fleet.scrape import parse_engine_stats
+from gateway.relay.usage import PromptUsage
 from replica.sim.kv_events import block_removed, block_stored
 from router_policies.cost.ttft import queued_tokens
 from router_policies.fingerprint import CanonicalPrompt
@@ -135,6 +138,28 @@ def test_own_requests_that_left_the_engine_queue_since_the_scrape_are_not_counte
     assert queued_tokens(load, prompt_tokens=1000) == load.pending_prefill_tokens
     pool.apply_engine_stats(replica, EngineStats(running=2, waiting=3))  # a fresh scrape
     assert replica.load().engine_waiting == 3.0  # two of them someone else's, counted again
+
+
+def test_a_usage_without_cached_tokens_is_a_miss_once_the_replica_has_reported_them() -> None:
+    # vLLM (before it tested the count for None) leaves prompt_tokens_details out when 0.
+    pool = PoolState("p", PoolPolicy(model="m", replicas=["http://a:1"]))
+    replica = pool.replicas["a:1"]
+    text = b"a shared system prompt " * 200
+    request = pool.router.features("m", lambda: CanonicalPrompt(text, lead_bytes=len(text)))
+
+    def answered(usage: PromptUsage) -> None:
+        decision = pool.decide(request)
+        assert decision is not None
+        dispatch = pool.begin(replace(decision, uncached_tokens=0.0), request)  # held, it says
+        pool.learned.observe(dispatch, usage)
+        pool.end(dispatch)
+
+    answered(PromptUsage(1000, None))  # no details yet: nothing known of its cache
+    assert replica.index_belief.value == 1.0
+    answered(PromptUsage(1000, 1000))
+    for _ in range(10):
+        answered(PromptUsage(1000, None))  # the index promised 1000 tokens: none were there
+    assert replica.index_belief.value < 0.5
 
 
 def test_the_index_shrinks_when_the_replica_reports_fewer_hits_than_it_promised() -> None:

@@ -53,11 +53,15 @@ class UsageLearning:
         if dispatch.request.hashed_bytes > 0 and dispatch.request.plain:
             ratio = dispatch.request.hashed_bytes / usage.prompt_tokens
             self.chars_per_token += _CHARS_PER_TOKEN_WEIGHT * (ratio - self.chars_per_token)
-        if usage.cached_tokens is not None:
-            dispatch.uncached_tokens = max(usage.prompt_tokens - usage.cached_tokens, 0)
+        replica, cached = dispatch.replica, usage.cached_tokens
+        if cached is None and replica.reports_cached:
+            cached = 0
+        if cached is not None:
+            replica.reports_cached = True
+            dispatch.uncached_tokens = max(usage.prompt_tokens - cached, 0)
             expected = usage.prompt_tokens - dispatch.decision.uncached_tokens
             if dispatch.exact_cached is not None and dispatch.estimated_cached is not None:
                 # The decision read the events; the belief sizes the estimate, so judge that.
                 expected = dispatch.estimated_cached
-            dispatch.replica.index_belief.observe(expected, usage.cached_tokens)
-            self.prediction_errors.observe(dispatch, usage.cached_tokens)
+            replica.index_belief.observe(expected, cached)
+            self.prediction_errors.observe(dispatch, cached)

@@ -62,6 +62,10 @@ class ReplicaState:
     """Requests dispatched here lately: the balance rule's measure."""
     index_belief: IndexBelief = field(default_factory=IndexBelief)
     """Share of the prefix index's claims about this replica that its reports bear out."""
+    reports_cached: bool = False
+    """Whether its usage has carried `prompt_tokens_details.cached_tokens`: it runs with
+    --enable-prompt-tokens-details, and a usage without them is a miss (vLLM leaves the field
+    out when it is 0, in the versions that test it for truth)."""
     slots: BatchSlots = field(default_factory=BatchSlots)
     """The engine's batch size, as far as its queue has shown it."""
     service_s: float = 0.0
