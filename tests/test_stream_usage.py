@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiohttp import web
 
 from gateway.http.request_body import Endpoint, parse_request
 from gateway.relay.stream_usage import (
@@ -21,6 +22,7 @@ from gateway.relay.stream_usage import (
 from gateway.relay.usage import PromptUsage, final_usage_part, prompt_usage
 from tests.conftest import (
     MODEL,
+    fake_replica,
     in_process_gateway,
     in_process_sims,
     learned_chars_per_token,
@@ -314,3 +316,25 @@ async def test_only_a_prompts_own_words_teach_the_characters_per_token() -> None
         async with gateway.post("/v1/chat/completions", json={"model": MODEL, **plain}) as r:
             assert r.status == 200
         assert await learned_chars_per_token(url, ADMIN_TOKEN) != untaught
+
+
+@pytest.mark.parametrize("cut", [USAGE.index(b"prompt_tokens") + 4, USAGE.index(b"total")])
+async def test_a_usage_event_split_across_two_reads_teaches_the_pool(cut: int) -> None:
+    async def split_usage(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for part in (CHUNK + USAGE[:cut], USAGE[cut:] + DONE):
+            await response.write(part)
+            await asyncio.sleep(0.05)  # each half a read of its own
+        return response
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 900}], "stream": True}
+    async with (
+        fake_replica(split_usage) as url,
+        in_process_gateway(pool_policy([url]), admin_token=ADMIN_TOKEN) as gateway,
+    ):
+        here = str(gateway.make_url("")).rstrip("/")
+        untaught = await learned_chars_per_token(here, ADMIN_TOKEN)
+        async with gateway.post("/v1/chat/completions", json=body) as r:
+            assert (await r.read()).endswith(DONE)
+        assert await learned_chars_per_token(here, ADMIN_TOKEN) != untaught

@@ -32,6 +32,7 @@ from gateway.picker.envoy_config import FALLBACKS, SERVED
 from gateway.picker.exchange import PickerExchange
 from gateway.relay import answers
 from gateway.relay.stream_usage import UsageDropped, asking_usage
+from gateway.relay.usage import UsageReads
 from gateway.routing.routed import CLIENT_CLOSED, STREAM_FAILED, Outcome, Routed
 from gateway.telemetry.metrics import GatewayMetrics
 from router_policies.decision import Decision, Route
@@ -39,8 +40,6 @@ from router_policies.decision import Decision, Route
 _MARKED_ENDS = frozenset((Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.RESPONSES))
 """The streams whose end shows in their bytes (`data: [DONE]`, a Responses stream's final
 event): only these are known to have reached the client whole."""
-_TAIL = 512
-"""Bytes of the previous chunk kept for finding `usage` split across two."""
 ADDRESS_TTL_S = 10.0
 """How long a replica's resolved address is reused. A StatefulSet pod that restarts keeps its
 name and gets a new IP, which Envoy's endpoints (an InferencePool's, a STRICT_DNS cluster's)
@@ -244,7 +243,7 @@ class _Answer:
         self._stream = False
         self._waiting = True
         """For the stream's first token: its time is the TTFT and the prefill's end."""
-        self._tail = b""
+        self._usage = UsageReads(lambda seen: routed.learn_usage(self.dispatch, seen))
         self._raw = False
         self._end: answers.StreamEnd | None = None
         """Where the stream is: whether its end marker went by (a stream of an endpoint that
@@ -327,7 +326,4 @@ class _Answer:
                 pool.first_byte(dispatch, time.monotonic() - dispatch.at)
         if self._watch is not None and not self._watch(dispatch.replica.name, self.status, chunk):
             self._watch = None
-        seen = self._tail + chunk
-        if routed.learn_usage(dispatch, seen):
-            seen = b""  # counted once
-        self._tail = seen[-_TAIL:]
+        self._usage(chunk)

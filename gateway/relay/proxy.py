@@ -35,7 +35,7 @@ from gateway.http.errors import (
     upstream_error,
 )
 from gateway.http.exchange import Exchange, end_with
-from gateway.relay import answers, stream_usage
+from gateway.relay import answers, stream_usage, usage
 from gateway.relay.upstream import UpstreamResponse, Upstreams
 from gateway.relay.upstream_errors import (
     ReadTimeout,
@@ -84,8 +84,7 @@ class Forwarder:
         except asyncio.CancelledError:
             if not self.closing:
                 raise  # the client left: there is no one to answer
-            task = asyncio.current_task()
-            if task is not None:
+            if (task := asyncio.current_task()) is not None:
                 task.uncancel()
             outcome.status = SHUTTING_DOWN
             if exchange.started:
@@ -313,6 +312,7 @@ class Forwarder:
         waiting = True  # for the first token: its time is the TTFT and the prefill's end
         raw = upstream.content_encoding is not None  # compressed: no event can be read in it
         end = answers.StreamEnd(endpoint, raw)  # its end marker may come split over any reads
+        learn = usage.UsageReads(lambda seen: routed.learn_usage(dispatch, seen))  # split too
 
         def note(chunk: bytes) -> None:
             """What routing learns from a chunk, once it is on its way to the client."""
@@ -326,7 +326,7 @@ class Forwarder:
                 routed.pool.first_byte(dispatch, time.monotonic() - dispatch.at)
             if watch is not None and not watch(dispatch.replica.name, upstream.status, chunk):
                 watch = None
-            routed.learn_usage(dispatch, chunk)
+            learn(chunk)
 
         # The usage the gateway asked for is learned from, not shown to the client (where it
         # can be read: compressed, the stream goes as it came).

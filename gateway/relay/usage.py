@@ -10,6 +10,7 @@ sets it).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from router_policies.value import value
 
@@ -45,3 +46,26 @@ def final_usage_part(data: bytes) -> bytes | None:
     (one prompt's of a batch), which would misteach the pool and undercharge a tenant."""
     found = _FINAL_EVENT.search(data)
     return None if found is None else data[found.start() :]
+
+
+SEAM_BYTES = 512
+"""Of a read that ended mid-event, the bytes kept to search again with the next: a `usage`
+object (~200 bytes) split across two reads is then found whole."""
+
+
+class UsageReads:
+    """A stream's reads as ``learn`` (true once it read the usage) must see them: a read that
+    ended mid-event joined with the next. A replica's writes may split the usage event (a
+    Responses stream's `response.completed` repeats the whole output: many TCP segments); read
+    by halves, the request was charged its estimate and taught the pool nothing. Reads that
+    end at a line end, vLLM's usual, cost one check each."""
+
+    __slots__ = ("_learn", "_tail")
+
+    def __init__(self, learn: Callable[[bytes], bool]) -> None:
+        self._learn = learn
+        self._tail = b""
+
+    def __call__(self, chunk: bytes) -> None:
+        seen = self._tail + chunk if self._tail else chunk
+        self._tail = b"" if self._learn(seen) or seen.endswith(b"\n") else seen[-SEAM_BYTES:]
