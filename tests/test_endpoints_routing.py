@@ -247,6 +247,17 @@ def test_a_follow_up_whose_replica_left_the_pool_is_a_404() -> None:
     assert "resp_1" in error.message
 
 
+def test_a_follow_up_naming_another_pools_model_is_a_400_naming_the_pool_that_has_it() -> None:
+    # vLLM keeps a response in its server's memory: no replica of this pool could continue it.
+    memory = RoutingMemory()
+    memory.responses.remember("resp_1", ReplicaRef("large", "10.9.9.9:8000"))
+    with pytest.raises(ApiError) as info:
+        resolve(fleet(), follow_up("resp_1"), None, memory)
+    error = info.value
+    assert (error.status, error.param) == (400, "previous_response_id")
+    assert "large" in error.message
+
+
 @pytest.mark.parametrize("out", ["down", "ejected"])
 def test_a_follow_up_whose_replica_is_out_is_a_503_to_retry(out: str) -> None:
     f, memory = fleet(), RoutingMemory()

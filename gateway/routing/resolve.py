@@ -228,7 +228,15 @@ def _hooks(
     previous = parsed.previous_response_id
     if previous is not None:
         home = memory.responses.get(previous)
-        if home is not None and home.pool == pool.name:
+        if home is not None and home.pool != pool.name:  # no replica of this pool holds it
+            raise ApiError(
+                400,
+                f"Response with id '{previous}' was stored by another model (pool "
+                f"{home.pool}): continue it with that model, or start over without "
+                "previous_response_id.",
+                param="previous_response_id", code="previous_response_not_found",
+            )  # fmt: skip
+        if home is not None:
             replica = pool.replicas.get(home.replica)
             if replica is None:
                 raise ApiError(
