@@ -294,6 +294,18 @@ def test_the_response_id_is_learned_from_a_body_or_a_stream_split_anywhere() -> 
     assert memory.responses.get("resp_e") is None
 
 
+def test_a_client_chosen_response_id_is_learned_as_vllm_answers_it() -> None:
+    # vLLM answers a body's `request_id` as the response's id, whatever its shape.
+    memory = RoutingMemory()
+    body = b'{"id":"conv-42-turn-1","object":"response","output":[{"id":"msg_1"}]}'
+    RouteHooks(memory, "small", learn_response_id=True).answered("r1", 200, body)
+    assert memory.responses.get("conv-42-turn-1") == ReplicaRef("small", "r1")
+    # One no path could name again is not stored, nor is a later id taken for it.
+    body = b'{"id":"a b/c?","object":"response","output":[{"id":"msg_2"}]}'
+    RouteHooks(memory, "small", learn_response_id=True).answered("r1", 200, body)
+    assert memory.responses.get("msg_2") is None
+
+
 @pytest.mark.parametrize(("store", "learned"), [({}, True), ({"store": True}, True), ({"store": False}, False)])  # fmt: skip
 def test_a_response_is_remembered_only_where_it_is_stored(
     store: dict[str, bool], learned: bool

@@ -34,7 +34,11 @@ RESPONSE_HOMES = 100_000
 _ADAPTERS_TRACKED = 10_000
 _ID_SCAN_BYTES = 64 * 1024
 """How far into a response to look for its id: vLLM puts it in the first event or field."""
-_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_.:-]{1,200})"')
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"]*)"')
+"""The answer's first id, the response's (vLLM writes it first, in a stream's first event)."""
+_STORABLE_ID = re.compile(rb"[A-Za-z0-9_.:@+=~-]{1,256}")
+"""An id that reads back as a path segment: vLLM's own (``resp_`` and a uuid), or the
+client's `request_id`, which vLLM answers as the response's id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +244,7 @@ class RouteHooks:
             return False
         self._head += data
         found = _RESPONSE_ID.search(self._head)
-        if found is not None:
+        if found is not None and _STORABLE_ID.fullmatch(found.group(1)):
             home = ReplicaRef(self.pool, replica, self.owner)
             self.memory.responses.remember(found.group(1).decode(), home)
         if found is not None or len(self._head) > _ID_SCAN_BYTES:
