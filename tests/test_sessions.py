@@ -113,7 +113,7 @@ class TestTheDecision:
         policy = holding()
         loaded = [candidate(n, pending_prefill_tokens=50_000.0, pending_requests=5) for n in NAMES]
         assert choose(policy, snapshot(*loaded)).route is not Route.LATE  # the pool sets none
-        hurried = replace(UNIQUE, ttft_objective_s=0.05)
+        hurried = replace(UNIQUE, ttft_objective_s=0.2)  # its own prefill alone: ~0.1 s
         assert choose(policy, snapshot(*loaded), hurried).route is Route.LATE
 
 
@@ -166,8 +166,9 @@ async def test_a_users_requests_stay_on_one_replica_through_the_gateway() -> Non
 
 
 async def test_a_requests_own_objective_reaches_the_routing_of_a_real_gateway() -> None:
-    """Real processes: with an objective no replica can meet (1 ms), the request is routed by
-    the late rule; without one, by its prefix."""
+    """Real processes: with an objective no replica can meet (1 ms, under one engine step)
+    for a prompt whose own prefill is shorter, the request is routed by the late rule;
+    without one, by its prefix."""
     async with running_sims(2) as sims, running_gateway([s.url for s in sims]) as gateway:
         client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
         routes = []
@@ -175,7 +176,7 @@ async def test_a_requests_own_objective_reaches_the_routing_of_a_real_gateway() 
             extra = {} if objective is None else {headers.TTFT_OBJECTIVE: objective}
             answer = await client.chat.completions.with_raw_response.create(
                 model=MODEL,
-                messages=[{"role": "user", "content": "Tell me about harbours. " * 50}],
+                messages=[{"role": "user", "content": "Harbours?"}],
                 max_tokens=2,
                 extra_headers=extra,
             )
