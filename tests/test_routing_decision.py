@@ -8,7 +8,7 @@ import pytest
 from router_policies.cost.rates import Rates
 from router_policies.cost.ttft import ReplicaLoad
 from router_policies.decision import Candidate, Decision, PoolSnapshot, Route
-from router_policies.fingerprint import CanonicalPrompt, RequestFeatures
+from router_policies.fingerprint import CanonicalPrompt, RequestFeatures, load_only
 from router_policies.policies import make_policy
 from router_policies.policies.prefix_aware import PrefixAware
 from router_policies.schema import PolicyName, PoolPolicy
@@ -293,6 +293,18 @@ def test_a_hot_prefix_is_spread_over_k_replicas_that_follow_its_share() -> None:
     assert max(counts.values()) <= 1.25 * len(mixed) / len(NAMES), counts
     spread_to = {n for n in NAMES if policy.matched_blocks(n, FEATURES) > 0}
     assert len(spread_to) >= 3
+
+
+def test_requests_without_a_prompt_to_cache_leave_the_prefixes_shares_as_they_were() -> None:
+    # An app that counts tokens (/tokenize) before each call sends as many of those.
+    policy = PrefixAware(POOL)
+    decision = Decision(HOME, Route.PREFIX_HOME)
+    for i in range(20):
+        policy.record(FEATURES, decision, now=i * 0.01)
+    before = policy.hot.share(FEATURES.home_key, 0.2, POOL.hot.min_requests)
+    for i in range(200):
+        policy.record(load_only("m"), decision, now=0.2)
+    assert policy.hot.share(FEATURES.home_key, 0.2, POOL.hot.min_requests) == before
 
 
 EIGHT = tuple(f"r{i}" for i in range(8))

@@ -162,6 +162,8 @@ class PrefixAware(SelectionPolicy):
         return min(self.layout.end(self.matched_blocks(replica, request)), request.hashed_bytes)
 
     def record(self, request: RequestFeatures, decision: Decision, now: float) -> None:
+        if not request.block_hashes:  # /tokenize, a pooling request: no prompt the cache reads
+            return
         index = self._index(decision.replica)
         added = index.insert(request.block_hashes)
         turnover = self._turnover
