@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.diagnose import RunFigures, cache_model, capacity_blocks, overrides, spread
+from bench.compare.mooncake import REPORT_WINDOWS, TUNING_WINDOWS
+from bench.compare.plan import DEFAULT_SEEDS, TUNING_SEEDS
+from bench.diagnose import RunFigures, cache_model, capacity_blocks, compare_seed, overrides, spread
 from bench.driver import RequestResult
 from bench.workloads_mooncake import TraceRecord
 
@@ -77,3 +79,10 @@ def test_the_spread_over_runs_tells_a_tie_from_a_difference() -> None:
         "hit/bound, gateway - far peer: +0.145 in the means, twice its standard error 0.100; "
         "beyond it"
     )
+
+
+def test_a_window_is_diagnosed_on_the_block_texts_bench_compare_replays_it_with() -> None:
+    # The report windows on the first report seed, as the committed compare run; the others on
+    # a tuning seed.
+    assert {compare_seed(w) for w in REPORT_WINDOWS} == {DEFAULT_SEEDS[0]}
+    assert {compare_seed(w) for w in TUNING_WINDOWS} == {TUNING_SEEDS[0]}
