@@ -165,14 +165,13 @@ class Forwarder:
                 upstream = await self._upstreams.post(replica.url, path, req.body, out, wait)
                 if upstream.content_type == answers.SSE and upstream.status < 400:
                     first = await answers.first_output(upstream, routed.parsed.endpoint)
-        except StreamRefused as refused:  # the request's fault: answered as vLLM said, not retried
-            upstream.close()  # type: ignore[union-attr]  # (raised reading its stream)
-            dispatch.refused = True
-            return Failure(refused.status, refused.body, answers.JSON, final=True)
-        except (UpstreamError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError, StreamRefused) as exc:
             if upstream is not None:
                 upstream.close()
-            elif not stream and isinstance(exc, ReadTimeout):
+            if isinstance(exc, StreamRefused):  # the request's fault: as vLLM said, not retried
+                dispatch.refused = True
+                return Failure(exc.status, exc.body, answers.JSON, final=True)
+            if not stream and isinstance(exc, ReadTimeout):
                 return await self._timed_out(req, dispatch)
             if isinstance(exc, ReplicaUnreachable):
                 replica.mark_down()
