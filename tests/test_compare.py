@@ -1,21 +1,28 @@
 """``bench compare``'s runner: resetting a real simulated replica empties its cache while its
 counters stand still, the rehearsal sends every request to every replica, each seed and each
-workload a fleet runs measures the targets starting from another, arrivals schedule the
-conversations, and one small end-to-end comparison on a tiny simulated fleet, for the gateway's
+workload a fleet runs measures the targets starting from another, the overload fleet runs the
+gateway told its objective as a target of its own, arrivals schedule the conversations, and
+one small end-to-end comparison on a tiny simulated fleet, for the gateway's
 targets and for the peer routers (skipped with the reason when those are not installed).
 """
 
 from __future__ import annotations
 
+import io
 import time
+from typing import Any
 
 import aiohttp
 import orjson
 import pytest
+from tqdm import tqdm
 
 from bench import peers
 from bench.compare import PlannedWorkload, SimScale, planned, run_sim_fleet
+from bench.compare.comparison import CompareConfig, run_compare
 from bench.compare.markdown import RunInfo, render_markdown
+from bench.compare.overload import OVERLOAD_OBJECTIVE_TARGET
+from bench.compare.plan import OVERLOAD
 from bench.compare.results import (
     CACHE_AWARE_PEERS,
     GATEWAY_TARGETS,
@@ -27,7 +34,7 @@ from bench.compare.results import (
     Target,
     WorkloadInfo,
 )
-from bench.compare.runner import measuring_order, rehearse, run_targets
+from bench.compare.runner import SimVariant, measuring_order, rehearse, run_targets
 from bench.driver import run_conversations
 from bench.replica_counters import delta, reset_and_verify, snapshot
 from bench.workloads import Conversation, generated_shared_prefix
@@ -107,6 +114,36 @@ async def test_every_workload_a_fleet_runs_starts_from_another_target(
     assert firsts == [PREFIX_AWARE, LEAST_LOADED, SGLANG_CA, PREFIX_AWARE]
     assert len(measured) == len(keys) * len(targets)
     assert [w.key for w in fleet.workloads] == keys
+
+
+async def test_the_overload_fleet_runs_the_gateway_told_the_objective_beside_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No target is told the objective, as the peers cannot be; the one told it is one more
+    target of its own (counted in the progress bar), which the check does not read."""
+    ran: dict[str, tuple[list[Target], int | None]] = {}
+
+    async def run_sim_variant(
+        variant: SimVariant,
+        workloads: list[PlannedWorkload],
+        targets: list[Target],
+        *,
+        bar: tqdm[Any],
+        **kw: object,
+    ) -> FleetResult:
+        assert all(w.gateway_pool == {} for w in workloads)
+        ran[variant.key] = (targets, bar.total)
+        return FleetResult(variant.key, variant.title, targets=targets)
+
+    monkeypatch.setattr("bench.compare.comparison.run_sim_variant", run_sim_variant)
+    config = CompareConfig(
+        fleet="sim", quick=True, out=None, peers=False, progress=False, workloads=(OVERLOAD,)
+    )
+    result = await run_compare(config, out=io.StringIO())
+    targets, total = ran["overload"]
+    assert targets == [*GATEWAY_TARGETS, OVERLOAD_OBJECTIVE_TARGET]
+    assert total == len(targets)
+    assert [c.name for c in result.checks] == ["overload: prefix-aware goodput >= every peer's"]
 
 
 async def test_arrivals_schedule_the_conversations() -> None:

@@ -13,7 +13,13 @@ from bench.compare.agents import agents_workload
 from bench.compare.checks import Check, mooncake_checks, overload_checks, real_checks, sim_checks
 from bench.compare.markdown import RunInfo, render_markdown
 from bench.compare.notes import overload_notes, sim_notes
-from bench.compare.overload import capacity_rps, fleet_capacity, overload_workload
+from bench.compare.overload import (
+    OVERLOAD_OBJECTIVE_TARGET,
+    capacity_rps,
+    fleet_capacity,
+    overload_description,
+    overload_workload,
+)
 from bench.compare.phases import PhaseFigures, PhaseSpec, phase_figures
 from bench.compare.plots import plots_available, write_plots
 from bench.compare.results import (
@@ -47,13 +53,16 @@ def _m(
     per_replica: tuple[float, ...] = (10, 10),
     seed: int = 0,
     phases: tuple[PhaseFigures, ...] = (),
+    errors: int = 0,
+    sent: int = 20,
+    first_error: str | None = None,
 ) -> Measurement:
     return Measurement(
         target=target,
         workload=workload,
         planned=20,
-        sent=20,
-        errors=0,
+        sent=sent,
+        errors=errors,
         wall_s=1.0,
         ttfts=ttfts,
         latencies=(0.5,),
@@ -65,6 +74,7 @@ def _m(
         bound=AffinityBound(1000, round(1000 * bound)),
         seed=seed,
         phases=phases,
+        first_error=first_error,
     )
 
 
@@ -147,6 +157,92 @@ def test_zipf_needs_balance_within_1_25_and_ttft_p90_within_sglangs() -> None:
     assert _status(skewed, "zipf: prefix-aware TTFT p90") == "FAIL"
     balance = next(c for c in skewed if "max/mean" in c.name)
     assert "seed 2: 13, 10, 9, 8" in balance.figures
+
+
+# --- ties within the run-to-run spread, over five seeds or more -------------------------------
+
+
+def _gsp_p90s(pa: tuple[float, ...], sg: tuple[float, ...], sg_from: int = 0) -> FleetResult:
+    """Generated-shared-prefix, a TTFT p90 per seed (from 0; sglang's from ``sg_from``), and
+    prefix-aware's hit rate the higher and within the bound check."""
+    return _fleet(
+        [
+            *(_m(PREFIX_AWARE, "gsp", 0.88, ttfts=(p,), seed=s) for s, p in enumerate(pa)),
+            *(
+                _m(SGLANG_CA, "gsp", 0.80, ttfts=(p,), seed=s)
+                for s, p in enumerate(sg, start=sg_from)
+            ),
+        ]
+    )
+
+
+P90 = "generated-shared-prefix: prefix-aware TTFT p90"
+HIT = "generated-shared-prefix: prefix-aware hit rate >= sglang"
+# Per seed, prefix-aware less sglang: -5, +6, -2, +9, -1 ms: mean +1.4 ms, 2 SE 5.2 ms.
+NOISY_PA, NOISY_SG = (0.040, 0.050, 0.045, 0.055, 0.042), (0.045, 0.044, 0.047, 0.046, 0.043)
+
+
+def test_over_five_seeds_a_difference_within_twice_its_standard_error_is_a_tie() -> None:
+    fleet = _gsp_p90s(NOISY_PA, NOISY_SG)
+    behind = sim_checks(fleet)  # 46.4 ms against 45.0 ms on the means
+    assert _status(behind, P90) == "TIE"
+    [p90] = [c for c in behind if c.name.startswith(P90)]
+    assert "tie: paired difference +1 ms within 2 SE 5 ms, 5 seeds" in p90.figures
+    # Ahead on the means, within the spread alike.
+    assert _status(sim_checks(_gsp_p90s(NOISY_SG, NOISY_PA)), P90) == "TIE"
+    # 8 points every seed: no spread, so a win beyond it.
+    assert _status(behind, HIT) == "PASS"
+    # A TIE is not a failure: no note explains it, and the report shows it as it is.
+    assert not [line for line in sim_notes(fleet, behind) if "Generated" in line]
+    info = RunInfo("llm-gateway bench compare --seeds 0,1,2,3,4", "git", "now", "here", 1.0, "-")
+    assert f"| {p90.name} | **TIE** |" in render_markdown(info, [], behind, [], [], {})
+
+
+def test_over_five_seeds_a_difference_beyond_the_spread_decides() -> None:
+    pa = (0.050, 0.051, 0.049, 0.050, 0.052)
+    sg = (0.045, 0.045, 0.046, 0.044, 0.046)  # 5 ms slower every seed, give or take 1
+    assert _status(sim_checks(_gsp_p90s(pa, sg)), P90) == "FAIL"
+    assert _status(sim_checks(_gsp_p90s(sg, pa)), P90) == "PASS"
+
+
+def test_under_five_seeds_the_means_decide_as_before() -> None:
+    # 47.5 ms against 45.5 ms: behind, however noisy.
+    assert _status(sim_checks(_gsp_p90s(NOISY_PA[:4], NOISY_SG[:4])), P90) == "FAIL"
+    assert _status(sim_checks(_gsp_p90s(NOISY_SG[:4], NOISY_PA[:4])), P90) == "PASS"
+    # Five seeds each, four of them the same: four pairs, too few to call a tie.
+    assert _status(sim_checks(_gsp_p90s(NOISY_PA, NOISY_SG, sg_from=1)), P90) == "FAIL"
+
+
+# --- lost requests: the figures cover only those answered ----------------------------------------
+
+
+def test_prefix_aware_losing_requests_fails_the_checks_its_figures_would_pass() -> None:
+    error = "HTTP 503: " + "every replica of pool 'bench' is busy " * 10
+    measurements = _gsp((0.9,) * 3, (0.8,) * 3, 0.040, 0.045)  # wins on every figure
+    measurements[0] = replace(measurements[0], errors=25, first_error=error)
+    measurements[1] = replace(measurements[1], sent=15)  # 5 never sent
+    checks = sim_checks(_fleet(measurements))
+    for start in ("generated-shared-prefix: prefix-aware hit rate >= 0.95", HIT, P90):
+        [check] = [c for c in checks if c.name.startswith(start)]
+        assert check.status == "FAIL"
+        assert "gateway prefix-aware lost 30 of 60 planned requests (first error: HTTP 503" in (
+            check.figures
+        )
+        assert error not in check.figures  # trimmed
+    # Every request lost: no figures at all, still FAIL, not SKIP.
+    gone = [_m(PREFIX_AWARE, "gsp", 0.0, ttfts=(), sent=0), _m(SGLANG_CA, "gsp", 0.8)]
+    assert _status(sim_checks(_fleet(gone)), P90) == "FAIL"
+
+
+def test_another_target_losing_requests_is_noted_and_still_compared() -> None:
+    measurements = [
+        *(_m(PREFIX_AWARE, "gsp", 0.9, ttfts=(0.040,), seed=s) for s in SEEDS),
+        *(_m(SGLANG_CA, "gsp", 0.8, ttfts=(0.045,), seed=s, errors=2) for s in SEEDS),
+    ]
+    checks = sim_checks(_fleet(measurements))
+    [p90] = [c for c in checks if c.name.startswith(P90)]
+    assert p90.status == "PASS"
+    assert "sglang-router cache_aware lost 6 of 60 requests" in p90.figures
 
 
 # --- multi-round QA: best of all targets ---------------------------------------------------------
@@ -259,6 +355,19 @@ def test_overload_goodput_must_match_every_peers() -> None:
         _overload({**even, VLLM_CA: 8.1}), overload_checks(_overload({**even, VLLM_CA: 8.1}))
     )
     assert any("vllm-router cache_aware: all 8.10/s" in line for line in notes)
+
+
+def test_overload_tells_no_target_the_objective_and_reports_the_one_told_apart() -> None:
+    assert overload_workload(quick=True).gateway_pool == {}  # what every gateway target gets
+    told = OVERLOAD_OBJECTIVE_TARGET
+    assert told.objective_s == 2.0 and told.label == "gateway prefix-aware (objective 2 s)"
+    # The check reads prefix-aware, told nothing, as the peers are: not the target told it.
+    fleet = _overload({PREFIX_AWARE: 7.0, told: 9.0, VLLM_RR: 8.0, VLLM_CA: 6.0, SGLANG_CA: 6.0})
+    fleet.targets.append(told)
+    [check] = overload_checks(fleet)
+    assert check.status == "FAIL" and told.label not in check.figures
+    description = " ".join(overload_description(8))
+    assert "No target is told it" in description and f"`{told.label}`" in description
 
 
 def test_overload_capacity_follows_the_sims_timing_model() -> None:

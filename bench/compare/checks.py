@@ -1,9 +1,10 @@
 """The acceptance checks of ``bench compare`` (issue 13's), read from the measurements.
 
 Generated-shared-prefix, Zipf and the real fleet's workload ran on several seeds: their checks
-compare the means over seeds. A check whose other side did not run (peers not installed, left
-out) says so and is SKIP, not PASS; it is FAIL all the same when prefix-aware already loses to
-a target that ran.
+compare the means over seeds, or, over enough seeds, call a difference within the run-to-run
+spread a tie. A check whose other side did not run (peers not installed, left out) says so and
+is SKIP, not PASS; it is FAIL all the same when prefix-aware already loses to a target that ran,
+or lost requests (its latencies and hit rate cover only those answered).
 """
 
 from __future__ import annotations
@@ -26,9 +27,16 @@ from bench.compare.results import (
     Measurement,
     Target,
 )
-from bench.compare.seeds import Figures, Spread, figures, mean, seeds_text
+from bench.compare.seeds import Figures, Spread, figures, mean, paired, seeds_text
 
-Status = Literal["PASS", "FAIL", "SKIP"]
+Status = Literal["PASS", "FAIL", "SKIP", "TIE"]
+"""TIE: the project's rule, a difference within the run-to-run spread is reported as a tie."""
+
+TIE_MIN_SEEDS = 5
+"""A tie is judged over at least this many paired seeds (the project's rule for a spread):
+below, the standard error of so few differences is itself too uncertain to call one."""
+ERROR_CHARS = 120
+"""How much of a lost request's error a check's text quotes."""
 
 GSP_BOUND_FRACTION = 0.95
 REAL_BOUND_FRACTION = 0.9
@@ -76,31 +84,70 @@ def compare(
     show: Callable[[float], str],
     *,
     higher_is_better: bool,
-    slack: float = 1.0,
 ) -> Check:
-    """Prefix-aware's figure (mean over seeds) against each of ``others``': at least as good
-    as every one of them (within ``slack``, a factor on theirs)."""
-    if ours is None or figure(ours) is None:
+    """Prefix-aware's figure against each of ``others``': at least as good as every one of
+    them. Over ``TIE_MIN_SEEDS`` paired seeds, a difference within twice its standard error
+    is a tie either way (TIE unless another target wins beyond it); over fewer, the means over
+    seeds decide. FAIL whenever prefix-aware lost requests: its figures cover the rest only."""
+    if ours is None:
         return Check(name, "SKIP", f"{PREFIX_AWARE.label}: no run")
-    value = mean(figure(ours))
-    parts = [f"{PREFIX_AWARE.label} {_spread_text(figure(ours), show)}"]
-    beaten, missing = False, []
+    lost = _lost(ours)
+    value = figure(ours)
+    if value is None:
+        return Check(name, "FAIL" if lost else "SKIP", lost or f"{PREFIX_AWARE.label}: no run")
+    parts = [f"{PREFIX_AWARE.label} {value.text(show)}"]
+    beaten, tied, missing, losses = False, False, [], []
     for target in others:
         theirs = figures(fleet, ours.runs[0].workload, target)
         spread_ = figure(theirs) if theirs is not None else None
-        if spread_ is None:
+        if theirs is None or spread_ is None:
             missing.append(_not_run(fleet, target))
             continue
-        limit = spread_.mean * slack
-        beaten |= value < limit if higher_is_better else value > limit
-        parts.append(f"{target.label} {_spread_text(spread_, show)}")
+        part = f"{target.label} {spread_.text(show)}"
+        pair = paired(ours, theirs, figure)
+        if pair is not None and pair.count < TIE_MIN_SEEDS:
+            pair = None
+        if pair is not None and pair.tie:
+            tied = True
+            part += (
+                f" (tie: paired difference {_signed(pair.mean, show)} within 2 SE "
+                f"{show(pair.twice_se)}, {pair.count} seeds)"
+            )
+        else:
+            difference = value.mean - spread_.mean if pair is None else pair.mean
+            beaten |= difference < 0 if higher_is_better else difference > 0
+        if theirs.lost:
+            losses.append(f"{target.label} lost {theirs.lost} of {theirs.planned} requests")
+        parts.append(part)
     text = " vs ".join(parts[:2]) + "".join(f", {p}" for p in parts[2:])
     if len(ours.runs) > 1:
         text += f" (means over seeds {seeds_text(ours.seeds)}, range in brackets)"
+    if losses:
+        text += "; " + "; ".join(losses) + " (their figures cover the rest)"
     if missing:
         text += "; " + "; ".join(missing)
-    status: Status = "FAIL" if beaten else ("SKIP" if missing or len(parts) == 1 else "PASS")
+    if lost:
+        return Check(name, "FAIL", f"{lost}; {text}")
+    status: Status = (
+        "FAIL" if beaten else "SKIP" if missing or len(parts) == 1 else "TIE" if tied else "PASS"
+    )
     return Check(name, status, text)
+
+
+def _signed(value: float, show: Callable[[float], str]) -> str:
+    return show(value) if value < 0 else f"+{show(value)}"
+
+
+def _lost(f: Figures) -> str | None:
+    """What prefix-aware lost, or None when every planned request was answered."""
+    if not f.lost:
+        return None
+    error = f.first_error
+    if error is not None and len(error) > ERROR_CHARS:
+        error = error[: ERROR_CHARS - 3] + "..."
+    return f"{f.target.label} lost {f.lost} of {f.planned} planned requests" + (
+        f" (first error: {error})" if error else ""
+    )
 
 
 def _spread_text(value: Spread | None, show: Callable[[float], str]) -> str:
@@ -118,13 +165,18 @@ def _p90(f: Figures) -> Spread | None:
 def bound_check(pa: Figures | None, workload: str, least: float) -> Check:
     """Prefix-aware's hit rate (mean over seeds) is at least ``least`` x the affinity bound."""
     name = f"{workload}: prefix-aware hit rate >= {least:g} x the affinity bound"
-    if pa is None or pa.hit_fraction is None:
+    if pa is None:
         return Check(name, "SKIP", "no run")
+    # The hit rate of the requests answered: those lost may have been the cold ones.
+    lost = _lost(pa)
+    if pa.hit_fraction is None:
+        return Check(name, "FAIL" if lost else "SKIP", lost or "no run")
     fraction = pa.hit_fraction
     return Check(
         name,
-        _status(fraction.mean >= least),
-        f"hit rate {_spread_text(pa.hit_rate, pct)}, bound {_spread_text(pa.bound, pct)}: "
+        "FAIL" if lost else _status(fraction.mean >= least),
+        (f"{lost}; " if lost else "")
+        + f"hit rate {_spread_text(pa.hit_rate, pct)}, bound {_spread_text(pa.bound, pct)}: "
         f"{fraction.text(two)} x the bound"
         + (f" (seeds {seeds_text(pa.seeds)})" if len(pa.runs) > 1 else ""),
     )

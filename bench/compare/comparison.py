@@ -24,7 +24,7 @@ from bench.compare.mooncake import (
     TraceWindow,
     mooncake_workload,
 )
-from bench.compare.overload import OVERLOAD_VARIANT, overload_workload
+from bench.compare.overload import OVERLOAD_OBJECTIVE_TARGET, OVERLOAD_VARIANT, overload_workload
 from bench.compare.plan import (
     AGENTS,
     DEFAULT_SEEDS,
@@ -170,15 +170,16 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
         else []
     )
     mooncake_targets = [*sim_targets, OBJECTIVE_TARGET]
+    overload_targets = [*sim_targets, OVERLOAD_OBJECTIVE_TARGET]
     real_plan = real_workloads(config.quick, seeds)
     model_dir, real_reason = (Path(), None)
     if run_real:
         model_dir, real_reason = prepare_real_fleet(config.install, out)
         if real_reason is not None:
             print(f"[compare] real vLLM fleet skipped: {real_reason}", file=out)
-    sim_runs = len(sim_plan) + len(agents_plan) + len(overload_plan)
+    sim_runs = (len(sim_plan) + len(agents_plan)) * len(sim_targets)
     total = (
-        (sim_runs * len(sim_targets) if run_sim else 0)
+        (sim_runs + len(overload_plan) * len(overload_targets) if run_sim else 0)
         + len(mooncake_plan) * len(mooncake_targets)
         + (len(real_plan) * len(real_targets) if run_real and real_reason is None else 0)
     )
@@ -202,7 +203,7 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
         if run_sim and agents_plan:
             fleets.append(await variant(AGENTS_VARIANT, agents_plan, sim_targets))
         if run_sim and overload_plan:
-            heavy = await variant(OVERLOAD_VARIANT, overload_plan, sim_targets)
+            heavy = await variant(OVERLOAD_VARIANT, overload_plan, overload_targets)
             fleets.append(heavy)
             checks += overload_checks(heavy)
         if run_mooncake:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bench.compare.checks import Check, ms, pct, ttft_ratio_text, two
+from bench.compare.checks import TIE_MIN_SEEDS, Check, ms, pct, ttft_ratio_text, two
 from bench.compare.comparison import CompareResult
 from bench.compare.plan import DEFAULT_SEEDS, GSP, LOW, MRQA, OVERLOAD, REAL_GSP, TUNING_SEEDS, ZIPF
 from bench.compare.results import (
@@ -26,9 +26,11 @@ METHOD = [
     "set, and `prefix.events.endpoints`, where each replica publishes its KV-cache events "
     "(every replica here does: vLLM with `--kv-events-config`, the simulated ones in vLLM's "
     "wire format), read by every gateway target but one told `prefix.source: estimate` "
-    "(`--estimate`); every other "
-    "value is the default. The peers run with the flags of TOOLS.md and their own defaults "
-    "(bench/peers/); neither reads KV events.",
+    "(`--estimate`). No target is told a TTFT objective, since the peers take none; the "
+    "overload and Mooncake fleets also run a gateway target told theirs "
+    "(`cost.ttft_objective_s`, named in its label), reported beside the others and read by "
+    "no check. Every other value is the default. The peers run with the flags of TOOLS.md "
+    "and their own defaults (bench/peers/); neither reads KV events.",
     "- Before each target: wait until no replica runs or queues a request and two scrapes "
     "0.3 s apart agree, POST /reset_prefix_cache to every replica, then check again that the "
     "counters stand still. No target inherits a warm cache.",
@@ -39,9 +41,13 @@ METHOD = [
     "loop (a fixed number of requests in flight), as the workload's author ran them.",
     "- Seeds: generated-shared-prefix, Zipf and the real fleet's shared prefix run once per "
     "seed (text and arrivals drawn anew); their rows and checks use the mean over seeds, with "
-    "the range in brackets. The other workloads run on the first seed. The targets take "
-    "turns going first: the k-th workload a fleet runs (a seed, a trace window) measures them "
-    "in the listed order rotated by k, so no target always runs first on a fleet. Routing "
+    f"the range in brackets. Over at least {TIE_MIN_SEEDS} seeds, a check against another "
+    "target reads the per-seed differences instead: a mean difference within twice its "
+    "standard error is a TIE. A check against another target or the affinity bound fails "
+    "when prefix-aware lost any request (its latencies and hit rate cover only those "
+    "answered). The other workloads run on the first seed. The targets take turns going "
+    "first: the k-th workload a fleet runs (a seed, a trace window) measures them in the "
+    "listed order rotated by k, so no target always runs first on a fleet. Routing "
     "parameters were chosen on the tuning seeds "
     f"{','.join(map(str, TUNING_SEEDS))} and the Mooncake tuning windows; the default seeds "
     f"{','.join(map(str, DEFAULT_SEEDS))} and the report windows were never tuned on.",

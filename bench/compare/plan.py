@@ -54,8 +54,8 @@ class PlannedWorkload:
     phases: PhaseSpec | None = None
     """Report goodput per arrival phase (the overload workload)."""
     gateway_pool: Mapping[str, Any] = field(default_factory=dict)
-    """Pool settings the gateway is given for this workload, as an operator would (the
-    overload workload's TTFT objective)."""
+    """Pool settings every gateway target is given for this workload, as an operator would
+    (`bench diagnose --set`)."""
 
 
 def planned(

@@ -4,6 +4,7 @@ range (min-max), which shows how much one seed's draw of text and arrivals moves
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -74,6 +75,55 @@ class Figures:
     @property
     def balance(self) -> Spread | None:
         return self.over(lambda m: m.balance)
+
+    @property
+    def planned(self) -> int:
+        return sum(m.planned for m in self.runs)
+
+    @property
+    def lost(self) -> int:
+        """Requests planned but not answered (failed or never sent): the latencies and hit
+        rates cover only the rest, so they flatter a target that lost its slowest."""
+        return sum(m.errors + m.not_sent for m in self.runs)
+
+    @property
+    def first_error(self) -> str | None:
+        return next((m.first_error for m in self.runs if m.first_error), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    """One figure's per-seed differences between two targets (ours less theirs) over the
+    seeds both ran: each seed's draw of text and arrivals moves both alike, so the spread of
+    the differences is the run-to-run spread of the comparison itself."""
+
+    mean: float
+    twice_se: float
+    """Twice the standard error of ``mean`` (stdev / sqrt(count))."""
+    count: int
+
+    @property
+    def tie(self) -> bool:
+        return abs(self.mean) <= self.twice_se
+
+
+def paired(
+    ours: Figures, theirs: Figures, figure: Callable[[Figures], Spread | None]
+) -> Paired | None:
+    """Over the seeds both ran and both have the figure for; None under two (no spread)."""
+    by_seed = {m.seed: m for m in theirs.runs}
+    differences = []
+    for m in ours.runs:
+        other = by_seed.get(m.seed)
+        if other is None:
+            continue
+        a, b = figure(Figures(ours.target, (m,))), figure(Figures(theirs.target, (other,)))
+        if a is not None and b is not None:
+            differences.append(a.mean - b.mean)
+    if len(differences) < 2:
+        return None
+    se = statistics.stdev(differences) / math.sqrt(len(differences))
+    return Paired(statistics.fmean(differences), 2 * se, len(differences))
 
 
 def figures(fleet: FleetResult, workload: str, target: Target) -> Figures | None:
