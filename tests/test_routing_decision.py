@@ -302,7 +302,7 @@ def test_requests_without_a_prompt_to_cache_leave_the_prefixes_shares_as_they_we
     for i in range(20):
         policy.record(FEATURES, decision, now=i * 0.01)
     before = policy.hot.share(FEATURES.home_key, 0.2, POOL.hot.min_requests)
-    for i in range(200):
+    for _ in range(200):
         policy.record(load_only("m"), decision, now=0.2)
     assert policy.hot.share(FEATURES.home_key, 0.2, POOL.hot.min_requests) == before
 
