@@ -1,7 +1,7 @@
 """The simulated replica's OpenAI/vLLM HTTP surface: chat and text completions in OpenAI
 format, max-token defaults, streamed text that equals the whole answer and whose first byte waits
-for the first token, cached prompt tokens in usage (until /reset_prefix_cache), vLLM's error
-bodies and limits, the echoed x-request-id, /health and /v1/models."""
+for the first token, cached prompt tokens in usage (until /reset_prefix_cache) and kept apart
+by cache_salt, vLLM's error bodies and limits, the echoed x-request-id, /health and /v1/models."""
 
 import time
 from typing import Any
@@ -13,6 +13,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 from openai.types.chat import ChatCompletionMessageParam
 
+from gateway.fleet.kv_event_stream import EventStream
+from replica.sim.server import ENGINE_KEY
+from router_policies.engine_blocks import root_key, token_block_keys
+from tests.kv_events import payload
 from tests.sim import STREAM_OPTIONS_USAGE, Serve, base_url, client_for
 
 LONG_SYSTEM_PROMPT = "You are a careful assistant for the routing gateway docs. " * 40
@@ -144,6 +148,83 @@ async def test_repeated_long_prompt_reports_cached_tokens(serve: Serve) -> None:
     assert cached(first) == 0
     assert cached(second) > 0.9 * second.usage.prompt_tokens  # type: ignore[union-attr]
     assert cached(after_reset) == 0
+
+
+async def test_a_cache_salt_keeps_tenants_prefix_caches_apart_as_vllms_does(serve: Serve) -> None:
+    # The reviewer's case: tenant B, salted differently, sent tenant A's prompt and was told
+    # 112 of its 120 tokens were cached; vLLM mixes the salt into the first block's hash.
+    server = await serve()
+    prompt = [7] * 120
+
+    async def cached(path: str, salt: str | None, body: dict[str, Any]) -> int:
+        salted = {} if salt is None else {"cache_salt": salt}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(base_url(server) + path, json={**body, **salted}) as response,
+        ):
+            assert response.status == 200, await response.text()
+            usage = (await response.json())["usage"]
+        details = usage.get("prompt_tokens_details") or usage["input_tokens_details"]
+        return int(details["cached_tokens"])
+
+    completion = {"prompt": prompt, "max_tokens": 1}
+    assert await cached("/v1/completions", "tenant-a", completion) == 0
+    assert await cached("/v1/completions", "tenant-b", completion) == 0
+    assert await cached("/v1/completions", None, completion) == 0
+    assert await cached("/v1/completions", "tenant-a", completion) == 112
+    assert await cached("/v1/completions", None, completion) == 112
+
+    chat = {"messages": [{"role": "user", "content": LONG_SYSTEM_PROMPT}], "max_tokens": 1}
+    responses = {"input": "A different document, so no chat blocks. " * 40, "max_output_tokens": 1}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/responses", responses)):
+        assert await cached(path, "tenant-a", body) == 0, path
+        assert await cached(path, "tenant-b", body) == 0, path
+        assert await cached(path, "tenant-a", body) > 0, path
+
+
+async def test_a_salted_requests_blocks_reach_the_gateway_under_its_salt(serve: Serve) -> None:
+    server = await serve()
+    engine = server.app[ENGINE_KEY]
+    engine.kv_cache.events = []  # no publisher configured: the events stay here to be read
+    prompt = [7] * 120
+    async with aiohttp.ClientSession() as session:
+        for salt in ("tenant-a", "tenant-b"):
+            body = {"prompt": prompt, "max_tokens": 1, "cache_salt": salt}
+            async with session.post(base_url(server) + "/v1/completions", json=body) as response:
+                assert response.status == 200
+    stream = EventStream("tcp://unused")  # the gateway's reading of a replica's events
+    stream.apply(0, payload(*engine.kv_cache.events))
+    size = engine.config.block_size
+    for salt in ("tenant-a", "tenant-b"):
+        assert stream.blocks.match(token_block_keys(prompt, size, root_key(None, salt))) == 7
+    assert stream.blocks.match(token_block_keys(prompt, size, root_key(None, None))) == 0
+
+
+@pytest.mark.parametrize("salt", ["", 5, ["a"], "a/b", "a@b", "a\\b", "a\x00b", "x" * 129])
+async def test_a_cache_salt_vllm_refuses_is_refused_in_its_words(
+    serve: Serve, salt: object
+) -> None:
+    server = await serve()
+    message = (
+        "Parameter 'cache_salt' must be a non-empty string if provided."
+        if not isinstance(salt, str) or not salt
+        else "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', "
+        "'/', '\\\\', or NUL."
+    )
+    expected = {"message": f"{message} (parameter=cache_salt)", "type": "BadRequestError",
+                "param": "cache_salt", "code": 400}  # fmt: skip
+    hi = [{"role": "user", "content": "hi"}]
+    bodies: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/chat/completions", {"messages": hi}),
+        ("/v1/completions", {"prompt": "hi"}),
+        ("/v1/responses", {"input": "hi"}),
+        ("/v1/embeddings", {"input": "hi"}),
+        ("/v1/rerank", {"query": "hi", "documents": ["a"]}),
+    ]
+    for path, body in bodies:
+        assert await _error(server, path, {**body, "cache_salt": salt}) == (400, expected), path
+    ok = await _error(server, "/v1/completions", {"prompt": "hi", "cache_salt": "x" * 128})
+    assert ok == (200, None)
 
 
 async def test_errors_use_vllms_error_body(serve: Serve) -> None:

@@ -1,9 +1,16 @@
 """The simulated replica's KV cache: prefix hits only on committed, whole blocks after a
 matching prefix; freed blocks stay cached and are evicted least recently used first, pinned
 ones never; a full cache refuses; a CPU offload tier stores evicted blocks (in groups when its
-blocks are larger) and loads them back; a reset drops every cached block but running ones."""
+blocks are larger) and loads them back; a reset drops every cached block but running ones; a
+request's cache_salt keeps its blocks apart, and its BlockStored events carry the salt (and the
+adapter) in vLLM's extra_keys, as the gateway reads them."""
 
+from typing import Any
+
+from gateway.fleet.kv_event_stream import EventStream
 from replica.sim.kv_cache import KVCache
+from router_policies.engine_blocks import root_key, token_block_keys
+from tests.kv_events import payload
 from tests.sim import toks
 
 
@@ -45,8 +52,17 @@ def test_partial_blocks_are_never_shared() -> None:
     assert cache.cached_prefix_tokens([*toks(0, 7), 99]) == 4
 
 
-def _cache_and_release(cache: KVCache, tokens: list[int], extra_tokens: int = 0) -> None:
-    allocation = cache.lookup_and_allocate(tokens, extra_tokens)
+def _cache_and_release(
+    cache: KVCache,
+    tokens: list[int],
+    extra_tokens: int = 0,
+    salt_as: tuple[str, int] | None = None,
+    lora_name: str | None = None,
+) -> None:
+    """Computes ``tokens`` (salted by ``salt_as``: its cache_salt and adapter salt) and lets
+    them go, cached."""
+    cache_salt, salt = salt_as or (None, 0)
+    allocation = cache.lookup_and_allocate(tokens, extra_tokens, salt, lora_name, cache_salt)
     assert allocation is not None
     cache.commit(allocation)
     cache.free(allocation)
@@ -158,3 +174,80 @@ def test_reset_drops_cached_blocks() -> None:
     assert cache.usage() == 0.5, "the running request keeps its blocks"
     cache.free(running)
     assert cache.lookup_and_allocate(toks(200, 16), extra_tokens=0) is not None
+
+
+def test_a_cache_salt_keeps_blocks_apart_as_vllms_first_block_hash_does() -> None:
+    cache = KVCache(num_blocks=64, block_size=4)
+    prompt = toks(0, 12)
+    _cache_and_release(cache, prompt, salt_as=("tenant-a", 0))
+    asked = [*prompt, 99]
+
+    def hit(cache_salt: str | None, salt: int = 0) -> int:
+        allocation = cache.lookup_and_allocate(asked, 0, salt, cache_salt=cache_salt)
+        assert allocation is not None
+        cache.free(allocation)
+        return allocation.num_cached_tokens
+
+    assert hit("tenant-a") == 12
+    assert hit("tenant-b") == 0
+    assert hit(None) == 0, "a salted request never shares with an unsalted one"
+    assert hit("tenant-a", salt=7) == 0, "nor across adapters"
+    _cache_and_release(cache, prompt)
+    assert hit(None) == 12
+    assert hit("tenant-b") == 0, "nor an unsalted request with a salted one"
+
+
+def _stored_events(cache: KVCache) -> list[dict[str, Any]]:
+    assert cache.events is not None
+    return [e for e in cache.events if e["type"] == "BlockStored"]
+
+
+def _gateway_reads(events: list[dict[str, Any]]) -> EventStream:
+    stream = EventStream("tcp://unused")
+    for seq, event in enumerate(events):
+        stream.apply(seq, payload(event))
+    return stream
+
+
+def test_a_salted_block_stored_event_names_the_salt_where_the_gateway_reads_it() -> None:
+    # vLLM 0.32 (to_event_extra_keys): one entry per block, the adapter's name on each, the
+    # salt on the request's first block only; None for a block with neither.
+    cache = KVCache(num_blocks=64, block_size=16)
+    cache.events = []
+    prompt = toks(1000, 64)
+    _cache_and_release(cache, prompt, salt_as=("tenant-a", 0))
+    (event,) = _stored_events(cache)
+    assert event["extra_keys"] == [["tenant-a"], None, None, None]
+    stream = _gateway_reads([event])
+    assert stream.blocks.match(token_block_keys(prompt, 16, root_key(None, "tenant-a"))) == 4
+    assert stream.blocks.match(token_block_keys(prompt, 16, root_key(None, "tenant-b"))) == 0
+    assert stream.blocks.match(token_block_keys(prompt, 16, root_key(None, None))) == 0
+
+    cache.events = []
+    _cache_and_release(cache, prompt, salt_as=("tenant-a", 7), lora_name="adapter")
+    (event,) = _stored_events(cache)
+    assert event["lora_name"] == "adapter"
+    assert event["extra_keys"] == [["adapter", "tenant-a"], ["adapter"], ["adapter"], ["adapter"]]
+    root = root_key("adapter", "tenant-a")
+    assert _gateway_reads([event]).blocks.match(token_block_keys(prompt, 16, root)) == 4
+
+    cache.events = []
+    _cache_and_release(cache, prompt)
+    (event,) = _stored_events(cache)
+    assert event["extra_keys"] == [None] * 4, "vLLM lists a block with no extra keys as None"
+
+
+def test_a_salted_prompt_prefilled_in_chunks_names_its_salt_on_the_first_event_only() -> None:
+    cache = KVCache(num_blocks=64, block_size=16)
+    cache.events = []
+    prompt = toks(1000, 64)
+    allocation = cache.lookup_and_allocate(prompt, 0, cache_salt="tenant-a")
+    assert allocation is not None
+    cache.commit(allocation, 32)
+    cache.commit(allocation, 64)
+    first, second = _stored_events(cache)
+    assert first["extra_keys"] == [["tenant-a"], None]
+    assert second["parent_block_hash"] == first["block_hashes"][-1]
+    assert second["extra_keys"] == [None, None]
+    stream = _gateway_reads([first, second])
+    assert stream.blocks.match(token_block_keys(prompt, 16, root_key(None, "tenant-a"))) == 4

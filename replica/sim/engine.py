@@ -45,7 +45,8 @@ class SimRequest:
     arrival_s: float
     seed: int
     salt: int = 0
-    """Seeds the KV block hashes: a LoRA adapter's, so adapters never share cached blocks."""
+    """Seeds the KV block hashes (a LoRA adapter's, and the body's ``cache_salt`` too)."""
+    cache_salt: str | None = None
     allocation: Allocation | None = None
     num_computed_tokens: int = 0
     num_output_tokens: int = 0
@@ -159,10 +160,11 @@ class Engine:
         *,
         salt: int = 0,
         sample: int = 0,
+        cache_salt: str | None = None,
     ) -> SimRequest:
-        """Queue a request; its tokens arrive through ``SimRequest.stream()``. ``salt`` keeps
-        its KV blocks apart (an adapter's); ``sample`` numbers the choices of one prompt (n > 1):
-        each has output of its own, as sampling at a temperature gives."""
+        """Queue a request; its tokens arrive through ``SimRequest.stream()``. ``salt`` (an
+        adapter's) and ``cache_salt`` keep its KV blocks apart; ``sample`` numbers the choices of
+        one prompt (n > 1): each has output of its own, as sampling at a temperature gives."""
         if max_tokens < 1:
             raise RequestRejected("max_tokens must be at least 1")
         needed = self.kv_cache.blocks_needed(len(prompt_tokens) + max_tokens)
@@ -178,6 +180,7 @@ class Engine:
             arrival_s=time.monotonic(),
             seed=(prompt_hash(prompt_tokens) ^ salt ^ sample * 0x9E3779B97F4A7C15) & _U64,
             salt=salt,
+            cache_salt=cache_salt,
         )
         self._waiting.append(request)
         self._idle.clear()
@@ -199,8 +202,7 @@ class Engine:
         request.finish_reason = "abort"
         request._tokens.put_nowait((_NO_TOKEN, "abort"))
         self.stats.aborted += 1
-        # Freed blocks may let the head of the queue in.
-        self._wakeup.set()
+        self._wakeup.set()  # freed blocks may let the head of the queue in
 
     def reset_prefix_cache(self) -> int:
         dropped = self.kv_cache.reset()
@@ -269,7 +271,7 @@ class Engine:
             request = self._waiting[0]
             allocation = self.kv_cache.lookup_and_allocate(
                 request.prompt_tokens, request.max_tokens, request.salt,
-                self._adapters.get(request.salt) if request.salt else None,
+                self._adapters.get(request.salt) if request.salt else None, request.cache_salt,
             )  # fmt: skip
             if allocation is None:
                 break  # FCFS: the head waits for blocks, nobody overtakes it

@@ -6,7 +6,9 @@ implies the whole prefix up to i matches. Blocks used by running requests are pi
 reference count; blocks freed by finished requests keep their contents and stay findable
 until an allocation needs the space, then the least recently used one is evicted. With a CPU
 tier (replica/sim/offload.py) behind it, a prompt's blocks past its cached ones that the tier
-holds are loaded back: they count as cached tokens, as vLLM's usage counts them.
+holds are loaded back: they count as cached tokens, as vLLM's usage counts them. A request's
+``cache_salt`` seeds its first block (vLLM mixes it into that block's hash), so requests with
+different salts, or a salted and an unsalted one, never share a block.
 """
 
 from collections import OrderedDict
@@ -23,13 +25,17 @@ from replica.sim.tokenizer import token_bytes
 _TOKEN_WIDTH = 8  # bytes per token id in token_bytes()
 
 
-def block_hashes(tokens: Sequence[int], block_size: int, salt: int = 0) -> list[int]:
+def block_hashes(
+    tokens: Sequence[int], block_size: int, salt: int = 0, cache_salt: str | None = None
+) -> list[int]:
     """Chained hashes of the full blocks of ``tokens``: block i is seeded by block i-1, the
-    first by ``salt`` (a LoRA adapter's: vLLM never shares KV blocks across adapters)."""
+    first by ``salt`` (a LoRA adapter's: vLLM never shares KV blocks across adapters) and the
+    request's ``cache_salt``."""
     data = memoryview(token_bytes(tokens))
     stride = block_size * _TOKEN_WIDTH
     hashes: list[int] = []
-    parent = salt
+    # Hashed rather than XORed in, so that no salt can cancel an adapter's out.
+    parent = xxhash.xxh3_64_intdigest(cache_salt.encode(), seed=salt) if cache_salt else salt
     for start in range(0, (len(tokens) // block_size) * stride, stride):
         parent = xxhash.xxh3_64_intdigest(data[start : start + stride], seed=parent)
         hashes.append(parent)
@@ -49,8 +55,18 @@ class Allocation:
     tokens: Sequence[int] = ()
     """The prompt (kept only while KV events are on: a stored block's event carries them)."""
     lora_name: str | None = None
+    cache_salt: str | None = None
     loaded_tokens: int = 0
     """Of ``num_cached_tokens``, those loaded back from the CPU tier."""
+
+
+def _extra_keys(allocation: Allocation, block: int) -> tuple[str, ...] | None:
+    """What a block's hash mixed in besides its tokens, as vLLM's events list it: the adapter's
+    name on every block, the cache salt on the first only (it seeds the whole chain)."""
+    keys = [allocation.lora_name] if allocation.lora_name else []
+    if block == 0 and allocation.cache_salt:
+        keys.append(allocation.cache_salt)
+    return tuple(keys) or None
 
 
 class KVCache:
@@ -77,13 +93,18 @@ class KVCache:
         return -(-num_tokens // self.block_size)
 
     def lookup_and_allocate(
-        self, tokens: Sequence[int], extra_tokens: int, salt: int = 0, lora_name: str | None = None
+        self,
+        tokens: Sequence[int],
+        extra_tokens: int,
+        salt: int = 0,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
     ) -> Allocation | None:
         """Pin the cached prefix of ``tokens`` and allocate the rest of prompt + extra_tokens.
 
         Returns None, changing nothing, when the free and evictable blocks do not suffice.
         """
-        hashes = block_hashes(tokens, self.block_size, salt)
+        hashes = block_hashes(tokens, self.block_size, salt, cache_salt)
         hits = self._hits(hashes, len(tokens))
         loaded = 0
         if self.offload is not None:  # past the cached blocks, short of the last token's
@@ -110,6 +131,7 @@ class KVCache:
             num_committed_blocks=len(hits),
             tokens=tokens if self.events is not None else (),
             lora_name=lora_name,
+            cache_salt=cache_salt,
             loaded_tokens=loaded * self.block_size,
         )
 
@@ -181,9 +203,13 @@ class KVCache:
                 continue
             parent = hashes[start - 1] if start else None
             tokens = allocation.tokens[start * size : (prev + 1) * size]
+            extra = [_extra_keys(allocation, block) for block in range(start, prev + 1)]
             self.events.append(
-                block_stored(hashes[start : prev + 1], parent, tokens, size, allocation.lora_name)
-            )
+                block_stored(
+                    hashes[start : prev + 1], parent, tokens, size, allocation.lora_name,
+                    extra_keys=extra,
+                )
+            )  # fmt: skip
             start = prev = i
 
     def free(self, allocation: Allocation) -> None:

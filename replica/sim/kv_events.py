@@ -5,7 +5,10 @@ three-part message per engine step, ``(topic, seq, payload)``: ``seq`` an 8-byte
 counter, ``payload`` a msgpack ``KVEventBatch`` array ``[ts, events, data_parallel_rank]`` whose
 events are maps tagged by ``type``: ``BlockStored`` (block hashes, parent hash, token ids, block
 size, LoRA, medium), ``BlockRemoved`` (block hashes, medium) and ``AllBlocksCleared``; the
-medium is "GPU" for the KV cache, "CPU" for its offloaded tier (replica/sim/offload.py).
+medium is "GPU" for the KV cache, "CPU" for its offloaded tier (replica/sim/offload.py). A
+BlockStored also carries ``extra_keys``, one entry per block: the keys besides the tokens that its
+hash mixed in (vLLM's ``to_event_extra_keys``): the adapter's name, then, on a request's first
+block only, its ``cache_salt``; None for a block with neither.
 Where a replay endpoint is set, a ROUTER socket answers a subscriber's 8-byte start sequence
 with every buffered message from it on, then an end marker (sequence -1, empty payload).
 """
@@ -71,9 +74,10 @@ class KvEventsConfig(BaseModel):
 def block_stored(
     hashes: Sequence[int], parent: int | None, token_ids: Sequence[int], block_size: int,
     lora_name: str | None, medium: str = MEDIUM,
+    extra_keys: Sequence[Sequence[str] | None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     # Keys in vLLM's field order; lora_id is deprecated upstream and sent as None.
-    return {
+    event: dict[str, Any] = {
         "type": "BlockStored",
         "block_hashes": list(hashes),
         "parent_block_hash": parent,
@@ -83,6 +87,9 @@ def block_stored(
         "medium": medium,
         "lora_name": lora_name,
     }
+    if extra_keys is not None:  # vLLM leaves a None field out (msgspec's omit_defaults)
+        event["extra_keys"] = [None if keys is None else list(keys) for keys in extra_keys]
+    return event
 
 
 def block_removed(hashes: Sequence[int], medium: str = MEDIUM) -> dict[str, Any]:

@@ -25,10 +25,12 @@ from replica.openai_api import REQUEST_ID, ApiError
 from replica.sim.config import SimConfig
 from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest, merged
 from replica.sim.errors import VllmError
-from replica.sim.protocol import load_body, render_chat_body
+from replica.sim.protocol import cache_salt, load_body, render_chat_body
 from replica.sim.tokenizer import adapter_salt, prompt_hash, tokenize
 
 Tokens = list[int]
+Salt = tuple[int, str | None]
+"""What keeps a request's KV blocks apart: its adapter's salt and its ``cache_salt``."""
 
 
 def embedding(tokens: Sequence[int], dim: int) -> list[float]:
@@ -74,12 +76,17 @@ class PoolingHandlers:
             return [self._tokens(value, "input")]
         raise VllmError(400, "'input' must be a string or a non-empty list", param="input")
 
-    async def _prefill(self, request_id: str, prompts: list[Tokens], salt: int) -> None:
+    async def _prefill(self, request_id: str, prompts: list[Tokens], salt: Salt) -> None:
         """Runs every prompt through the engine (its prefill is the pooling model's work)."""
         requests: list[SimRequest] = []
+        adapter, salted = salt
         try:
             for i, tokens in enumerate(prompts):
-                requests.append(self.engine.submit(f"{request_id}-{i}", tokens, 1, salt=salt))
+                requests.append(
+                    self.engine.submit(
+                        f"{request_id}-{i}", tokens, 1, salt=adapter, cache_salt=salted
+                    )
+                )
             async for _ in merged(requests):
                 pass
         except RequestRejected as exc:
@@ -90,10 +97,11 @@ class PoolingHandlers:
             for request in requests:
                 self.engine.abort(request)
 
-    async def _read(self, request: web.Request) -> tuple[dict[str, Any], str, int]:
+    async def _read(self, request: web.Request) -> tuple[dict[str, Any], str, Salt]:
         body = load_body(await request.read(), self.config)
+        salted = cache_salt(body)
         model = str(body.get("model") or self.config.model)
-        return body, model, adapter_salt(self.config.model, model)
+        return body, model, (adapter_salt(self.config.model, model), salted)
 
     async def embeddings(self, request: web.Request) -> web.Response:
         headers, request_id = _ids(request)
@@ -155,7 +163,7 @@ class PoolingHandlers:
         ]
 
     async def _scores(
-        self, request_id: str, pairs: list[tuple[Tokens, Tokens]], salt: int
+        self, request_id: str, pairs: list[tuple[Tokens, Tokens]], salt: Salt
     ) -> list[float]:
         # A cross-encoder reads each pair as one sequence: that is what it prefills.
         await self._prefill(request_id, [a + b for a, b in pairs], salt)

@@ -39,6 +39,7 @@ class ParsedRequest:
     """Choices per prompt."""
     model: str = ""
     """The model or LoRA adapter named (the served model when the body names none)."""
+    cache_salt: str | None = None
 
     def max_tokens_for(self, prompt_tokens: list[int], max_model_len: int) -> int:
         """The output budget of one prompt of the batch: vLLM clamps per prompt."""
@@ -64,6 +65,25 @@ def temperature(body: Mapping[str, Any]) -> None:
     if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
         value = float(value)
         raise invalid(f"temperature must be non-negative, got {value}.", "temperature", value)
+
+
+_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def cache_salt(body: Mapping[str, Any]) -> str | None:
+    """The body's ``cache_salt``, checked as vLLM 0.32 checks it (``validate_cache_salt``, a
+    before-validator of its request models: ahead of the checks of the other fields)."""
+    salt = body.get("cache_salt")
+    if not isinstance(salt, str) or not salt:
+        if salt is None:
+            return None
+        message = "must be a non-empty string if provided."
+    elif len(salt) > 128 or not _SALT_FORBIDDEN.isdisjoint(salt):
+        message = "must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL."
+    else:
+        return salt
+    # vLLM gives these VLLMValidationErrors no value: the message names only the parameter.
+    raise _bad(f"Parameter 'cache_salt' {message} (parameter=cache_salt)", "cache_salt")
 
 
 def check_prompt_length(tokens: list[int], text: str | None, max_model_len: int) -> None:
@@ -198,6 +218,7 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> ParsedRequest:
 
 def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> ParsedRequest:
     """``parse_request`` for a body already loaded by ``load_body``."""
+    salt = cache_salt(body)
     n = body.get("n")
     if n is None:
         n = 1
@@ -245,6 +266,7 @@ def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> Parsed
         batch=tuple(batch) if len(batch) > 1 else (),
         n=n,
         model=str(body.get("model") or config.model),
+        cache_salt=salt,
     )
 
 

@@ -21,7 +21,7 @@ from replica.openai_api import REQUEST_ID, ApiError
 from replica.sim.config import SimConfig
 from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest
 from replica.sim.errors import VllmError, invalid
-from replica.sim.protocol import check_prompt_length, flag, load_body, temperature
+from replica.sim.protocol import cache_salt, check_prompt_length, flag, load_body, temperature
 from replica.sim.tokenizer import TemplateError, adapter_salt, detokenize, render_chat, tokenize
 
 Message = dict[str, Any]
@@ -78,6 +78,7 @@ class ResponsesHandlers:
         sim_request: SimRequest | None = None
         try:
             body = load_body(await request.read(), self.config)
+            salted = cache_salt(body)
             model = str(body.get("model") or self.config.model)
             history = self._history(body.get("previous_response_id"))
             instructions = body.get("instructions")
@@ -112,7 +113,7 @@ class ResponsesHandlers:
             store = flag(body, "store", True)
             salt = adapter_salt(self.config.model, model)
             sim_request = self.engine.submit(
-                given or uuid.uuid4().hex, tokens, max_tokens, salt=salt
+                given or uuid.uuid4().hex, tokens, max_tokens, salt=salt, cache_salt=salted
             )
         except ApiError as exc:
             return exc.response(headers)

@@ -73,7 +73,7 @@ class _Handlers:
                         self.engine.submit(
                             f"{request_id}-{p}-{sample}", tokens,
                             parsed.max_tokens_for(tokens, self.config.max_model_len),
-                            salt=salt, sample=sample,
+                            salt=salt, sample=sample, cache_salt=parsed.cache_salt,
                         )
                     )  # fmt: skip
                 self.vocabulary.remember(text)
