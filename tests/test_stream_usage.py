@@ -292,7 +292,7 @@ def test_a_streams_usage_is_read_from_its_final_event_only() -> None:
 
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "iVBO" * 50_000}}
-NOT_PLAIN_WORDS = {
+NOT_PLAIN_WORDS: dict[str, tuple[str, dict[str, Any]]] = {
     "an image": ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is it?"}, IMAGE]}]}),
     "a batch": ("/v1/completions", {"prompt": ["Tell me about parcels. " * 20, "And boxes?"]}),
     "token ids": ("/v1/completions", {"prompt": list(range(1, 400))}),
