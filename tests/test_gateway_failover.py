@@ -16,6 +16,7 @@ from gateway import headers
 from replica.processes import ManagedProcess, sim_replica_argv
 from tests.conftest import (
     MODEL,
+    Handler,
     breaks_mid_stream,
     chat,
     eventually,
@@ -92,6 +93,22 @@ async def test_a_5xx_before_the_first_byte_is_retried_on_another_replica() -> No
         assert metric(text, "gateway_retries_total", pool="small") == failures
 
 
+def streams(*reads: bytes) -> tuple[Handler, list[web.Request]]:
+    """A replica's chat handler answering a stream of ``reads``, each written apart, and the
+    requests it was sent."""
+    seen: list[web.Request] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append(request)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for read in reads:
+            await response.write(read)
+        return response
+
+    return handler, seen
+
+
 VLLM_STREAM_ERROR = b'data: {"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}\n\ndata: [DONE]\n\n'
 """How vLLM fails a stream it has started (a request the engine finished with an error): a
 200 whose first event is the error, or whose first is the role chunk and the second the
@@ -103,18 +120,8 @@ ROLE_CHUNK = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"mod
 async def test_a_stream_that_opens_with_vllms_error_event_is_retried_on_another_replica(
     opening: bytes,
 ) -> None:
-    failures = 0
-
-    async def failing(request: web.Request) -> web.StreamResponse:
-        nonlocal failures
-        failures += 1
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        if opening:
-            await response.write(opening)  # a read of its own, as vLLM's role chunk may be
-        await response.write(VLLM_STREAM_ERROR)
-        return response
-
+    # The role chunk a read of its own, as vLLM's may be.
+    failing, seen = streams(*([opening] if opening else []), VLLM_STREAM_ERROR)
     async with running_sims(1) as [good]:
         async with fake_replica(failing) as bad_url, running_gateway([bad_url, good.url]) as gw:
             sdk = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
@@ -127,8 +134,8 @@ async def test_a_stream_that_opens_with_vllms_error_event_is_retried_on_another_
                 )
                 assert [chunk async for chunk in stream]  # whole, from the good replica
             _, text = await get_text(f"{gw.url}/metrics")
-        assert failures > 0
-        assert metric(text, "gateway_retries_total", pool="small") == failures
+        assert seen
+        assert metric(text, "gateway_retries_total", pool="small") == len(seen)
 
 
 VLLM_STREAM_REFUSAL = b'data: {"error": {"message": "The provided JSON schema contains features not supported by xgrammar.", "type": "BadRequestError", "param": null, "code": 400}}\n\ndata: [DONE]\n\n'
@@ -136,21 +143,9 @@ VLLM_STREAM_REFUSAL = b'data: {"error": {"message": "The provided JSON schema co
 schema): the error event's code says the request is at fault."""
 
 
-async def test_a_stream_vllm_refuses_with_a_4xx_event_is_that_4xx_neither_retried_nor_ejecting() -> (
-    None
-):
-    attempts = 0
-
-    async def refusing(request: web.Request) -> web.StreamResponse:
-        nonlocal attempts
-        attempts += 1
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(ROLE_CHUNK)
-        await response.write(VLLM_STREAM_REFUSAL[:60])  # the event split over two reads
-        await response.write(VLLM_STREAM_REFUSAL[60:])
-        return response
-
+async def test_vllms_4xx_error_event_is_that_4xx_not_retried_nor_ejecting() -> None:
+    # The event split over two reads.
+    refusing, seen = streams(ROLE_CHUNK, VLLM_STREAM_REFUSAL[:60], VLLM_STREAM_REFUSAL[60:])
     async with fake_replica(refusing) as first, fake_replica(refusing) as second:
         async with running_gateway([first, second]) as gw:
             sdk = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
@@ -161,7 +156,7 @@ async def test_a_stream_vllm_refuses_with_a_4xx_event_is_that_4xx_neither_retrie
                     )
             _, text = await get_text(f"{gw.url}/metrics")
             _, ready = await get_text(f"{gw.url}/ready")
-    assert attempts == 6  # one replica each: another would refuse it the same way
+    assert len(seen) == 6  # one replica each: another would refuse it the same way
     assert metric(text, "gateway_requests_total", pool="small", code="400") == 6
     assert not metric(text, "gateway_retries_total", pool="small")
     assert not metric(text, "gateway_replica_ejections_total", pool="small")
