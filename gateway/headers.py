@@ -22,6 +22,7 @@ __all__ = [
     "TIER_SCORE",
     "TTFT_OBJECTIVE",
     "TTFT_OBJECTIVE_LLMD",
+    "UNCOMPRESSED",
 ]
 POOL: Final = "x-gateway-pool"
 REPLICA: Final = "x-gateway-replica"
@@ -49,3 +50,7 @@ RETRY_AFTER: Final = "Retry-After"
 """Whole seconds until a limited request would be admitted (RFC 9110)."""
 RETRY_AFTER_MS: Final = "retry-after-ms"
 """The same in milliseconds: the OpenAI SDKs read it before Retry-After."""
+UNCOMPRESSED: Final = {"Accept-Encoding": "identity"}
+"""Asked of every replica (its answers, stored responses, /metrics, model list): the gateway's
+session does not decompress, it relays bytes as they come and reads its figures from them (and
+prometheus_client's exporter gzips for aiohttp's default Accept-Encoding)."""

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping
 import aiohttp
 import orjson
 
-from gateway.fleet.monitor import UNCOMPRESSED, read_at_most
+from gateway import headers
+from gateway.fleet.monitor import read_at_most
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def learned_for(fleet: Fleet, found: Mapping[str, set[str]]) -> dict[str, frozen
 async def _list(session: aiohttp.ClientSession, pool: PoolState, replica: ReplicaState) -> None:
     try:
         async with session.get(
-            f"{replica.url}/v1/models", timeout=_TIMEOUT, headers=UNCOMPRESSED
+            f"{replica.url}/v1/models", timeout=_TIMEOUT, headers=headers.UNCOMPRESSED
         ) as response:
             if response.status != 200:
                 return

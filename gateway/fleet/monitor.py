@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from gateway import headers
 from gateway.background import stop_tasks
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
 from gateway.fleet.replicas import log_health
@@ -22,10 +23,6 @@ ANSWER_MAX_BYTES = 8 << 20
 """Most of a replica's /metrics or model list read: vLLM's /metrics is ~100 KB (its histograms,
 for one model). A longer answer is a missed read, not memory the gateway gives whatever a
 replica (or the proxy in front of it) sends."""
-UNCOMPRESSED = {"Accept-Encoding": "identity"}
-"""Asked of a replica's /metrics and model list: the gateway's session does not decompress (it
-relays answers as they come), and prometheus_client's exporter gzips for a client that accepts
-it (aiohttp's default accepts gzip)."""
 
 
 async def read_at_most(resp: aiohttp.ClientResponse, limit: int = ANSWER_MAX_BYTES) -> bytes:
@@ -164,7 +161,7 @@ class ReplicaMonitor:
         timeout = aiohttp.ClientTimeout(total=max(self._probes.scrape_interval_s, 0.5))
         try:
             async with self._session.get(
-                f"{replica.url}/metrics", timeout=timeout, headers=UNCOMPRESSED
+                f"{replica.url}/metrics", timeout=timeout, headers=headers.UNCOMPRESSED
             ) as resp:
                 if resp.status != 200:  # a 401 or a 5xx: logged once, as unreadable figures
                     raise ValueError(f"HTTP {resp.status}")

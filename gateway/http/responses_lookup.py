@@ -161,7 +161,7 @@ class ResponseLookup:
         )
         out = {name: request.headers[name] for name in _FORWARDED if name in request.headers}
         out[headers.REQUEST_ID] = REQUEST_ID.get()
-        out["Accept-Encoding"] = "identity"
+        out.update(headers.UNCOMPRESSED)
         url = f"{replica.url}/v1/responses/{response_id}{suffix}"
         started = time.perf_counter()
         status = 502

@@ -105,7 +105,7 @@ class Forwarder:
         out = [
             ("Content-Type", "application/json"),
             (headers.REQUEST_ID, routed.request_id),
-            ("Accept-Encoding", "identity"),
+            *headers.UNCOMPRESSED.items(),
         ]
         sent = exchange.headers
         out += [(name, sent[name]) for name in _FORWARDED_REQUEST_HEADERS if name in sent]
