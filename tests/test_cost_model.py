@@ -7,11 +7,14 @@ import random
 
 import pytest
 
+from gateway.fleet.pools import Dispatch, EngineStats, PoolState
 from router_policies.cost.objective import late_choice
 from router_policies.cost.rates import RateLearner, Rates
 from router_policies.cost.ttft import ReplicaLoad, estimate, predicted_s, queued_tokens
 from router_policies.decay import DecayedCount
+from router_policies.fingerprint import CanonicalPrompt
 from router_policies.hot_prefixes import HotPrefixes, spread
+from router_policies.schema import PoolPolicy
 
 PRIOR = Rates(prefill_s_per_token=1e-4, step_s=0.01, decode_s_per_seq=2e-4)
 
@@ -68,6 +71,41 @@ def test_traffic_that_never_varies_does_not_wind_the_learner_up() -> None:
     )
     learner.observe(float("nan"), 0, 0.1)  # ignored, not poison
     assert math.isfinite(learner.rates().step_s)
+
+
+def test_rates_are_learned_only_from_requests_that_found_room_in_the_batch() -> None:
+    """A request queued for a batch slot waits seconds that the slot term predicts and no rate
+    explains: learned as prefill, under overload it made every copy cost seconds, so warm
+    replicas kept their queues while others idled."""
+    pool = PoolState("p", PoolPolicy(model="m", replicas=["http://a:1"]))
+    replica = pool.replicas["a:1"]
+    text = b"a question of its own " * 40
+    request = pool.router.features("m", lambda: CanonicalPrompt(text))
+
+    def dispatch(ttft_s: float) -> Dispatch:
+        decision = pool.decide(request)
+        assert decision is not None
+        sent = pool.begin(decision, request, now=0.0)
+        pool.first_byte(sent, ttft_s)
+        return sent
+
+    in_batch = [dispatch(0.05) for _ in range(4)]
+    # Sent before any scrape saw the batch full, and judged once two have: 4 slots.
+    queued = [dispatch(5.0) for _ in range(20)]
+    for _ in range(2):
+        pool.apply_engine_stats(replica, EngineStats(running=4, waiting=20))
+    prior = replica.learner.rates()
+    for sent in queued:
+        pool.end(sent, now=8.0)
+    assert replica.learner.samples == 0
+    assert replica.learner.rates() == prior
+    for sent in in_batch:
+        pool.end(sent, now=3.05)
+    assert replica.learner.samples == 4
+    pool.apply_engine_stats(replica, EngineStats(running=0, waiting=0))
+    for _ in range(10):  # room in the batch: the same TTFTs teach the rates
+        pool.end(dispatch(5.0), now=8.0)
+    assert replica.learner.rates().step_s > 10 * prior.step_s
 
 
 def test_the_estimate_is_wait_plus_prefill_plus_one_step() -> None:

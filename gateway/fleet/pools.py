@@ -10,7 +10,7 @@ from gateway.fleet.autoscale import PoolAutoscale
 from gateway.fleet.pool_counts import PoolCounts, UsageLearning
 from gateway.fleet.pool_queue import PoolQueue, PoolSaturated, Ticket
 from gateway.fleet.replicas import Dispatch, EngineStats, ReplicaState
-from router_policies.cost.ttft import IDLE, queued_tokens
+from router_policies.cost.ttft import IDLE, full_batch, queued_tokens
 from router_policies.decision import Candidate, Decision, PoolSnapshot, Route
 from router_policies.fingerprint import RequestFeatures
 from router_policies.policies import Need, SelectionPolicy, make_policy
@@ -216,9 +216,8 @@ class PoolState:
         now = time.monotonic() if now is None else now
         replica = self.replicas[decision.replica]
         load = replica.load()
-        own = decision.uncached_tokens
         ahead = queued_tokens(load, features.hashed_bytes / self.learned.chars_per_token)
-        dispatch = Dispatch(replica, decision, features, ahead, load.running, now)
+        dispatch = Dispatch(replica, decision, features, ahead, load.running, now, load.requests)
         if self.events_on:
             # Both predictions, for the error metric: what the events are worth, measured.
             estimated = self.router.estimated_cached_bytes(replica.name, features)
@@ -227,7 +226,7 @@ class PoolState:
                 dispatch.exact_cached = replica.kv_events.dispatched(features, now)
         replica.inflight += 1
         replica.pending_requests += 1
-        replica.pending_prefill_tokens += own
+        replica.pending_prefill_tokens += decision.uncached_tokens
         replica.recent.add(now)
         if not retry:
             self.counts.dispatched += 1
@@ -279,7 +278,8 @@ class PoolState:
         self.autoscale.workload.observe(
             own, held if dispatch.ttft_s is not None else None, dispatch.running
         )
-        if dispatch.ttft_s is not None and self.policy.cost.learn:
+        learn = self.policy.cost.learn and not full_batch(dispatch.requests, replica.slots.value)
+        if dispatch.ttft_s is not None and learn:
             replica.learner.observe(dispatch.queued_tokens + own, dispatch.running, dispatch.ttft_s)
 
     def apply_engine_stats(self, replica: ReplicaState, stats: EngineStats) -> None:

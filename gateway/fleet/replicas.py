@@ -195,6 +195,8 @@ class Dispatch:
     """Sequences in the replica's batch at dispatch."""
     at: float
     """Monotonic time of the dispatch."""
+    requests: float
+    """Requests running or waiting there at dispatch (did it wait for a batch slot?)."""
     pending: bool = True
     """Its own uncached tokens still count in the replica's pending prefill."""
     ttft_s: float | None = None

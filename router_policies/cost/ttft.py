@@ -58,6 +58,16 @@ def queued_tokens(load: ReplicaLoad, prompt_tokens: float) -> float:
     return load.pending_prefill_tokens + unknown * prompt_tokens
 
 
+def full_batch(requests_before: float, slots: float) -> bool:
+    """Whether a request that found ``requests_before`` requests on a replica of ``slots`` met a
+    full batch, and waited for a slot. Its TTFT is then mostly that wait, which ``slot_wait_s``
+    predicts and the learned rates must not absorb: learned from such requests under overload,
+    prefill rose from 100 us to 5 ms a token, every cold copy was charged seconds and warm
+    replicas kept their queues while others idled. Judged with the slots known when it ends:
+    the first requests of an overload are sent before the scrapes have seen a full batch."""
+    return requests_before >= slots
+
+
 def slot_wait_s(load: ReplicaLoad) -> float:
     """A decode-bound engine's queue: slots free at slots / service_s requests a second."""
     beyond = load.requests + 1 - load.slots
