@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
@@ -11,6 +11,16 @@ from router_policies.block_layout import BlockLayout
 from router_policies.kv_events_settings import KvEventsSettings, PrefixSource
 from router_policies.strict_model import StrictModel
 from router_policies.yaml_locations import error_at
+
+_NOT_DIGESTS: dict[str, Any] = {
+    "min_match_blocks": True, "min_match_ratio": True, "chars_per_token": True,
+    "index_blocks": True, "index_memory": True,
+    "max_blocks": True,  # a longer or shorter chain of the same digests
+    "events": {"stall_s": True, "resync_s": True, "tokenize_timeout_s": True},
+}  # fmt: skip
+"""Prefix settings that weigh a match, size the index (each replica's index is resized at its
+next scrape) or time the events, not what a digest means: tuned live, they keep what the
+indexes hold."""
 
 
 class PrefixSettings(StrictModel):
@@ -72,3 +82,9 @@ class PrefixSettings(StrictModel):
     @property
     def layout(self) -> BlockLayout:
         return BlockLayout(self.block_bytes, self.doubling_blocks)
+
+    def same_digests(self, other: PrefixSettings) -> bool:
+        """Whether an index built under these settings survives a reload to ``other``: only
+        while its digests mean the same. Digests of another block layout, or of another key
+        source (which replicas' events give token keys), match nothing."""
+        return self.model_dump(exclude=_NOT_DIGESTS) == other.model_dump(exclude=_NOT_DIGESTS)

@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from gateway.fleet.pools import PoolState
 from router_policies.block_layout import BlockLayout
 from router_policies.fingerprint import (
+    CanonicalPrompt,
     RequestFeatures,
     block_hashes,
     canonical_chat,
@@ -16,7 +18,8 @@ from router_policies.fingerprint import (
     canonical_responses,
     fingerprint,
 )
-from router_policies.prefix_index import PrefixIndex
+from router_policies.prefix_index import PrefixIndex, Recorded
+from router_policies.schema import PoolPolicy
 
 FIXED = BlockLayout(128)
 DOUBLING = BlockLayout(128, 16)
@@ -204,6 +207,48 @@ def test_index_evicts_extensions_before_their_prefixes() -> None:
     assert len(index) == 12
     assert index.match_length(long.block_hashes) == 8
     assert index.match_length(other.block_hashes) == 4
+
+
+def test_a_prompt_the_replica_refused_is_taken_back_from_its_index() -> None:
+    """vLLM refuses a prompt past its context (a 4xx) before prefilling any of it: the index
+    drops the blocks the prompt added, keeps the history it extended, and gets back what
+    making room for it evicted."""
+    pool = PoolState("p", PoolPolicy(model="m", replicas=["http://a:1"]))
+    pool.router.size_index("a:1", 40)  # 50 blocks remembered
+    history = b"an earlier turn of the conversation " * 40  # ~11 blocks
+    others = [f"another conversation {i} ".encode() * 40 for i in range(3)]
+
+    def sent(text: bytes, *, refused: bool = False) -> RequestFeatures:
+        request = pool.router.features("m", lambda: CanonicalPrompt(text))
+        decision = pool.decide(request)
+        assert decision is not None
+        dispatch = pool.begin(decision, request)
+        dispatch.refused = dispatch.rejected = refused
+        pool.end(dispatch)
+        return request
+
+    kept = [sent(text) for text in [history, *others]]
+    too_long = sent(history + b"a document pasted whole " * 400, refused=True)
+
+    assert pool.router.estimated_cached_bytes("a:1", too_long) == len(history) // 128 * 128
+    for request in kept:
+        assert pool.router.estimated_cached_bytes("a:1", request) == request.hashed_bytes
+
+
+def test_a_refused_prompt_stays_recorded_once_another_was_recorded_after_it() -> None:
+    """A prompt recorded since may share the blocks the refused one added (a system prompt it
+    brought to the replica first), and the engine holds that one's: nothing is taken back."""
+    index = PrefixIndex(capacity=12, layout=FIXED)
+    refused = fingerprint("m", b"s" * 128 * 3 + b"a" * 128 * 3, FIXED, 256)
+    served = fingerprint("m", b"s" * 128 * 3 + b"b" * 128 * 5, FIXED, 256)
+    recorded = Recorded(index.match_length(refused.block_hashes))
+    index.insert(refused.block_hashes, recorded.evicted)
+    recorded.version = index.version
+    index.insert(served.block_hashes)
+
+    assert index.take_back(refused.block_hashes, recorded) == 0
+    assert index.match_length(served.block_hashes[:3]) == 3
+    assert index.size == 11
 
 
 def test_index_resize_and_clear() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,23 @@ def test_a_replica_restarted_on_its_address_starts_with_an_empty_index() -> None
     pool.apply_engine_stats(restarted, EngineStats(prefix_lookups=40.0))
 
     assert pool.router.estimated_cached_bytes(name(B), request) == 0
+
+
+def test_a_replica_restarted_on_its_address_is_learned_again_from_what_it_shows() -> None:
+    """The new process may be another vLLM (an upgrade, other flags): its batch size and
+    whether its usage reports cached tokens are known again only from what it shows, not
+    carried over from the process before (every answer would count as a cache miss)."""
+    pool = small(fleet([A, B]))
+    replica = pool.replicas[name(B)]
+    for _ in range(2):
+        pool.apply_engine_stats(replica, EngineStats(running=4, waiting=2, prefix_lookups=5e3))
+    replica.reports_cached = True
+    assert replica.slots.value == 4
+
+    pool.apply_engine_stats(replica, EngineStats(prefix_lookups=40.0))
+
+    assert replica.slots.value == math.inf
+    assert not replica.reports_cached
 
 
 async def test_a_request_waiting_for_a_slot_goes_to_a_replica_a_reload_adds() -> None:

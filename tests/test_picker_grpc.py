@@ -25,6 +25,7 @@ from gateway.picker.server import add_picker
 from gateway.picker.service import ExternalProcessor
 from gateway.routing.affinity import ReplicaRef
 from replica.processes import free_port
+from router_policies.fingerprint import canonical_chat
 from tests.conftest import GatewayClient, in_process_gateway, in_process_sims, metric
 from tests.rate_limits import ACME_KEY, GLOBEX_KEY, tenant
 from tests.tiers import EASY, HARD
@@ -74,8 +75,8 @@ def request_body(body: bytes) -> Any:
     return pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
 
 
-def answer_headers(content_type: str, length: int | None = None) -> Any:
-    sent = {":status": "200", "content-type": content_type}
+def answer_headers(content_type: str, length: int | None = None, status: int = 200) -> Any:
+    sent = {":status": str(status), "content-type": content_type}
     if length is not None:
         sent["content-length"] = str(length)
     values = [core.HeaderValue(key=k, raw_value=v.encode()) for k, v in sent.items()]
@@ -279,6 +280,26 @@ async def test_with_tenants_what_the_picker_does_not_route_needs_a_tenants_key_t
     else:
         assert answer.immediate_response.status.code == answered
         assert orjson.loads(answer.immediate_response.body)["error"]["code"] == "invalid_api_key"
+
+
+async def test_a_prompt_the_replica_refused_is_not_believed_held_there() -> None:
+    """vLLM refuses a prompt past its context with a 400 before prefilling any of it: as
+    through `serve`, the index takes back what it recorded of it."""
+    messages = [{"role": "user", "content": "a document pasted whole " * 2000}]
+    refusal = orjson.dumps({"error": {"message": "too long", "type": "BadRequestError"}})
+    async with picker(tiers=False) as (client, stub):
+        call, _ = await pick(stub, orjson.dumps({"model": "small-model", "messages": messages}))
+        await hang_up(
+            call,
+            answer_headers("application/json", len(refusal), status=400),
+            answer_chunk(refusal),
+        )
+        assert client.app is not None
+        pool = client.app[POLICY].fleet.pools["small"]
+        replica = next(iter(pool.replicas))
+        request = pool.router.features("small-model", lambda: canonical_chat(messages))
+        assert request.block_hashes
+        assert pool.router.estimated_cached_bytes(replica, request) == 0
 
 
 def home_of(client: GatewayClient, response_id: str, owner: str | None = None) -> Any:

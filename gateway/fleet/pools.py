@@ -230,7 +230,7 @@ class PoolState:
         replica.recent.add(now)
         if not retry:
             self.counts.dispatched += 1
-        self.router.record(features, decision, now)
+        dispatch.recorded = self.router.record(features, decision, now)
         if self.outbox is not None:
             self.outbox.dispatched(self.name, decision.replica, features)
         return dispatch
@@ -268,10 +268,9 @@ class PoolState:
         held = now - dispatch.at - (dispatch.ttft_s or 0.0)
         replica.service_s += _SERVICE_WEIGHT * (held - replica.service_s)
         self.queue.wake_one()
-        # A refused request prefilled nothing: no blocks of it have events due.
-        own = 0.0 if dispatch.refused else dispatch.uncached_tokens
-        if own is None:
-            own = dispatch.decision.uncached_tokens
+        own = dispatch.prefilled_tokens  # a refused request's: none, no blocks' events due
+        if dispatch.rejected and dispatch.recorded is not None:
+            self.router.refused(replica.name, dispatch.request, dispatch.recorded)
         if replica.kv_events is not None:
             replica.kv_events.ended(dispatch.request, own, dispatch.at, now)
         # Streamed, its decode time tells its output length (capacity estimate).
@@ -285,8 +284,7 @@ class PoolState:
     def apply_engine_stats(self, replica: ReplicaState, stats: EngineStats) -> None:
         if replica.engine.restarted(stats):  # a new process on the address: its cache is empty
             self.router.forget(replica.name)
-            if replica.kv_events is not None:
-                replica.kv_events.blocks.clear()
+            replica.new_process()
         replica.engine = stats
         replica.started_since_scrape = 0
         replica.slots.observe(stats.running, stats.waiting)

@@ -15,6 +15,7 @@ from router_policies.decay import DecayedCount
 from router_policies.decision import Decision
 from router_policies.fingerprint import RequestFeatures
 from router_policies.index_belief import IndexBelief
+from router_policies.prefix_index import Recorded
 from router_policies.schema import PoolPolicy
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,15 @@ class ReplicaState:
         events = self.kv_events
         return events if events is not None and events.exact(now) else None
 
+    def new_process(self) -> None:
+        """Another process answers on its address (its counters went back): what its engine
+        held and how it was started (its batch size, whether its usage reports cached
+        tokens, perhaps changed with an upgrade) is known again only from what it shows."""
+        if self.kv_events is not None:
+            self.kv_events.blocks.clear()
+        self.reports_cached = False
+        self.slots = BatchSlots()
+
     def mark_down(self) -> None:
         """A refused connection is proof enough: stop sending here until probes succeed again."""
         was = self.healthy
@@ -209,6 +219,20 @@ class Dispatch:
     """Prompt tokens the estimate said it holds (None: the policy keeps no index)."""
     refused: bool = False
     """The replica answered 4xx: it judged the request invalid before any prefill."""
+    rejected: bool = False
+    """Refused with a 4xx status, not an error event in a stream: vLLM checks a request (its
+    length, its parameters) before its engine sees any of it, so nothing of it was stored."""
+    recorded: Recorded | None = None
+    """What the policy's index recorded of it there (taken back when it was rejected)."""
+
+    @property
+    def prefilled_tokens(self) -> float:
+        """Prompt tokens the replica prefilled: none when it refused the request, else what its
+        usage said (else the prediction)."""
+        if self.refused:
+            return 0.0
+        own = self.uncached_tokens
+        return self.decision.uncached_tokens if own is None else own
 
     def settle(self) -> None:
         """Its prefill is over (first byte, or the end): off the replica's pending counts."""

@@ -275,6 +275,7 @@ class _Answer:
             changed[headers.REPLICA] = fallback.name
         if status >= 500:
             self._outliers.failure(pool, self.dispatch.replica, f"HTTP {status}", now)
+        self.dispatch.refused = self.dispatch.rejected = 400 <= status < 500  # as `serve`
         return changed
 
     def _move(self, fallback: ReplicaState) -> None:

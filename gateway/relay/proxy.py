@@ -198,7 +198,7 @@ class Forwarder:
                 if body is None:
                     return Failure(upstream.status, answer_unrelayable(replica.name), answers.JSON)
                 return Failure(upstream.status, body, upstream.content_type)
-        dispatch.refused = 400 <= upstream.status < 500  # no blocks stored, none due (pool.end)
+        dispatch.refused = dispatch.rejected = 400 <= upstream.status < 500  # nothing stored
         try:
             return await self._relay(req, dispatch, upstream, first)
         except (UpstreamError, TimeoutError) as exc:

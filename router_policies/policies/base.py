@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from router_policies.decision import Decision, PoolSnapshot
 from router_policies.fingerprint import CanonicalPrompt, RequestFeatures, fingerprint, load_only
+from router_policies.prefix_index import Recorded
 from router_policies.prefix_settings import PrefixSettings
 
 
@@ -46,8 +47,14 @@ class SelectionPolicy:
         the decision also carries what each candidate was judged on (for operators)."""
         raise NotImplementedError
 
-    def record(self, request: RequestFeatures, decision: Decision, now: float) -> None:
-        """Called once the request is dispatched where ``decision`` says."""
+    def record(self, request: RequestFeatures, decision: Decision, now: float) -> Recorded | None:
+        """Called once the request is dispatched where ``decision`` says. Returns what
+        ``refused`` needs to take the record back (None: the policy keeps no index)."""
+        return None
+
+    def refused(self, replica: str, request: RequestFeatures, recorded: Recorded) -> None:
+        """The replica refused the request (a 4xx) before prefilling it: it stored none of
+        the prompt, and is no longer believed to hold it."""
 
     def estimated_cached_bytes(self, replica: str, request: RequestFeatures) -> int:
         """Bytes of the request's prompt the policy's own index says the replica holds."""

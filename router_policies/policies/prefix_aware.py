@@ -44,7 +44,7 @@ by default: a little longer than the engine holds it); see the setting for why.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from router_policies.cost.copies import copy_penalty_s
 from router_policies.cost.objective import late_choice
@@ -54,7 +54,7 @@ from router_policies.decision import Candidate, CandidateCost, Decision, PoolSna
 from router_policies.fingerprint import RequestFeatures
 from router_policies.hot_prefixes import HotPrefixes, spread
 from router_policies.policies.base import Need, SelectionPolicy
-from router_policies.prefix_index import PrefixIndex
+from router_policies.prefix_index import PrefixIndex, Recorded
 from router_policies.prefix_settings import PrefixSettings
 from router_policies.rendezvous import hrw_score
 from router_policies.schema import PoolPolicy
@@ -106,24 +106,6 @@ class _Figures:
         ]
 
 
-_NOT_DIGESTS: dict[str, Any] = {
-    "min_match_blocks": True, "min_match_ratio": True, "chars_per_token": True,
-    "index_blocks": True, "index_memory": True,
-    "max_blocks": True,  # a longer or shorter chain of the same digests
-    "events": {"stall_s": True, "resync_s": True, "tokenize_timeout_s": True},
-}  # fmt: skip
-"""Prefix settings that weigh a match, size the index (each replica's index is resized at its
-next scrape) or time the events, not what a digest means: tuned live, they keep what the
-indexes hold."""
-
-
-def _same_digests(before: PrefixSettings, after: PrefixSettings) -> bool:
-    """An index survives a reload only while its digests mean the same: digests of another
-    block layout, or of another key source (which replicas' events give token keys), match
-    nothing."""
-    return before.model_dump(exclude=_NOT_DIGESTS) == after.model_dump(exclude=_NOT_DIGESTS)
-
-
 class PrefixAware(SelectionPolicy):
     needs: ClassVar[frozenset[Need]] = frozenset({Need.LOAD, Need.RATES})
 
@@ -132,7 +114,7 @@ class PrefixAware(SelectionPolicy):
         self.prefix: PrefixSettings = policy.prefix
         self.layout = policy.prefix.layout
         self._default_rates = default_rates(policy.cost)
-        keep = previous is not None and _same_digests(previous.policy.prefix, policy.prefix)
+        keep = previous is not None and previous.policy.prefix.same_digests(policy.prefix)
         self._indexes: dict[str, PrefixIndex] = dict(previous._indexes) if keep and previous else {}
         self._turnover: dict[str, float] = dict(previous._turnover) if keep and previous else {}
         same_hot = previous is not None and previous.policy.hot == policy.hot
@@ -161,11 +143,13 @@ class PrefixAware(SelectionPolicy):
     def estimated_cached_bytes(self, replica: str, request: RequestFeatures) -> int:
         return min(self.layout.end(self.matched_blocks(replica, request)), request.hashed_bytes)
 
-    def record(self, request: RequestFeatures, decision: Decision, now: float) -> None:
+    def record(self, request: RequestFeatures, decision: Decision, now: float) -> Recorded | None:
         if not request.block_hashes:  # /tokenize, a pooling request: no prompt the cache reads
-            return
+            return None
         index = self._index(decision.replica)
-        added = index.insert(request.block_hashes)
+        recorded = Recorded(index.match_length(request.block_hashes))
+        added = index.insert(request.block_hashes, recorded.evicted)
+        recorded.version = index.version
         turnover = self._turnover
         floor = max(turnover.values(), default=0.0) - index.capacity / self.prefix.index_memory
         turnover[decision.replica] = max(turnover.get(decision.replica, 0.0), floor) + added
@@ -178,6 +162,14 @@ class PrefixAware(SelectionPolicy):
             self.sessions.count(request.session, now)
         if request.session and capacity:
             self.sessions.bind(request.session, decision.replica, capacity)
+        return recorded
+
+    def refused(self, replica: str, request: RequestFeatures, recorded: Recorded) -> None:
+        index = self._indexes.get(replica)
+        if index is not None:
+            taken = index.take_back(request.block_hashes, recorded)
+            if taken:
+                self._turnover[replica] = max(self._turnover[replica] - taken, 0.0)
 
     def forget(self, replica: str) -> None:
         self._indexes.pop(replica, None)
