@@ -161,3 +161,19 @@ async def test_with_tenants_no_key_continues_a_response_whose_owner_is_unknown()
                 model=MODEL, input="Mine?", previous_response_id=unseen.id
             )
     assert follow.value.param == "previous_response_id"
+
+
+async def test_with_tenants_a_response_no_tenant_stored_is_no_tenants_to_read() -> None:
+    """A key `allow_unknown_keys` lets in stores a response with no owner: the keys without a
+    tenant may read it, as they share everything; a tenant may not, knowing its id or not."""
+    async with (
+        gateway_with({**TENANTS, "allow_unknown_keys": True}) as (gateway, _),
+        AsyncOpenAI(
+            base_url=f"{gateway.url}/v1", api_key="sk-anyone-else", max_retries=0
+        ) as anonymous,
+        AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=ACME_KEY, max_retries=0) as acme,
+    ):
+        stored = await anonymous.responses.create(model=MODEL, input="Mine", max_output_tokens=2)
+        assert (await anonymous.responses.retrieve(stored.id)).id == stored.id
+        with pytest.raises(openai.NotFoundError):
+            await acme.responses.retrieve(stored.id)

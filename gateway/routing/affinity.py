@@ -46,11 +46,13 @@ class ReplicaRef:
     pool: str
     replica: str
     owner: str | None = None
-    """The tenant whose request stored the response (None: no tenants configured then): only
-    that tenant may read it, cancel it or continue from it."""
+    """The tenant whose request stored the response (None: a caller with no tenant, as every
+    caller is without tenants): only that tenant may read it, cancel it or continue from it,
+    and one with no owner only the callers with no tenant (a response stored before tenants
+    were added included: it is no tenant's to read)."""
 
     def readable_by(self, tenant: str | None) -> bool:
-        return self.owner is None or self.owner == tenant
+        return self.owner == tenant
 
 
 Publish = Callable[[str, ReplicaRef], None]
