@@ -124,6 +124,17 @@ def test_a_learned_adapter_stays_on_its_replicas_however_busy_they_are() -> None
     assert allowed(hooks_for(f, memory, "tone"), 0) == {NAMES[1]}
 
 
+def test_a_warm_replica_at_its_in_flight_limit_is_no_preference() -> None:
+    """With `max_inflight_per_replica`, a preferred replica at its limit would keep the request
+    waiting for a slot there while another replica listing the adapter has room."""
+    f = fleet(max_inflight_per_replica=1)
+    memory = listing(f, r0={"tone"}, r1={"tone"})
+    home = allowed(hooks_for(f, memory, "tone"), 0)
+    assert len(home) == 1
+    f.pools["small"].replicas[next(iter(home))].inflight = 1
+    assert allowed(hooks_for(f, memory, "tone"), 0) == {NAMES[0], NAMES[1]} - home
+
+
 def test_a_learned_adapter_with_no_available_replica_listing_it_is_a_clear_503() -> None:
     f = fleet()
     memory = listing(f, r1={"tone"})

@@ -92,7 +92,8 @@ class PoolState:
         now = time.monotonic() if now is None else now
         return [r for r in self.replicas.values() if r.available(now)]
 
-    def _has_slot(self, replica: ReplicaState) -> bool:
+    def has_slot(self, replica: ReplicaState) -> bool:
+        """Below the pool's `max_inflight_per_replica`, if it has one."""
         limit = self.policy.max_inflight_per_replica
         return limit is None or replica.inflight + replica.remote_inflight < limit
 
@@ -120,7 +121,7 @@ class PoolState:
                 self._held_bytes(r, tokenized, now) if tokenized is not None else None,
             )
             for r in self.replicas.values()
-            if r.available(now) and r.name not in skip and self._has_slot(r)
+            if r.available(now) and r.name not in skip and self.has_slot(r)
         )
         return PoolSnapshot(candidates, self.counts.dispatched, now, self.learned.chars_per_token)
 
@@ -143,7 +144,7 @@ class PoolState:
         """Whether a replica has a slot free: a request leaving the line sees if the next one
         in it should look (one only it could not take, or one more than it took)."""
         now = time.monotonic()
-        return any(r.available(now) and self._has_slot(r) for r in self.replicas.values())
+        return any(r.available(now) and self.has_slot(r) for r in self.replicas.values())
 
     async def acquire(
         self, features: RequestFeatures, exclude: Iterable[str] = (), *, retry: bool = False

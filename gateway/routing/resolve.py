@@ -261,6 +261,8 @@ def _hooks(
     candidates: Iterable[ReplicaState] = pool.replicas.values()
     if required:
         candidates = [pool.replicas[name] for name in required]
+    # One at its in-flight limit is no preference: the request would wait for a slot there.
+    candidates = [r for r in candidates if pool.has_slot(r)]
     replicas = adapter_replicas(
         memory.adapters, pool.name, adapter, candidates, pool.policy.adapter_placement
     )
