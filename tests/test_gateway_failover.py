@@ -163,8 +163,10 @@ async def test_vllms_4xx_error_event_is_that_4xx_not_retried_nor_ejecting() -> N
     assert '"small":2' in ready
 
 
-async def test_an_error_event_later_in_a_stream_is_relayed_and_counted_as_a_failure() -> None:
-    async def fails_midway(request: web.Request) -> web.StreamResponse:
+def fails_midway(event: bytes) -> Handler:
+    """A replica streaming a token, then, once it is out to the client, ``event``."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await response.write(ROLE_CHUNK)
@@ -172,10 +174,14 @@ async def test_an_error_event_later_in_a_stream_is_relayed_and_counted_as_a_fail
             ROLE_CHUNK.replace(b'"role":"assistant","content":""', b'"content":"a"')
         )
         await asyncio.sleep(0.3)  # the tokens are out to the client: the error comes midway
-        await response.write(VLLM_STREAM_ERROR)
+        await response.write(event)
         return response
 
-    async with fake_replica(fails_midway) as url, running_gateway([url]) as gw:
+    return answer
+
+
+async def test_an_error_event_later_in_a_stream_is_relayed_and_counted_as_a_failure() -> None:
+    async with fake_replica(fails_midway(VLLM_STREAM_ERROR)) as url, running_gateway([url]) as gw:
         sdk = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
         stream = await sdk.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "q"}], stream=True
@@ -187,6 +193,23 @@ async def test_an_error_event_later_in_a_stream_is_relayed_and_counted_as_a_fail
     # Counted as the stream the contract calls failed, not as an answer: it was not one.
     assert metric(text, "gateway_requests_total", pool="small", code="502") == 1
     assert not metric(text, "gateway_requests_total", pool="small", code="200")
+
+
+async def test_a_4xx_error_event_later_in_a_stream_is_counted_as_that_4xx() -> None:
+    """The request's fault, as it would have been before the stream began: not a 502 an
+    operator's alert on upstream failures would count."""
+    refusing = fails_midway(VLLM_STREAM_REFUSAL)
+    async with fake_replica(refusing) as url, running_gateway([url]) as gw:
+        sdk = AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+        stream = await sdk.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "q"}], stream=True
+        )
+        with pytest.raises(APIError, match="not supported by xgrammar"):
+            async for _ in stream:
+                pass
+        _, text = await get_text(f"{gw.url}/metrics")
+    assert metric(text, "gateway_requests_total", pool="small", code="400") == 1
+    assert not metric(text, "gateway_requests_total", pool="small", code="502")
 
 
 async def engine_died(request: web.Request) -> web.Response:

@@ -175,6 +175,9 @@ STREAM = (
     b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
 )
 WHOLE = orjson.dumps({"choices": [{"index": 0, "message": {"content": "hi"}}]})
+REFUSAL = b'data: {"error": {"message": "bad schema", "type": "BadRequestError", "code": 400}}\n\n'
+"""vLLM's error event whose code says the request is at fault: counted as that 4xx."""
+DONE = b"data: [DONE]\n\n"
 
 
 @pytest.mark.parametrize(
@@ -182,15 +185,27 @@ WHOLE = orjson.dumps({"choices": [{"index": 0, "message": {"content": "hi"}}]})
     [
         (
             True,
-            [answer_headers("text/event-stream"), answer_chunk(STREAM + b"data: [DONE]\n\n")],
+            [answer_headers("text/event-stream"), answer_chunk(STREAM + DONE)],
             "200",
         ),
         (True, [answer_headers("text/event-stream"), answer_chunk(STREAM)], "499"),
+        (
+            True,
+            [answer_headers("text/event-stream"), answer_chunk(STREAM + REFUSAL + DONE)],
+            "400",
+        ),
         (False, [answer_headers("application/json", len(WHOLE)), answer_chunk(WHOLE)], "200"),
         (False, [answer_headers("application/json", len(WHOLE)), answer_chunk(WHOLE[:-1])], "499"),
         (False, [answer_headers("application/json"), answer_chunk(WHOLE)], "499"),
     ],
-    ids=["stream-to-done", "stream-cut", "body-to-length", "body-cut", "body-no-length"],
+    ids=[
+        "stream-to-done",
+        "stream-cut",
+        "stream-refused-midway",
+        "body-to-length",
+        "body-cut",
+        "body-no-length",
+    ],
 )
 async def test_a_client_leaving_after_the_whole_answer_counts_as_the_replicas_status(
     stream: bool, answer: list[Any], code: str
@@ -234,7 +249,7 @@ async def test_a_stream_envoy_resets_after_its_end_counts_as_the_replicas_status
                 request_headers(),
                 request_body(orjson.dumps({**body, "stream": True})),
                 answer_headers("text/event-stream"),
-                answer_chunk(STREAM + b"data: [DONE]\n\n"),
+                answer_chunk(STREAM + DONE),
             ]
         )
         service = ExternalProcessor(app, Picker(app[METRICS], app[OUTLIERS]))

@@ -113,6 +113,8 @@ class Picker:
                 if 0 < status < 400 and (why := answer.stream_failure) is not None:
                     status = STREAM_FAILED  # as `serve` counts it; Envoy relayed it as it came
                     self._outliers.failure(pool, answer.dispatch.replica, why, time.monotonic())
+                elif 0 < status < 400 and answer.refusal_status is not None:
+                    status = answer.refusal_status  # the request's fault, as `serve` counts it
                 outcome.status = status
                 if 0 < status < 500:
                     self._outliers.success(answer.dispatch.replica)
@@ -296,6 +298,12 @@ class _Answer:
         if self._end is not None:
             return self._end.ended
         return not self._stream and self._length is not None and self._relayed >= self._length
+
+    @property
+    def refusal_status(self) -> int | None:
+        """The 4xx code of vLLM's error event in the stream, where it says the request is at
+        fault."""
+        return self._end.refusal_status if self._end is not None else None
 
     @property
     def stream_failure(self) -> str | None:

@@ -181,10 +181,17 @@ class StreamEnd:
         self._tail = chunk if len(chunk) >= _TAIL else tail[len(chunk) - _TAIL :] + chunk
 
     @property
+    def refusal_status(self) -> int | None:
+        """The error event's code where it says the request is at fault (a 4xx), not the
+        replica; None for any other stream."""
+        if not self.errored:
+            return None
+        refusal = _refusal(self._event.split(b"\n", 1)[0].removeprefix(b"data: ").strip())
+        return refusal.status if refusal is not None else None
+
+    @property
     def refused(self) -> bool:
-        """Whether the error event's code says the request is at fault (a 4xx), not the replica."""
-        line = self._event.split(b"\n", 1)[0].removeprefix(b"data: ").strip()
-        return self.errored and _refusal(line) is not None
+        return self.refusal_status is not None
 
     @property
     def ended(self) -> bool:

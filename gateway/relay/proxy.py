@@ -388,7 +388,8 @@ class Forwarder:
         except ConnectionResetError:  # the client left, noticed on a write; whole: as above
             outcome.status = upstream.status if clean and end.ended else CLIENT_CLOSED
             return False
-        outcome.status = upstream.status if clean else STREAM_FAILED
+        # A 4xx error event is the request's own status, as it would have been before its start.
+        outcome.status = upstream.status if clean else end.refusal_status or STREAM_FAILED
         return clean
 
 
