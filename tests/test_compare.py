@@ -146,6 +146,27 @@ async def test_the_overload_fleet_runs_the_gateway_told_the_objective_beside_the
     assert [c.name for c in result.checks] == ["overload: prefix-aware goodput >= every peer's"]
 
 
+async def test_overload_runs_on_every_seed_so_its_check_reads_their_spread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One seed's arrivals move goodput by more than the targets differ: over five seeds the
+    check can call a tie a tie."""
+    seeds_run: list[int] = []
+
+    async def run_sim_variant(
+        variant: SimVariant, workloads: list[PlannedWorkload], targets: list[Target], **kw: Any
+    ) -> FleetResult:
+        seeds_run.extend(w.seed for w in workloads)
+        return FleetResult(variant.key, variant.title, targets=targets)
+
+    monkeypatch.setattr("bench.compare.comparison.run_sim_variant", run_sim_variant)
+    config = CompareConfig(
+        fleet="sim", out=None, peers=False, progress=False, workloads=(OVERLOAD,), seeds=(6, 7, 8)
+    )
+    await run_compare(config, out=io.StringIO())
+    assert seeds_run == [6, 7, 8]
+
+
 async def test_arrivals_schedule_the_conversations() -> None:
     workload = [Conversation(f"c{i}", i, f"system {i}", ("question",), 2) for i in range(3)]
     async with running_sims(1, prefill_s_per_token=0, decode_step_s=0, decode_s_per_seq=0) as sims:

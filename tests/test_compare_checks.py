@@ -357,6 +357,37 @@ def test_overload_goodput_must_match_every_peers() -> None:
     assert any("vllm-router cache_aware: all 8.10/s" in line for line in notes)
 
 
+def _overload_seeds(goodputs: dict[int, tuple[float, float]]) -> FleetResult:
+    """Per seed, prefix-aware's goodput and round robin's (the cache_aware peers' 1.0/s)."""
+    measurements = [
+        _m(
+            t,
+            "overload",
+            0.5,
+            seed=seed,
+            phases=(PhaseFigures("all", 10.0, 100, round(10 * g), 1.0),),
+        )
+        for seed, (pa, rr) in goodputs.items()
+        for t, g in ((PREFIX_AWARE, pa), (VLLM_RR, rr), (VLLM_CA, 1.0), (SGLANG_CA, 1.0))
+    ]
+    fleet = _fleet(measurements)
+    fleet.key = "overload"
+    return fleet
+
+
+def test_overload_over_five_seeds_is_a_tie_where_the_seeds_move_more_than_the_targets() -> None:
+    """Round robin ahead on one seed, prefix-aware on the others, by less than the seeds move
+    goodput: a tie, not a fail; a fail's note gives each phase's mean over the seeds."""
+    mixed = {6: (2.5, 2.7), 7: (2.5, 2.3), 8: (2.0, 1.5), 9: (2.6, 2.1), 10: (3.4, 3.2)}
+    [check] = overload_checks(_overload_seeds(mixed))
+    assert check.status == "TIE", check.figures
+    behind = _overload_seeds({seed: (rr - 0.5, rr) for seed, (_, rr) in mixed.items()})
+    [check] = overload_checks(behind)
+    assert check.status == "FAIL"
+    [note] = [line for line in overload_notes(behind, [check]) if "goodput per phase" in line]
+    assert "(means over 5 seeds)" in note and "prefix-aware: all 1.86/s" in note
+
+
 def test_overload_tells_no_target_the_objective_and_reports_the_one_told_apart() -> None:
     assert overload_workload(quick=True).gateway_pool == {}  # what every gateway target gets
     told = OVERLOAD_OBJECTIVE_TARGET

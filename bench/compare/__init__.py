@@ -10,8 +10,8 @@ Fleets:
         low-sharing control, and Zipf popularity over prefix groups, scaled to this machine;
         generated-shared-prefix and Zipf on 3 seeds (--seeds). Then two fleets of their own:
         long-context agents on 8 sims with 64k-token context and 16x the KV cache (closed
-        loop), and overload on 8 sims slowed to saturate at ~10 requests/s (1.3x capacity,
-        then 0.6x; goodput within a TTFT objective), and a window of Mooncake's public
+        loop), and overload on 8 sims slowed to saturate at ~10 requests/s on every seed (1.3x
+        capacity, then 0.6x; goodput within a TTFT objective), and a window of Mooncake's public
         conversation trace replayed on 8 sims with 6x the KV cache (figures only, no check).
   real  2 real vLLM CPU replicas (the "small" ~41M-parameter Llama, one core each) and a small
         shared-prefix workload on 3 seeds, after an untimed rehearsal of it on every replica;

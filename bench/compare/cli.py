@@ -154,8 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_seeds,
         default=DEFAULT_SEEDS,
         help="seeds of the workloads' text and arrivals, comma-separated: generated-shared-"
-        "prefix, Zipf and the real fleet's shared prefix run on each, the other workloads on "
-        "the first; --quick uses the first only (default: the report seeds "
+        "prefix, Zipf, overload and the real fleet's shared prefix run on each, the other "
+        "workloads on the first; --quick uses the first only (default: the report seeds "
         f"{','.join(map(str, DEFAULT_SEEDS))}; parameters were tuned on "
         f"{','.join(map(str, TUNING_SEEDS))})",
     )

@@ -32,6 +32,7 @@ from bench.compare.plan import (
     OVERLOAD,
     PlannedWorkload,
     SimScale,
+    over_seeds,
     real_workloads,
     sim_workloads,
 )
@@ -54,8 +55,8 @@ class CompareConfig:
     quick: bool = False
     out: Path | None = Path("docs")
     seeds: tuple[int, ...] = DEFAULT_SEEDS
-    """Generated-shared-prefix, Zipf and the real fleet's shared prefix run on each (--quick:
-    the first only); the other workloads on the first."""
+    """Generated-shared-prefix, Zipf, overload and the real fleet's shared prefix run on each
+    (--quick: the first only); the other workloads on the first."""
     install: bool = True
     peers: bool = True
     progress: bool = True
@@ -160,7 +161,11 @@ async def run_compare(config: CompareConfig, out: TextIO = sys.stderr) -> Compar
     seeds = config.seeds[:1] if config.quick else config.seeds
     sim_plan = [w for w in sim_workloads(scale, seeds) if config.runs(w.info.key)]
     agents_plan = [agents_workload(config.quick, seeds[0])] if config.runs(AGENTS) else []
-    overload_plan = [overload_workload(config.quick, seeds[0])] if config.runs(OVERLOAD) else []
+    overload_plan = (
+        over_seeds(lambda seed: [overload_workload(config.quick, seed)], seeds)
+        if config.runs(OVERLOAD)
+        else []
+    )
     mooncake_plan = (
         [
             mooncake_workload(w, traces=config.traces, quick=config.quick, seed=seeds[0])

@@ -120,11 +120,12 @@ def shown_phases(m: Measurement) -> tuple[PhaseFigures, ...]:
     return m.phases
 
 
-def phase_rows(measurements: Sequence[Measurement]) -> list[str]:
-    """Goodput per arrival phase, for phased workloads (overload, the Mooncake replay)."""
+def phase_rows(measurements: Sequence[Measurement], several: bool = False) -> list[str]:
+    """Goodput per arrival phase, for phased workloads (overload, the Mooncake replay); with
+    ``several`` seeds, each seed's."""
     return [
-        f"| {m.target.label} | {p.name} | {p.arrived} | {p.good} | {p.goodput:.2f} "
-        f"| {_ms(p.ttft_p99_s)} |"
+        f"| {m.target.label}{f' (seed {m.seed})' if several else ''} | {p.name} | {p.arrived} "
+        f"| {p.good} | {p.goodput:.2f} | {_ms(p.ttft_p99_s)} |"
         for m in measurements
         for p in shown_phases(m)
     ]
@@ -205,7 +206,7 @@ def fleet_section(fleet: FleetResult, images: Sequence[str]) -> list[str]:
         lines += ["", TABLE_HEADER]
         lines += [figures_row(f) for f in table]
         if any(m.phases for m in measurements):
-            lines += ["", PHASE_HEADER, *phase_rows(measurements)]
+            lines += ["", PHASE_HEADER, *phase_rows(measurements, several)]
         notes = [
             f"- {f.target.label} routes (x-gateway-route{', all seeds' if several else ''}; "
             "per route: requests, the share of their prompt tokens served from cache, TTFT "

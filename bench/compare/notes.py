@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from statistics import fmean
 
 from bench.compare.checks import TIE_MIN_SEEDS, Check, ms, pct, ttft_ratio_text, two
 from bench.compare.comparison import CompareResult
@@ -39,10 +40,10 @@ METHOD = [
     "earlier requests are doing. A multi-round user sends its rounds back to back, each with "
     "the real answers to the earlier ones in its history. Long-context agents run closed "
     "loop (a fixed number of requests in flight), as the workload's author ran them.",
-    "- Seeds: generated-shared-prefix, Zipf and the real fleet's shared prefix run once per "
-    "seed (text and arrivals drawn anew); their rows and checks use the mean over seeds, with "
-    f"the range in brackets. Over at least {TIE_MIN_SEEDS} seeds, a check against another "
-    "target reads the per-seed differences instead: a mean difference within twice its "
+    "- Seeds: generated-shared-prefix, Zipf, overload and the real fleet's shared prefix run "
+    "once per seed (text and arrivals drawn anew); their rows and checks use the mean over "
+    f"seeds, with the range in brackets. Over at least {TIE_MIN_SEEDS} seeds, a check against "
+    "another target reads the per-seed differences instead: a mean difference within twice its "
     "standard error is a TIE. A check against another target or the affinity bound fails "
     "when prefix-aware lost any request (its latencies and hit rate cover only those "
     "answered). The other workloads run on the first seed. The targets take turns going "
@@ -167,10 +168,15 @@ def _overload_note(fleet: FleetResult) -> str | None:
         return None
     parts = []
     for f in table:
-        m = f.runs[0]
-        phases = ", ".join(f"{p.name} {p.goodput:.2f}/s" for p in m.phases)
+        # Each phase's goodput, the mean over the seeds where there are several.
+        names = [p.name for p in f.runs[0].phases]
+        phases = ", ".join(
+            f"{name} {fmean(p.goodput for m in f.runs for p in m.phases if p.name == name):.2f}/s"
+            for name in names
+        )
         parts.append(f"{f.target.label}: {phases}; max/mean {_text(f.balance, two)}")
-    return "- Overload, goodput per phase: " + "; ".join(parts) + "."
+    over = "" if len(table[0].runs) == 1 else f" (means over {len(table[0].runs)} seeds)"
+    return f"- Overload, goodput per phase{over}: " + "; ".join(parts) + "."
 
 
 def sim_notes(fleet: FleetResult, checks: Sequence[Check]) -> list[str]:
