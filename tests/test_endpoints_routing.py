@@ -222,6 +222,15 @@ def follow_up(response_id: str) -> Any:
     )
 
 
+def follow_up_refused(home: ReplicaRef, f: Fleet | None = None) -> ApiError:
+    """The error a follow-up of `resp_1`, stored at ``home``, is answered with."""
+    memory = RoutingMemory()
+    memory.responses.remember("resp_1", home)
+    with pytest.raises(ApiError) as info:
+        resolve(f or fleet(), follow_up("resp_1"), None, memory)
+    return info.value
+
+
 def test_a_follow_up_is_pinned_to_the_replica_that_stored_its_response() -> None:
     f, memory = fleet(), RoutingMemory()
     memory.responses.remember("resp_1", ReplicaRef("small", NAMES[2]))
@@ -236,11 +245,7 @@ def test_a_follow_up_is_pinned_to_the_replica_that_stored_its_response() -> None
 
 
 def test_a_follow_up_whose_replica_left_the_pool_is_a_404() -> None:
-    memory = RoutingMemory()
-    memory.responses.remember("resp_1", ReplicaRef("small", "10.9.9.9:8000"))
-    with pytest.raises(ApiError) as info:
-        resolve(fleet(), follow_up("resp_1"), None, memory)
-    error = info.value
+    error = follow_up_refused(ReplicaRef("small", "10.9.9.9:8000"))
     assert (error.status, error.param, error.code) == (
         404, "previous_response_id", "previous_response_not_found"
     )  # fmt: skip
@@ -249,27 +254,21 @@ def test_a_follow_up_whose_replica_left_the_pool_is_a_404() -> None:
 
 def test_a_follow_up_naming_another_pools_model_is_a_400_naming_the_pool_that_has_it() -> None:
     # vLLM keeps a response in its server's memory: no replica of this pool could continue it.
-    memory = RoutingMemory()
-    memory.responses.remember("resp_1", ReplicaRef("large", "10.9.9.9:8000"))
-    with pytest.raises(ApiError) as info:
-        resolve(fleet(), follow_up("resp_1"), None, memory)
-    error = info.value
+    error = follow_up_refused(ReplicaRef("large", "10.9.9.9:8000"))
     assert (error.status, error.param) == (400, "previous_response_id")
     assert "large" in error.message
 
 
 @pytest.mark.parametrize("out", ["down", "ejected"])
 def test_a_follow_up_whose_replica_is_out_is_a_503_to_retry(out: str) -> None:
-    f, memory = fleet(), RoutingMemory()
-    memory.responses.remember("resp_1", ReplicaRef("small", NAMES[0]))
+    f = fleet()
     replica = f.pools["small"].replicas[NAMES[0]]
     if out == "down":
         replica.mark_down()
     else:  # up, but out of rotation after failures: no pool decision may send it there
         replica.outlier.ejected_until = time.monotonic() + 60
-    with pytest.raises(ApiError) as info:
-        resolve(f, follow_up("resp_1"), None, memory)
-    assert info.value.status == 503 and info.value.code == "previous_response_unavailable"
+    error = follow_up_refused(ReplicaRef("small", NAMES[0]), f)
+    assert error.status == 503 and error.code == "previous_response_unavailable"
 
 
 def test_an_unknown_previous_response_is_left_to_the_replicas() -> None:
