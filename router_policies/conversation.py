@@ -32,7 +32,7 @@ def responses_messages(instructions: Any, input_: Any) -> list[Mapping[str, Any]
                 if isinstance(content, list):
                     content = [
                         {"type": "text", "text": p.get("text", "")}
-                        if isinstance(p, Mapping) and p.get("type") in _RESPONSES_TEXT_PARTS
+                        if isinstance(p, Mapping) and _is_in(p.get("type"), _RESPONSES_TEXT_PARTS)
                         else p
                         for p in content
                     ]
@@ -95,4 +95,10 @@ def asks_structured_output(body: Mapping[str, Any]) -> bool:
     shape = body.get("response_format")
     if shape is None and isinstance(text := body.get("text"), Mapping):
         shape = text.get("format")
-    return isinstance(shape, Mapping) and shape.get("type") in _STRUCTURED
+    return isinstance(shape, Mapping) and _is_in(shape.get("type"), _STRUCTURED)
+
+
+def _is_in(kind: Any, names: frozenset[str]) -> bool:
+    """Whether a body's ``type`` is one of ``names``: a list or an object there is the client's
+    mistake for the replica to answer (400), not one to fail on (unhashable)."""
+    return isinstance(kind, str) and kind in names

@@ -93,7 +93,9 @@ def task_texts(body: Mapping[str, Any]) -> tuple[tuple[str, ...], int]:
             return (latest,), 1
         return (_text(user_turns[0].get("content")), latest), len(user_turns)
     prompt = body.get("prompt")
-    return ((prompt if isinstance(prompt, str) else " ".join(map(str, prompt or []))),), 1
+    if not isinstance(prompt, str):  # a batch, or what the replica will refuse
+        prompt = " ".join(map(str, prompt)) if isinstance(prompt, list) else ""
+    return (prompt,), 1
 
 
 def _scan_window(text: str) -> str:

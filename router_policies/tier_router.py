@@ -28,6 +28,8 @@ class TierVerdict:
     request's; None where it has none."""
     kept: bool = False
     """Large because its conversation went large before, though its own score is below."""
+    remembered: bool = False
+    """Its conversation went large before: large, whatever its own score."""
 
 
 class TierRouter:
@@ -89,7 +91,7 @@ class TierRouter:
         if kept:
             tier = Tier.LARGE
         key = keys[-1] if remembered is None else remembered
-        return TierVerdict(tier, result, threshold, False, key, kept)
+        return TierVerdict(tier, result, threshold, False, key, kept, remembered is not None)
 
     def observe(self, verdict: TierVerdict, *, sent_large: bool) -> int | None:
         """Real traffic (never a dry run): the calibration's window, and the conversations

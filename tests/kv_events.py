@@ -139,6 +139,10 @@ class OlderReplayPublisher:
         if sent:
             await self._pub.send_multipart((b"", seq, body))
 
+    def forget(self, seq: int) -> None:
+        """Message ``seq`` leaves the replay's buffer: a replay from before it has a hole."""
+        self._buffer = [(n, body) for n, body in self._buffer if n != seq]
+
     async def _serve_replay(self) -> None:
         while True:
             client, _, start = await self._router.recv_multipart()

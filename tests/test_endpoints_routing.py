@@ -17,6 +17,7 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
+from gateway import headers
 from gateway.fleet.adapter_discovery import adapters_in, learned_for
 from gateway.fleet.pools import Fleet
 from gateway.http.errors import ApiError
@@ -34,6 +35,8 @@ from gateway.routing.resolve import resolve
 from router_policies.adapter_placement import AdapterSettings
 from router_policies.fingerprint import canonical_chat, canonical_responses
 from router_policies.schema import parse_policy
+from tests.tiers import HARD
+from tests.tiers import fleet as tier_fleet
 
 URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"]
 NAMES = [u.removeprefix("http://") for u in URLS]
@@ -257,6 +260,18 @@ def test_a_follow_up_naming_another_pools_model_is_a_400_naming_the_pool_that_ha
     error = follow_up_refused(ReplicaRef("large", "10.9.9.9:8000"))
     assert (error.status, error.param) == (400, "previous_response_id")
     assert "large" in error.message
+
+
+def test_a_tier_models_follow_up_refused_says_its_tier_as_every_answer() -> None:
+    built = tier_fleet()
+    memory = RoutingMemory()
+    memory.responses.remember("resp_1", ReplicaRef("large", "10.9.9.9:8000"))  # left its pool
+    body = {"model": "auto", "input": HARD, "previous_response_id": "resp_1"}
+    with pytest.raises(ApiError) as info:
+        resolve(built, parse(Endpoint.RESPONSES, body), None, memory)
+    assert info.value.status == 404
+    sent = info.value.answer_headers()
+    assert sent[headers.TIER] == "large" and float(sent[headers.TIER_SCORE]) > 0.5
 
 
 @pytest.mark.parametrize("out", ["down", "ejected"])

@@ -15,12 +15,14 @@ import pytest_asyncio
 
 from bench.launcher import start_gateway
 from gateway import headers
-from replica.processes import ManagedProcess
+from replica.processes import ManagedProcess, free_port
 from tests.conftest import (
     FAST_PROBES,
     admin_route,
     eventually,
     get_text,
+    in_process_gateway,
+    in_process_sims,
     metric,
     official_client,
     running_sims,
@@ -238,6 +240,34 @@ async def test_only_generation_feeds_the_calibration_and_the_conversation_memory
         assert explained["tier"]["threshold"] == "inf"  # JSON has no infinity
     finally:
         await gw.stop()
+
+
+async def test_a_request_the_gateway_refuses_feeds_neither_the_calibration_nor_the_memory() -> None:
+    """Hard requests refused while the large pool is down (and their clients' retries) served
+    no pool: counted, they would raise the threshold for after its outage."""
+    calibration = {"target_large_share": 0.0, "window": 10, "min_samples": 1}
+    async with in_process_sims(1, "small-model") as small:
+        policy = {
+            "pools": {
+                "small": {"model": "small-model", "replicas": small},
+                "large": {"model": "large-model", "replicas": [f"http://127.0.0.1:{free_port()}"]},
+            },
+            "tiers": {"auto": {"small": "small", "large": "large", "calibration": calibration}},
+        }
+        async with in_process_gateway(policy) as gateway:
+            for _ in range(3):
+                refused = await gateway.post(
+                    "/v1/chat/completions", data=orjson.dumps({"model": "auto", **HARD})
+                )
+                assert refused.status == 503
+            text = await (await gateway.get("/metrics")).text()
+            assert metric(text, "gateway_tier_threshold") == 0.5  # the fixed one: none counted
+            served = await gateway.post(
+                "/v1/chat/completions", data=orjson.dumps({"model": "auto", **EASY})
+            )
+            assert served.status == 200
+            text = await (await gateway.get("/metrics")).text()
+    assert metric(text, "gateway_tier_threshold") == float("inf")  # one counted: calibrated
 
 
 async def test_overflow_starts_when_the_small_pool_saturates_and_stops_when_it_recovers(

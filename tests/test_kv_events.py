@@ -141,6 +141,35 @@ async def test_a_gateway_routes_on_the_sims_events_and_predicts_their_cache_exac
     assert estimate == 4.0  # printed beside it: the estimate's error on the same requests
 
 
+async def test_a_tier_models_requests_are_tokenized_as_the_pools_model_and_routed_on_events() -> (
+    None
+):
+    port = free_port()
+    async with (
+        in_process_sims(1, kv_events_config=events_config(port)) as small,
+        in_process_sims(1, "large-model") as large,
+    ):
+        endpoints = {small[0]: {"endpoint": f"tcp://127.0.0.1:{port}"}}
+        policy = pool_policy(small, prefix={"source": "events", "events": {"endpoints": endpoints}})
+        policy["pools"]["large"] = {"model": "large-model", "replicas": large}
+        # Every request small: no score is above 1.
+        policy["tiers"] = {"auto": {"small": "small", "large": "large", "threshold": 1.0}}
+        async with in_process_gateway(policy) as gateway:
+            client = AsyncOpenAI(base_url=f"{gateway.make_url('/v1')}", api_key="x", max_retries=0)
+            for messages in conversation(3):
+                answer = await client.chat.completions.with_raw_response.create(
+                    model="auto", messages=messages, max_tokens=8
+                )
+                assert answer.headers["x-gateway-tier"] == "small"
+                await asyncio.sleep(0.2)  # the step's events reach the gateway
+            text = await (await gateway.get("/metrics")).text()
+    # The two follow-ups were predicted from the engine's events: /tokenize named the pool's
+    # model, which the replica serves, not the tier's.
+    labels = {"pool": "small", "source": "events"}
+    assert metric(text, "gateway_prefix_cached_tokens_error_count", **labels) == 2.0
+    assert metric(text, "gateway_prefix_cached_tokens_error_sum", **labels) == 0.0
+
+
 async def test_every_gateway_instance_subscribes_so_each_reads_the_events_without_redis() -> None:
     port = free_port()
     async with in_process_sims(1, kv_events_config=events_config(port)) as urls:

@@ -40,6 +40,7 @@ from tests.conftest import eventually
 from tests.kv_events import (
     ROOT,
     TOKENS,
+    OlderReplayPublisher,
     payload,
     replaying_pair,
     running_stream,
@@ -167,6 +168,30 @@ async def test_a_subscriber_joining_an_old_engine_takes_what_its_replay_still_bu
         assert stream.blocks.match(token_block_keys(recent, 16, ROOT)) == 2
         assert stream.blocks.match(token_block_keys(old, 16, ROOT)) == 0
         assert stream.gaps == 0
+    finally:
+        task.cancel()
+        await publisher.close()
+
+
+async def test_a_join_whose_replay_has_a_hole_is_a_lost_message() -> None:
+    """An engine's replay socket drops what a slow reader's queue will not take: a join that
+    applied the replay up to a hole cannot know what the missing messages evicted."""
+    publisher = OlderReplayPublisher()  # its replay framed as older vLLM's: both are read
+    stream = EventStream(publisher.endpoint, publisher.replay)
+    stored = [block_stored([1, 2], None, TOKENS[:32], 16, None)]
+    await publisher.publish(payload(*stored), sent=False)  # before the gateway started
+    await publisher.publish(payload(block_removed([1, 2])), sent=False)
+    publisher.forget(1)  # the eviction's message, dropped from the replay
+    task = asyncio.create_task(stream.run("replica"))
+    try:
+        deadline = time.monotonic() + 10
+        while stream.next_seq is None:  # ZeroMQ's slow joiner: live messages until one lands
+            assert time.monotonic() < deadline, "the stream never joined"
+            await publisher.publish(payload())
+            await asyncio.sleep(0.05)
+        assert await eventually(lambda: stream.gaps == 1, every_s=0.01)
+        assert not stream.exact(time.monotonic())
+        assert stream.blocks.match(token_block_keys(TOKENS[:32], 16, ROOT)) == 0
     finally:
         task.cancel()
         await publisher.close()

@@ -15,7 +15,7 @@ from router_policies.decision import Route
 from router_policies.schema import CostSettings
 from router_policies.tier_settings import TierSettings
 from router_policies.tiers import PoolChoice, PoolLoad, PoolPrediction, close_call_choice
-from tests.tiers import EASY, HARD, SLOW, ask, busy, fleet, resolved
+from tests.tiers import EASY, HARD, SLOW, ask, busy, conversation_key, dialogue, fleet, resolved
 
 IDLE = PoolLoad(healthy=1, queue_depth=0, saturation_queue_per_replica=8)
 SETTINGS = TierSettings(small="small", large="large", close_call_margin=0.1)
@@ -101,6 +101,20 @@ def test_a_close_call_stays_with_the_pool_that_holds_its_conversation() -> None:
     small.router.record(seen, decision, 0.0)
     warm = resolve(built, parse_request(Endpoint.CHAT, turn_two), None)
     assert (warm.pool.name, warm.route) == ("small", Route.CLOSE_CALL)
+
+
+def test_a_conversation_gone_large_is_no_close_call_on_its_next_turns() -> None:
+    """Its next turn, scored large but near the threshold, stays large: kept large, a turn
+    scored small would have (a downgrade mid-task is what the memory is for)."""
+    built = fleet(margin=0.5)  # every score a close call
+    busy(built, "large")  # the small pool would answer sooner
+    router = built.tiers["auto"]
+    router.remember(conversation_key({"model": "auto", **dialogue(HARD)}) or 0)
+    follow_up = orjson.dumps({"model": "auto", **dialogue(HARD, "And the other way?")})
+    resolution = resolve(built, parse_request(Endpoint.CHAT, follow_up), None)
+    verdict = resolution.verdict
+    assert verdict is not None and verdict.tier.value == "large" and not verdict.kept
+    assert (resolution.pool.name, resolution.route) == ("large", None)
 
 
 def test_outside_the_margin_or_with_it_off_the_tier_decides() -> None:

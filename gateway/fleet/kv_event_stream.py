@@ -293,8 +293,11 @@ class EventStream:
                     if not await self._replay(ctx, expected, seq, replica):
                         self.lost(time.monotonic(), replica)
                 elif expected is None and seq > 0 and self.replay:
-                    # Joined mid-stream: what the replay still buffers tells what came before.
-                    await self._replay(ctx, None, seq, replica)
+                    # Joined mid-stream: what the replay still buffers tells what came before;
+                    # a hole in it, once some of it was applied, hides evictions as any hole.
+                    whole = await self._replay(ctx, None, seq, replica)
+                    if not whole and self.next_seq is not None:
+                        self.lost(time.monotonic(), replica)
                 await self.read(seq, frames[2], replica)
         finally:
             sub.close(linger=0)
@@ -318,6 +321,9 @@ class EventStream:
         if not self.replay:
             return False
         sock = ctx.socket(zmq.DEALER)
+        # Unbounded: the engine sends its whole buffer at once (10,000 messages by default)
+        # and drops what a full queue here would not take, while each is applied in slices.
+        sock.setsockopt(zmq.RCVHWM, 0)
         filled = first
         try:
             sock.connect(self.replay)

@@ -42,7 +42,7 @@ async def admin_route(request: web.Request) -> web.Response:
         resolution.features, parsed.body, request.headers, pool.policy.session
     )
     if pool.events_on:
-        features = await request.app[TOKEN_KEYS].attach(pool, parsed, features)
+        features = await request.app[TOKEN_KEYS].attach(pool, resolution.parsed, features)
     decision = pool.decide(features, exclude, explain=True)
     tier = None
     if resolution.verdict is not None:

@@ -36,8 +36,9 @@ from gateway.http.front import FrontExchange
 from gateway.http.request_body import Endpoint, parse_request
 from gateway.http.request_ids import request_id
 from gateway.rate_limit.limiter import Admission, RateLimiter, Tenant
+from gateway.routing.affinity import RoutingMemory
 from gateway.routing.client_hints import with_client_hints
-from gateway.routing.resolve import resolve
+from gateway.routing.resolve import Resolution, resolve
 from gateway.routing.routed import CLIENT_CLOSED, Routed
 from gateway.telemetry.logs import REQUEST_ID
 from gateway.telemetry.metrics import NO_POOL
@@ -83,21 +84,9 @@ async def complete(
         if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
             admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
         pool.counts.arrivals += 1
-        tiers, verdict = resolution.tier_router, resolution.verdict
-        # Generation only (the prefix-routed endpoints): a tokenizer or embeddings call is
-        # routed by its score too, but is neither traffic the calibrated share is of nor a
-        # conversation's turn, and would skew the threshold or mark a conversation large.
-        if (
-            tiers is not None
-            and verdict is not None
-            and not verdict.forced
-            and parsed.endpoint.prefix_routed
-        ):
-            went_large = tiers.observe(verdict, sent_large=pool.name == tiers.settings.large)
-            if went_large is not None:
-                memory.large_conversations.tell(tiers, went_large)
         if pool.events_on:
-            features = await app[TOKEN_KEYS].attach(pool, parsed, features)
+            # The pool's own model, not a tier's name: the engine keys blocks by what it serves.
+            features = await app[TOKEN_KEYS].attach(pool, resolution.parsed, features)
         routed = Routed(
             resolution,
             features,
@@ -105,7 +94,7 @@ async def complete(
             started,
             {**resolution.response_headers(), **(admission.headers if admission else {})},
             on_usage=admission.observe if admission is not None else None,
-            on_dispatch=admission.mark_sent if admission is not None else None,
+            on_dispatch=_on_dispatch(admission, memory, resolution),
         )
         status = await forward(routed)
     except BaseException as exc:
@@ -119,6 +108,40 @@ async def complete(
         raise
     if admission is not None:
         limiter.settle(admission, status)
+
+
+def _on_dispatch(
+    admission: Admission | None, memory: RoutingMemory, resolution: Resolution
+) -> Callable[[], None] | None:
+    """What the request's going to a replica tells: the limits that its tokens may now be
+    generated, and its tier's calibration and conversation memory its score, once. A request
+    the gateway refuses (no healthy replica, shed, its wait timed out) is no traffic a pool
+    served, and its client's retries would count it again: a large pool's outage would raise
+    the threshold for after it."""
+    tiers, verdict = resolution.tier_router, resolution.verdict
+    # Generation only (the prefix-routed endpoints): a tokenizer or embeddings call is routed
+    # by its score too, but is neither traffic the calibrated share is of nor a conversation's
+    # turn, and would skew the threshold or mark a conversation large.
+    if (
+        tiers is None
+        or verdict is None
+        or verdict.forced
+        or not resolution.parsed.endpoint.prefix_routed
+    ):
+        return admission.mark_sent if admission is not None else None
+    observed = False
+
+    def dispatched() -> None:
+        nonlocal observed
+        if admission is not None:
+            admission.mark_sent()
+        if not observed:
+            observed = True
+            sent_large = resolution.pool.name == tiers.settings.large
+            if (went_large := tiers.observe(verdict, sent_large=sent_large)) is not None:
+                memory.large_conversations.tell(tiers, went_large)
+
+    return dispatched
 
 
 def _ended_status(exc: BaseException) -> int:

@@ -11,6 +11,7 @@ from gateway import headers
 from gateway.fleet.pools import Fleet, PoolState, ReplicaState
 from gateway.http.errors import (
     ApiError,
+    WithHeaders,
     bad_request,
     model_not_found,
     stored_response_unavailable,
@@ -81,12 +82,14 @@ class Resolution:
         return self.route or decided
 
     def response_headers(self) -> dict[str, str]:
-        if self.verdict is None:
-            return {}
-        return {
-            headers.TIER: self.verdict.tier.value,
-            headers.TIER_SCORE: f"{self.verdict.score.score:.3f}",
-        }
+        return tier_headers(self.verdict)
+
+
+def tier_headers(verdict: TierVerdict | None) -> dict[str, str]:
+    """What an answer to a classified request says of its tier (a replica's, or an error)."""
+    if verdict is None:
+        return {}
+    return {headers.TIER: verdict.tier.value, headers.TIER_SCORE: f"{verdict.score.score:.3f}"}
 
 
 def adapter_pool(
@@ -153,7 +156,12 @@ def resolve(
     if features is None:
         salt = parsed.cache_salt if adapter is None else f"{parsed.cache_salt}\x00lora:{adapter}"
         features = _features(pool, parsed, parsed.model, salt)
-    hooks = _hooks(memory, pool, parsed, adapter) if memory is not None else None
+    try:
+        hooks = _hooks(memory, pool, parsed, adapter) if memory is not None else None
+    except ApiError as refused:
+        if verdict is None:
+            raise
+        raise WithHeaders(refused, tier_headers(verdict)) from refused  # as every answer
     return Resolution(
         parsed, pool, features, verdict, choice, tier_router, hooks, compared, compared_for
     )
@@ -176,11 +184,11 @@ def _comparison(
 ) -> Route | None:
     """Which rule, if any, reads both pools' predictions for this request: a close call's, or
     an easy request's climb while the small pool has a queue. A forced tier, a conversation
-    kept large and overflow at saturation are neither."""
+    gone large before (whatever this turn scores) and overflow at saturation are neither."""
     if choice.overflow or verdict.forced:
         return None
     score, threshold = verdict.score.score, verdict.threshold
-    if not verdict.kept and is_close_call(score, threshold, settings.close_call_margin):
+    if not verdict.remembered and is_close_call(score, threshold, settings.close_call_margin):
         return Route.CLOSE_CALL
     return Route.OVERFLOW if may_climb(verdict.tier, settings, small) else None
 
