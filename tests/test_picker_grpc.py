@@ -24,6 +24,7 @@ from gateway.picker.picker import Picker
 from gateway.picker.server import add_picker
 from gateway.picker.service import ExternalProcessor
 from gateway.routing.affinity import ReplicaRef
+from gateway.settings import Settings
 from replica.processes import free_port
 from router_policies.fingerprint import canonical_chat
 from tests.conftest import GatewayClient, in_process_gateway, in_process_sims, metric
@@ -170,6 +171,37 @@ async def test_a_request_the_gateway_sends_as_it_came_is_not_sent_back_to_envoy(
     assert "content-length" not in {h.header.key for h in common.header_mutation.set_headers}
 
 
+async def test_a_body_as_large_as_the_limit_envoy_buffers_is_picked_for() -> None:
+    """Envoy buffers a body up to the body limit and sends it whole, in one message a little
+    larger than it: gRPC's own 4 MiB limit would fail the stream, and Envoy carry on without
+    the picker (no key checked, no limits, any replica)."""
+    async with picker(tiers=False) as (_, stub):
+        body = orjson.dumps({"model": "small-model", "messages": [{"role": "user", "content": ""}]})
+        padded = body[:-1] + b" " * (Settings().max_body_bytes - len(body)) + b"}"
+        call, common = await pick(stub, padded)
+        await hang_up(call)
+    destination = {h.header.key: h.header.raw_value for h in common.header_mutation.set_headers}
+    assert DESTINATION in destination
+
+
+async def test_envoys_every_try_goes_to_the_pool_even_where_it_has_fewer_replicas() -> None:
+    """Past the endpoints named, Envoy's fallback policy picks among every pool's replicas: a
+    retry there could reach another model's replica. A pool of one names its replica again."""
+    async with picker(tiers=False) as (client, stub):
+        body = {"model": "small-model", "messages": [{"role": "user", "content": EASY}]}
+        call = stub.Process()
+        await call.write(request_headers())
+        await call.read()
+        await call.write(request_body(orjson.dumps(body)))
+        named = await call.read()
+        await hang_up(call)
+    app = client.app
+    assert app is not None
+    [replica] = app[POLICY].fleet.pools["small"].replicas.values()
+    lb = named.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION]
+    assert lb.string_value.split(",") == [replica.url.removeprefix("http://")] * (1 + FALLBACKS)
+
+
 STREAM = (
     b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n'
     b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
@@ -219,6 +251,28 @@ async def test_a_client_leaving_after_the_whole_answer_counts_as_the_replicas_st
         await hang_up(call, *answer)
         text = await (await client.get("/metrics")).text()
     assert metric(text, "gateway_requests_total", pool="small", code=code) == 1
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "body"])
+async def test_a_client_leaving_midway_leaves_the_replicas_failures_as_they_were(
+    stream: bool,
+) -> None:
+    """A replica hanging in its prefill sees every client give up: were each such leaving its
+    success, its failures would never add up to an ejection."""
+    cut = [answer_headers("text/event-stream"), answer_chunk(STREAM)]
+    if not stream:
+        cut = [answer_headers("application/json", len(WHOLE)), answer_chunk(WHOLE[:-1])]
+    async with picker(tiers=False) as (client, stub):
+        app = client.app
+        assert app is not None
+        [replica] = app[POLICY].fleet.pools["small"].replicas.values()
+        replica.outlier.consecutive_failures = 2
+        body = {"model": "small-model", "messages": [{"role": "user", "content": EASY}]}
+        call, _ = await pick(stub, orjson.dumps({**body, "stream": stream}))
+        await hang_up(call, *cut)
+        text = await (await client.get("/metrics")).text()
+    assert metric(text, "gateway_requests_total", pool="small", code="499") == 1
+    assert replica.outlier.consecutive_failures == 2
 
 
 class ResettingEnvoy:

@@ -97,7 +97,11 @@ class Picker:
             # What `serve` sends: the parsed body is the decoded one, its model a tier's pool's
             # (the exchange sends it in place of Envoy's where the two differ).
             body = asked if asked is not None else routed.parsed.raw
-            await exchange.pick(list(answer.by_address), answer_headers, body)
+            # As many as Envoy's retries, the chosen replica again where the pool has too few
+            # others: past the list Envoy's fallback policy picks from every pool's replicas.
+            endpoints = list(answer.by_address)
+            endpoints += endpoints[:1] * (1 + FALLBACKS - len(endpoints))
+            await exchange.pick(endpoints, answer_headers, body)
             shown = UsageDropped() if asked is not None else None
 
             finished = False
@@ -116,7 +120,9 @@ class Picker:
                 elif 0 < status < 400 and answer.refusal_status is not None:
                     status = answer.refusal_status  # the request's fault, as `serve` counts it
                 outcome.status = status
-                if 0 < status < 500:
+                # A client that left says nothing of the replica (one hanging in its prefill
+                # sees every client leave): as `serve`, only an answer had whole is a success.
+                if 0 < status < 500 and status != CLIENT_CLOSED:
                     self._outliers.success(answer.dispatch.replica)
 
             try:

@@ -18,6 +18,10 @@ from gateway.server import StartupError
 
 log = logging.getLogger(__name__)
 
+_MESSAGE_SLACK = 64 * 1024
+"""What a body's message holds besides the body (its framing, a few bytes) and more: the
+other messages (headers, trailers) are far smaller."""
+
 
 def add_picker(app: web.Application, host: str, port: int) -> None:
     """Serve the picker on ``host:port`` while ``app`` runs (after its background tasks
@@ -26,8 +30,14 @@ def add_picker(app: web.Application, host: str, port: int) -> None:
 
 
 async def _picker(app: web.Application, *, host: str, port: int) -> AsyncIterator[None]:
-    # No SO_REUSEPORT: a second picker on a taken port must fail, not share it unseen.
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    # No SO_REUSEPORT: a second picker on a taken port must fail, not share it unseen. A body
+    # Envoy buffers (up to the body limit, its buffer's) comes whole in one message: past
+    # gRPC's 4 MiB default the stream would fail and Envoy, failing open, skip the picker.
+    options = [
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", app[SETTINGS].max_body_bytes + _MESSAGE_SLACK),
+    ]
+    server = grpc.aio.server(options=options)
     picker = Picker(app[METRICS], app[OUTLIERS], stream_usage=app[SETTINGS].stream_usage)
     pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(app, picker), server)
     target = _address(host, port)
