@@ -6,6 +6,7 @@ import asyncio
 
 import aiohttp
 import orjson
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.telemetry import metrics as names
@@ -106,13 +107,23 @@ async def test_replica_capacity_is_estimated_from_learned_rates_before_any_satur
     assert 0 < estimated < float("inf")
 
 
-async def test_a_responses_streams_ttft_waits_for_its_first_token_not_its_opening_events() -> None:
+@pytest.mark.parametrize(
+    "instructions", [None, "One line per item, e.g. event: birthday"], ids=["plain", "echoed"]
+)
+async def test_a_responses_streams_ttft_waits_for_its_first_token_not_its_opening_events(
+    instructions: str | None,
+) -> None:
     # vLLM sends response.created and response.in_progress as the request starts; the first
-    # token comes after the prefill, here ~0.5 s of it.
+    # token comes after the prefill, here ~0.5 s of it. Both repeat the request's instructions,
+    # which may read like an event's line.
     async with running_sims(1, prefill_s_per_token=0.002) as replicas:
         async with running_gateway([r.url for r in replicas]) as gw:
             stream = await official_client(gw.url).responses.create(
-                model=MODEL, input="Tell me a story. " * 60, max_output_tokens=2, stream=True
+                model=MODEL,
+                input="Tell me a story. " * 60,
+                max_output_tokens=2,
+                stream=True,
+                instructions=instructions,
             )
             kinds = [event.type async for event in stream]
             ttft = await metric_sum(gw.url, "gateway_ttft_seconds_sum", pool="small")

@@ -20,6 +20,8 @@ from openai import APIError, AsyncOpenAI
 
 from bench.host import rss_mib
 from gateway import headers
+from gateway.app_keys import MEMORY, POLICY
+from gateway.routing.affinity import ReplicaRef
 from replica.processes import ManagedProcess
 from tests.conftest import (
     MODEL,
@@ -31,7 +33,9 @@ from tests.conftest import (
     fake_replica,
     get_text,
     gzips_its_stream,
+    in_process_gateway,
     metric,
+    pool_policy,
     running_gateway,
     running_sims,
 )
@@ -366,6 +370,28 @@ async def test_a_compressed_answer_reaches_the_openai_client_decodable() -> None
         )
         assert completion.choices[0].message.content == "zipped"
     assert seen_encodings == ["identity"]  # the gateway asks for plain bytes
+
+
+async def test_a_compressed_answer_to_a_stored_responses_lookup_keeps_its_encoding() -> None:
+    cancelled = {"id": "resp_1", "object": "response", "status": "cancelled"}
+
+    async def gzips_anyway(request: web.Request) -> web.Response:
+        return web.Response(
+            body=gzip.compress(orjson.dumps(cancelled)),
+            headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        )
+
+    async with (
+        fake_replica(gzips_anyway, "/v1/responses/resp_1/cancel") as url,
+        in_process_gateway(pool_policy([url], "round-robin")) as gateway,
+    ):
+        app = gateway.app
+        assert app is not None
+        [replica] = app[POLICY].fleet.pools["small"].replicas.values()
+        app[MEMORY].responses.remember("resp_1", ReplicaRef("small", replica.name, None))
+        response = await gateway.post("/v1/responses/resp_1/cancel")
+        assert response.headers.get("Content-Encoding") == "gzip"
+        assert await response.json() == cancelled  # decoded, as its header says
 
 
 async def test_a_compressed_stream_reaches_the_openai_client_whole_and_counts_as_a_success() -> (

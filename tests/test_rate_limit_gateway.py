@@ -209,13 +209,27 @@ async def test_a_stream_carries_the_headers_and_its_reported_usage_is_what_is_co
     assert f'gateway_tenant_tokens_total{{tenant="acme"}} {float(usage.total_tokens)}' in text
 
 
-async def test_a_responses_api_request_is_charged_its_reported_usage() -> None:
+# A tool whose schema names the usage's members: vLLM repeats the request's tools before its usage.
+DECOY: Any = {
+    "type": "function",
+    "name": "lookup",
+    "parameters": {"type": "object", "usage": {"input_tokens": 1, "total_tokens": 0}},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_a_responses_api_request_is_charged_its_reported_usage(stream: bool) -> None:
+    """Its own usage, not the members a request's tools may name alike (a tenant would be
+    charged nothing, and the pool taught a prompt of one token)."""
     section = {"tenants": {"acme": tenant(ACME_KEY, tokens_per_minute=10_000)}}
     async with gateway_with(section) as gateway:
         client = openai_client(gateway, ACME_KEY)
-        answer = await client.responses.create(
-            model=MODEL, input="Where is my parcel?", max_output_tokens=50
-        )
+        asked: Any = {"model": MODEL, "input": "Where is my parcel?", "max_output_tokens": 50}
+        if stream:
+            events = await client.responses.create(**asked, tools=[DECOY], stream=True)
+            [answer] = [e.response async for e in events if e.type == "response.completed"]
+        else:
+            answer = await client.responses.create(**asked, tools=[DECOY])
         await asyncio.sleep(0.05)
         text = await (await gateway.get("/metrics")).text()
     assert answer.usage is not None

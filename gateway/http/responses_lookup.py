@@ -170,13 +170,13 @@ class ResponseLookup:
                 method, url, params=request.query, headers=out, timeout=_TIMEOUT
             ) as upstream:
                 status = upstream.status
-                response = web.StreamResponse(
-                    status=upstream.status,
-                    headers={
-                        "Content-Type": upstream.headers.get("Content-Type", "application/json"),
-                        **pinned_headers(pool, replica, limits),
-                    },
-                )
+                relayed = {
+                    "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                    **pinned_headers(pool, replica, limits),
+                }
+                if (encoding := upstream.headers.get("Content-Encoding")) is not None:
+                    relayed["Content-Encoding"] = encoding  # the bytes are relayed as they came
+                response = web.StreamResponse(status=upstream.status, headers=relayed)
                 await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)

@@ -118,7 +118,10 @@ def has_first_token(endpoint: Endpoint, chunk: bytes) -> bool:
     one with an event besides the two openings (so the time to it is a time to first token)."""
     if endpoint is not Endpoint.RESPONSES:
         return True
-    return chunk.count(b"event: ") > sum(map(chunk.count, _OPENING_EVENTS))
+    # Lines that open an event: the text "event: " also comes inside JSON strings (the opening
+    # events repeat the request's instructions and tools), a line break never does.
+    events = chunk.count(b"\nevent: ") + chunk.startswith(b"event: ")
+    return events > sum(map(chunk.count, _OPENING_EVENTS))
 
 
 _RESPONSES_ENDS = (

@@ -68,6 +68,13 @@ class Routed:
     def learn_usage(self, dispatch: Dispatch, data: bytes) -> bool:
         """What the replica's `usage`, where ``data`` carries one, teaches the pool and the
         tenant's token charge; whether it carried one."""
+        if self.parsed.endpoint is Endpoint.RESPONSES:
+            # vLLM's answer repeats the request's tools and text format before its usage, as
+            # objects a client may fill with any member: only the last `usage` is the answer's.
+            start = data.rfind(b'"usage"')
+            if start < 0:
+                return False
+            data = data[start:]
         usage = prompt_usage(data)
         if usage is None:
             return False

@@ -273,31 +273,33 @@ class _Answer:
 
     def body(self) -> dict[str, Any]:
         request = self.request
+        # vLLM's order (ResponsesResponse's fields): what the request set, its tools among
+        # them, comes before the usage.
         return {
             "id": self.id,
-            "object": "response",
             "created_at": self.created_at,
-            "model": self.model,
-            "status": self.status,
-            "output": [self.item()] if self.done else [],
-            "usage": self.usage,
-            "instructions": request.get("instructions"),
-            "previous_response_id": request.get("previous_response_id"),
-            "max_output_tokens": request.get("max_output_tokens"),
-            "temperature": request.get("temperature", 1.0),
-            "top_p": request.get("top_p", 1.0),
-            "tools": request.get("tools") or [],
-            "tool_choice": request.get("tool_choice", "auto"),
-            "parallel_tool_calls": request.get("parallel_tool_calls", True),
-            "store": request.get("store", True),
-            "text": {"format": {"type": "text"}},
-            "truncation": "disabled",
-            "metadata": request.get("metadata"),
-            "background": False,
-            "error": None,
             "incomplete_details": (
                 {"reason": "max_output_tokens"} if self.status == "incomplete" else None
             ),
+            "instructions": request.get("instructions"),
+            "metadata": request.get("metadata"),
+            "model": self.model,
+            "object": "response",
+            "output": [self.item()] if self.done else [],
+            "parallel_tool_calls": request.get("parallel_tool_calls", True),
+            "temperature": request.get("temperature", 1.0),
+            "tool_choice": request.get("tool_choice", "auto"),
+            "tools": request.get("tools") or [],
+            "top_p": request.get("top_p", 1.0),
+            "background": False,
+            "max_output_tokens": request.get("max_output_tokens"),
+            "previous_response_id": request.get("previous_response_id"),
+            "status": self.status,
+            "store": request.get("store", True),
+            "error": None,
+            "text": {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "usage": self.usage,
             "user": None,
         }
 
