@@ -11,7 +11,10 @@ other than the GPU's) count as held: the engine loads them back rather than comp
 and reports them among its cached tokens. Such events carry no token ids, so a block is known
 there by the key its GPU event gave it. A tier's block may span several of the engine's (vLLM's
 ``offloaded_block_size``, a multiple of the GPU's): it carries the hash of the last of them and
-holds them all, the groups counted from a prompt's start.
+holds them all, the groups counted from a prompt's start. How many it spans is its event's
+block size over the engine's, or, where its event gives none (vLLM's default, events that only
+name the tier block by that last hash), the greatest common divisor of those last blocks'
+places in their chains: a prompt's first tier block ends at the multiple itself.
 
 A lost event leaves which blocks the engine still holds unknown, but not what each block it
 reported holds: that depends on content alone. Those blocks are kept aside (``forget``), and one
@@ -22,6 +25,7 @@ could not be keyed until the engine evicted it.
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Container, Hashable, Sequence
 
@@ -29,8 +33,9 @@ import xxhash
 
 EngineHash = Hashable
 """An engine's block hash as its events carry it (vLLM: bytes or int)."""
-Block = tuple[int | None, EngineHash | None]
-"""A stored block's key (None: it cannot be keyed) and its parent's engine hash."""
+Block = tuple[int | None, EngineHash | None, int]
+"""A stored block's key (None: it cannot be keyed), its parent's engine hash, and how many
+blocks its chain has up to it (0: not known, its chain began before the gateway listened)."""
 
 
 def root_key(lora_name: str | None, cache_salt: str | None) -> int:
@@ -75,6 +80,7 @@ class EngineBlocks:
         "_copies",
         "_held",
         "_tier_copies",
+        "_tier_ends",
         "_tiered",
         "block_size",
         "tier_evicted",
@@ -100,6 +106,9 @@ class EngineBlocks:
         """Our key (of a tier block's last engine block) -> how many tiers hold it."""
         self.tier_factor = 1
         """Engine blocks per tier block, from the tier's events."""
+        self._tier_ends = 0
+        """The greatest common divisor of the chain places of the blocks that end a tier's
+        block, from events that give no block size (0: none seen)."""
         self.tier_evicted = False
         """Whether another tier has evicted a block: until it does, it holds every block the
         engine wrote to it, and its size is not known."""
@@ -129,7 +138,8 @@ class EngineBlocks:
             raise ValueError(f"block size {block_size!r} is not a positive whole number")
         data = array("q", token_ids).tobytes()
         self.block_size = block_size
-        prev = root if parent is None else self._parent_key(parent)
+        prev, depth = (root, 0) if parent is None else self._parent(parent)
+        placed = parent is None or depth > 0  # where the chain began is known
         digest = xxhash.xxh3_64_intdigest
         stride = block_size * 8
         held, before = self._held, self._before
@@ -138,12 +148,13 @@ class EngineBlocks:
                 prev = digest(data[i * stride : (i + 1) * stride], prev)
             else:
                 prev = None
+            depth = depth + 1 if placed else 0
             if engine_hash in held:
                 # A second copy of a block already held: the same content, the same key.
                 self._count(held[engine_hash][0], 1)
             else:
                 before.pop(engine_hash, None)
-                held[engine_hash] = (prev, parent)
+                held[engine_hash] = (prev, parent, depth)
                 self._count(prev, 1)
             parent = engine_hash
 
@@ -166,6 +177,9 @@ class EngineBlocks:
             self.tier_factor = max(block_size // self.block_size, 1)
         for engine_hash in hashes:
             block = self._held.get(engine_hash) or self._before.get(engine_hash)
+            if block_size <= 0 and block is not None and block[2]:
+                self._tier_ends = math.gcd(self._tier_ends, block[2])
+                self.tier_factor = self._tier_ends
             key = None if block is None else block[0]
             if key is not None and (medium, engine_hash) not in self._tiered:
                 self._tiered[medium, engine_hash] = key
@@ -183,6 +197,7 @@ class EngineBlocks:
         """The engine holds nothing (it restarted, or emptied its cache)."""
         self.forget()
         self._before = {}
+        self._tier_ends = 0  # a new process's tier may be another size
 
     def forget(self) -> None:
         """Events went missing: nothing is known to be held, though what each block reported
@@ -209,16 +224,16 @@ class EngineBlocks:
                 return i
         return n
 
-    def _parent_key(self, parent: EngineHash) -> int | None:
-        """The key of a stored block's parent. The engine holds the parent, and every block
-        before it, while it computes the block: one known only from before a loss is held
-        again, with those before it."""
+    def _parent(self, parent: EngineHash) -> tuple[int | None, int]:
+        """The key and chain place of a stored block's parent. The engine holds the parent,
+        and every block before it, while it computes the block: one known only from before a
+        loss is held again, with those before it."""
         block = self._held.get(parent)
         if block is not None:
-            return block[0]
+            return block[0], block[2]
         block = self._before.get(parent)
         if block is None:
-            return None
+            return None, 0
         engine_hash: EngineHash | None = parent
         while engine_hash is not None and engine_hash not in self._held:
             recalled = self._before.pop(engine_hash, None)
@@ -227,7 +242,7 @@ class EngineBlocks:
             self._held[engine_hash] = recalled
             self._count(recalled[0], 1)
             engine_hash = recalled[1]
-        return block[0]
+        return block[0], block[2]
 
     def _count(self, key: int | None, delta: int) -> int:
         return 0 if key is None else _count(self._copies, key, delta)

@@ -72,6 +72,18 @@ class TestEngineBlocks:
         blocks.unloaded("CPU", [hashes[1]])
         assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 0
 
+    def test_a_tier_blocks_size_unsaid_is_read_from_where_its_blocks_end(self) -> None:
+        """vLLM's default: an event per tier block naming only its last engine block, with no
+        block size. A prompt's first tier block ends at the multiple itself."""
+        blocks = EngineBlocks()
+        hashes = stored_chain(blocks, TOKENS)
+        blocks.offloaded("CPU", [hashes[3]])  # could be 4 blocks a tier block, or 2, or 1
+        blocks.offloaded("CPU", [hashes[1]])
+        assert blocks.tier_factor == 2
+        blocks.removed(hashes)
+        assert blocks.match(token_block_keys(TOKENS, 16, ROOT)) == 4
+        assert blocks.tier_tokens == 64
+
     def test_another_tiers_block_no_gpu_event_keyed_matches_nothing(self) -> None:
         blocks = EngineBlocks()
         blocks.offloaded("CPU", [1, 2])

@@ -41,8 +41,7 @@ async def admin_route(request: web.Request) -> web.Response:
     features = with_client_hints(
         resolution.features, parsed.body, request.headers, pool.policy.session
     )
-    if pool.events_on:
-        features = await request.app[TOKEN_KEYS].attach(pool, resolution.parsed, features)
+    features = await request.app[TOKEN_KEYS].of(resolution, features)
     decision = pool.decide(features, exclude, explain=True)
     tier = None
     if resolution.verdict is not None:

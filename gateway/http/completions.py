@@ -84,9 +84,7 @@ async def complete(
         if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
             admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
         pool.counts.arrivals += 1
-        if pool.events_on:
-            # The pool's own model, not a tier's name: the engine keys blocks by what it serves.
-            features = await app[TOKEN_KEYS].attach(pool, resolution.parsed, features)
+        features = await app[TOKEN_KEYS].of(resolution, features)
         routed = Routed(
             resolution,
             features,

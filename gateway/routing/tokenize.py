@@ -21,6 +21,7 @@ import orjson
 
 from gateway.fleet.pools import PoolState
 from gateway.http.request_body import Endpoint, ParsedRequest
+from gateway.routing.resolve import Resolution
 from router_policies.engine_blocks import root_key, token_block_keys
 from router_policies.fingerprint import LEADING_ROLES, RequestFeatures
 
@@ -180,6 +181,13 @@ class TokenKeys:
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self._session = session
         self.leads = LeadKeys()
+
+    async def of(self, resolution: Resolution, features: RequestFeatures) -> RequestFeatures:
+        """``features`` with the token keys where the request's pool routes on KV events, the
+        request read as its replicas read it (a tier model's with its pool's model)."""
+        if not resolution.pool.events_on:
+            return features
+        return await self.attach(resolution.pool, resolution.parsed, features)
 
     async def attach(
         self, pool: PoolState, parsed: ParsedRequest, features: RequestFeatures
