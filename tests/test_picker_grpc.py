@@ -19,6 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from gateway.app_keys import MEMORY, METRICS, OUTLIERS, POLICY
+from gateway.picker import picker as picker_module
 from gateway.picker.envoy_config import DESTINATION, FALLBACKS, LB_NAMESPACE
 from gateway.picker.picker import Picker
 from gateway.picker.server import add_picker
@@ -37,18 +38,19 @@ TIERS: dict[str, Any] = {"auto": {"small": "small", "large": "large"}}
 
 @contextlib.asynccontextmanager
 async def picker(
-    tiers: bool = True, limits: dict[str, Any] | None = None
+    tiers: bool = True, limits: dict[str, Any] | None = None, **small_pool: Any
 ) -> AsyncIterator[tuple[GatewayClient, Any]]:
     """The picker's app (its /metrics behind the client) and a stub of its gRPC service; a
-    small and a large pool of one simulated replica each, behind the tier `auto`."""
+    small and a large pool of one simulated replica each (``replicas`` in the small one),
+    behind the tier `auto`; ``small_pool``: more of the small pool's settings."""
     port = free_port("127.0.0.1")
     async with (
-        in_process_sims(1, "small-model") as small,
+        in_process_sims(small_pool.pop("replicas", 1), "small-model") as small,
         in_process_sims(1, "large-model") as large,
     ):
         policy: dict[str, Any] = {
             "pools": {
-                "small": {"model": "small-model", "replicas": small},
+                "small": {"model": "small-model", "replicas": small, **small_pool},
                 "large": {"model": "large-model", "replicas": large},
             },
         }
@@ -200,6 +202,52 @@ async def test_envoys_every_try_goes_to_the_pool_even_where_it_has_fewer_replica
     [replica] = app[POLICY].fleet.pools["small"].replicas.values()
     lb = named.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION]
     assert lb.string_value.split(",") == [replica.url.removeprefix("http://")] * (1 + FALLBACKS)
+
+
+async def test_an_adapters_fallbacks_are_the_replicas_serve_would_retry_on() -> None:
+    """The first try goes to the adapter's home (where it is loaded, or to be loaded); a retry,
+    in `serve` as through Envoy, to any replica that can load it, not to none."""
+    async with picker(tiers=False, replicas=3, adapters=["sql-lora"]) as (client, stub):
+        body = {"model": "sql-lora", "messages": [{"role": "user", "content": EASY}]}
+        call = stub.Process()
+        await call.write(request_headers())
+        await call.read()
+        await call.write(request_body(orjson.dumps(body)))
+        named = await call.read()
+        await hang_up(call)
+    app = client.app
+    assert app is not None
+    lb = named.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION]
+    pool = [
+        r.url.removeprefix("http://") for r in app[POLICY].fleet.pools["small"].replicas.values()
+    ]
+    assert sorted(lb.string_value.split(",")) == sorted(pool)
+
+
+async def test_a_fallback_whose_name_does_not_resolve_is_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica named by a host name the resolver fails on (a moment's DNS failure): the
+    request goes on to the chosen replica, not a 500 for a fallback it may never need."""
+    resolved: list[str] = []
+
+    async def resolver_failing_after_one(url: str) -> str:
+        if resolved:
+            raise OSError("Temporary failure in name resolution")
+        resolved.append(url)
+        return url.removeprefix("http://")
+
+    monkeypatch.setattr(picker_module, "_resolve", resolver_failing_after_one)
+    async with picker(tiers=False, replicas=3) as (_, stub):
+        body = {"model": "small-model", "messages": [{"role": "user", "content": EASY}]}
+        call = stub.Process()
+        await call.write(request_headers())
+        await call.read()
+        await call.write(request_body(orjson.dumps(body)))
+        named = await call.read()
+        await hang_up(call)
+    lb = named.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION]
+    assert lb.string_value.split(",") == [resolved[0].removeprefix("http://")] * (1 + FALLBACKS)
 
 
 STREAM = (

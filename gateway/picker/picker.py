@@ -9,6 +9,7 @@ response, as gateway/http/responses_lookup.py relays it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
 import time
@@ -68,10 +69,15 @@ class Picker:
         return outcome.wire
 
     async def _forward(self, exchange: PickerExchange, routed: Routed, outcome: Outcome) -> None:
-        pool = routed.pool
-        exclude = routed.hooks.exclude(pool.replicas, [], 0) if routed.hooks is not None else []
+        pool, hooks = routed.pool, routed.hooks
+        outside = []
         if exchange.subset is not None:
-            exclude = [*exclude, *await self._outside(pool.replicas.values(), exchange.subset)]
+            outside = await self._outside(pool.replicas.values(), exchange.subset)
+        exclude = [*(hooks.exclude(pool.replicas, [], 0) if hooks is not None else []), *outside]
+        # Envoy's tries after the first are `serve`'s retries: kept to what every try must keep
+        # to (a stored response's replica, the replicas listing an adapter), not to the first
+        # try's preference (an adapter's warm replicas), which would leave none.
+        retry = [*(hooks.exclude(pool.replicas, [], 1) if hooks is not None else []), *outside]
         error: ApiError | None = None
         try:
             dispatch = await pool.acquire(routed.features, exclude=exclude)
@@ -88,11 +94,21 @@ class Picker:
             answer_headers = routed.answer_headers(dispatch.replica.name, dispatch.decision.route)
             outcome.route = answer_headers[headers.ROUTE]
             fallbacks = _fallbacks(
-                pool.replicas.values(), dispatch.replica, exclude, time.monotonic()
+                pool.replicas.values(), dispatch.replica, retry, time.monotonic()
             )
-            answer.by_address = {
-                await self._addresses.of(r.url): r for r in (dispatch.replica, *fallbacks)
-            }
+            try:
+                answer.by_address = {
+                    await self._addresses.of(dispatch.replica.url): dispatch.replica
+                }
+            except OSError as exc:  # a name that has never resolved: no address to name
+                error = replica_unreachable(dispatch.replica.name, exc)
+                outcome.status = outcome.wire = error.status
+                await exchange.refuse(WithHeaders(error, routed.refusal_headers()))
+                return
+            for fallback in fallbacks:
+                with contextlib.suppress(OSError):  # Envoy tries those that resolve
+                    address = await self._addresses.of(fallback.url)
+                    answer.by_address.setdefault(address, fallback)
             asked = asking_usage(routed.parsed) if self._stream_usage else None
             # What `serve` sends: the parsed body is the decoded one, its model a tier's pool's
             # (the exchange sends it in place of Envoy's where the two differ).
