@@ -394,6 +394,39 @@ async def test_a_compressed_answer_to_a_stored_responses_lookup_keeps_its_encodi
         assert await response.json() == cancelled  # decoded, as its header says
 
 
+async def test_a_background_stream_is_not_run_again_elsewhere_while_its_first_token_waits() -> None:
+    """vLLM runs a background response as work of its own, which a closed connection does not
+    stop: held back for its first token and retried, it would be generated twice (and its id,
+    which the client never saw, left running)."""
+    posted: list[str] = []
+    prefilled = asyncio.Event()
+
+    async def queued_then_slow(request: web.Request) -> web.StreamResponse:
+        posted.append(request.host)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        created = b'{"type":"response.created","response":{"id":"resp_bg","status":"queued"}}'
+        await response.write(b"event: response.created\ndata: %s\n\n" % created)
+        await prefilled.wait()  # its prefill waits in a long queue
+        return response
+
+    body = {"model": MODEL, "input": "q", "background": True, "stream": True}
+    async with (
+        fake_replica(queued_then_slow, "/v1/responses") as first,
+        fake_replica(queued_then_slow, "/v1/responses") as second,
+        in_process_gateway(pool_policy([first, second]), first_token_timeout_s=0.5) as gateway,
+    ):
+        try:
+            async with asyncio.timeout(5):
+                answer = await gateway.post("/v1/responses", data=orjson.dumps(body))
+                assert answer.status == 200
+                assert b"response.created" in await answer.content.readuntil(b"\n\n")
+            answer.close()
+        finally:
+            prefilled.set()
+    assert len(posted) == 1
+
+
 async def test_a_compressed_stream_reaches_the_openai_client_whole_and_counts_as_a_success() -> (
     None
 ):

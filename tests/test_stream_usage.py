@@ -26,11 +26,13 @@ from tests.conftest import (
     in_process_gateway,
     in_process_sims,
     learned_chars_per_token,
+    metric,
     official_client,
     pool_policy,
     running_gateway,
     running_sims,
 )
+from tests.rate_limits import ACME_KEY, limited_policy, tenant
 from tests.sim import STREAM_OPTIONS_USAGE, ZERO_DELAY
 
 ADMIN_TOKEN = "test-admin-token"
@@ -338,3 +340,33 @@ async def test_a_usage_event_split_across_two_reads_teaches_the_pool(cut: int) -
         async with gateway.post("/v1/chat/completions", json=body) as r:
             assert (await r.read()).endswith(DONE)
         assert await learned_chars_per_token(here, ADMIN_TOKEN) != untaught
+
+
+@pytest.mark.parametrize("cut", [b'"prompt_tokens":12', b'"total_tokens":1'], ids=bytes.decode)
+async def test_a_usage_split_inside_a_figure_is_read_whole(cut: bytes) -> None:
+    """A read that ends inside the usage object has only some of its figures, the last perhaps
+    cut short: it is read once whole (a tenant was charged 1 token of 1,300, or the pool taught
+    a prompt of 12 tokens)."""
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1234,"total_tokens":1300}}\n\n'
+    at = usage.index(cut) + len(cut)
+
+    async def split_usage(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for part in (CHUNK + usage[:at], usage[at:] + DONE):
+            await response.write(part)
+            await asyncio.sleep(0.05)  # each half a read of its own
+        return response
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 900}], "stream": True}
+    limits = {"tenants": {"acme": tenant(ACME_KEY, tokens_per_minute=100_000)}}
+    async with (
+        fake_replica(split_usage) as url,
+        in_process_gateway(limited_policy([url], **limits)) as gateway,
+    ):
+        key = {"Authorization": f"Bearer {ACME_KEY}"}
+        async with gateway.post("/v1/chat/completions", json=body, headers=key) as r:
+            assert (await r.read()).endswith(DONE)
+        await asyncio.sleep(0.05)
+        text = await (await gateway.get("/metrics")).text()
+    assert metric(text, "gateway_tenant_tokens_total", tenant="acme") == 1300

@@ -18,7 +18,7 @@ import asyncio
 import orjson
 
 from gateway.http.exchange import Exchange
-from gateway.http.request_body import Endpoint
+from gateway.http.request_body import Endpoint, ParsedRequest
 from gateway.relay.upstream import UpstreamResponse
 from gateway.relay.upstream_errors import (
     ReplicaDisconnected,
@@ -66,16 +66,20 @@ _ROLE = b'"delta":{"role"'
 token's chunk or an error event."""
 
 
-async def first_output(upstream: UpstreamResponse, endpoint: Endpoint) -> bytes:
+async def first_output(upstream: UpstreamResponse, parsed: ParsedRequest) -> bytes:
     """A stream's first reads, up to its first token: held back from the client, so that a
     replica that dies, stalls or answers vLLM's error event before it is one more failed
     attempt (retried elsewhere), not a broken stream. Held with it: a Responses stream's
     opening events and a chat stream's role chunk, which come before the prefill ends.
     Compressed bytes (a replica that ignored the gateway's Accept-Encoding) cannot be read:
-    the first read goes as it came."""
+    the first read goes as it came. So does a background response's: vLLM runs one on its
+    own, a closed connection or not, and once one replica has it no other is to run it."""
+    endpoint = parsed.endpoint
+    held = parsed.body.get("background") is not True
     first = await upstream.readany()
     while (
-        first
+        held
+        and first
         and upstream.content_encoding is None
         and (
             not has_first_token(endpoint, first)

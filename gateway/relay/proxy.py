@@ -164,7 +164,7 @@ class Forwarder:
                 path, wait = routed.parsed.endpoint.value, settings.answer_timeout_s
                 upstream = await self._upstreams.post(replica.url, path, req.body, out, wait)
                 if upstream.content_type == answers.SSE and upstream.status < 400:
-                    first = await answers.first_output(upstream, routed.parsed.endpoint)
+                    first = await answers.first_output(upstream, routed.parsed)
         except (UpstreamError, TimeoutError, StreamRefused) as exc:
             if upstream is not None:
                 upstream.close()

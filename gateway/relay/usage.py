@@ -36,6 +36,20 @@ def prompt_usage(data: bytes) -> PromptUsage | None:
     return PromptUsage(int(prompt.group(1)), int(cached.group(1)) if cached else None)
 
 
+_USAGE = re.compile(rb'"usage"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
+"""A `usage` member whose object is whole (vLLM's nests one level: the tokens' details)."""
+
+
+def usage_object(data: bytes) -> bytes | None:
+    """The last `usage` member's object in ``data``, once whole; None where there is none, or
+    it is null, or a read ended inside it (its figures are not all in yet, the last one's
+    digits perhaps cut). The last: a Responses answer repeats the request's tools and text
+    format before its usage, objects a client may give any member."""
+    at = data.rfind(b'"usage"')
+    found = _USAGE.match(data, at) if at >= 0 else None
+    return None if found is None else found.group(1)
+
+
 _FINAL_EVENT = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 """A chat or completions stream's last event, the one whose usage counts the whole request."""
 

@@ -10,7 +10,7 @@ from gateway.fleet.pools import PoolState
 from gateway.fleet.replicas import Dispatch
 from gateway.http.exchange import Exchange
 from gateway.http.request_body import Endpoint, ParsedRequest
-from gateway.relay.usage import final_usage_part, prompt_usage
+from gateway.relay.usage import final_usage_part, prompt_usage, usage_object
 from gateway.routing.affinity import RouteHooks
 from gateway.routing.resolve import Resolution
 from gateway.telemetry.metrics import NO_POOL
@@ -68,29 +68,20 @@ class Routed:
     def learn_usage(self, dispatch: Dispatch, data: bytes) -> bool:
         """What the replica's `usage`, where ``data`` carries one, teaches the pool and the
         tenant's token charge; whether it carried one."""
-        if self.parsed.endpoint is Endpoint.RESPONSES:
-            # vLLM's answer repeats the request's tools and text format before its usage, as
-            # objects a client may fill with any member: only the last `usage` is the answer's.
-            start = data.rfind(b'"usage"')
-            if start < 0:
-                return False
-            data = data[start:]
-        usage = prompt_usage(data)
-        if usage is None:
-            return False
         if self.parsed.stream and self.parsed.endpoint in _CHOICES_STREAMED:
             final = final_usage_part(data)
             if final is None:
                 return False
-            data, usage = final, prompt_usage(final)
-            if usage is None:
-                return False
+            data = final
+        found = usage_object(data)
+        if found is None or (usage := prompt_usage(found)) is None:
+            return False
         if self.parsed.previous_response_id is None:
             # A follow-up's prompt holds the stored conversation too, which the gateway never
             # saw: its size would teach a wrong characters-per-token and index belief.
             self.pool.learned.observe(dispatch, usage)
         if self.on_usage is not None:
-            self.on_usage(data)
+            self.on_usage(found)
         return True
 
     def refusal_headers(self) -> dict[str, str]:
