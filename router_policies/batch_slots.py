@@ -14,19 +14,22 @@ import math
 
 
 class BatchSlots:
-    __slots__ = ("_last_running", "_last_waiting", "value")
+    __slots__ = ("_last_running", "_last_waiting", "_most_running", "value")
 
     def __init__(self) -> None:
         self.value = math.inf
         """Sequences the engine runs at once (unknown: unbounded)."""
         self._last_running = 0.0
         self._last_waiting = 0.0
+        self._most_running = 0.0
+        """The most sequences it has been seen running, before a full batch was seen too."""
 
     def observe(self, running: float, waiting: float) -> None:
+        self._most_running = max(self._most_running, running)
         if math.isfinite(self.value) and running > self.value:
             self.value = running
         queue_stayed = waiting > 0 and self._last_waiting > 0
         if queue_stayed and 0 < running <= self._last_running:
-            self.value = running if math.isinf(self.value) else max(self.value, running)
+            self.value = max(running, self._most_running)
         self._last_running = running
         self._last_waiting = waiting

@@ -19,9 +19,12 @@ from router_policies.batch_slots import BatchSlots
         ),
         pytest.param([(1, 1), (4, 2)], math.inf, id="a queue the batch grew past is passing"),
         pytest.param([(16, 3), (16, 5)], 16, id="a queue behind a batch that cannot grow"),
-        pytest.param([(16, 3), (15, 4)], 15, id="the batch shrank with a queue: full"),
+        pytest.param([(16, 3), (15, 4)], 16, id="the batch shrank with a queue: full"),
         pytest.param([(8, 2), (8, 2), (12, 0)], 12, id="never smaller than seen running"),
         pytest.param([(16, 3), (16, 5), (8, 4), (8, 4)], 16, id="a smaller full batch is KV-bound"),
+        pytest.param(
+            [(100, 0), (120, 0), (8, 5), (8, 5)], 120, id="a first queue behind a smaller batch"
+        ),
     ],
 )
 def test_slots_from_scrapes(scrapes: list[tuple[float, float]], slots: float) -> None:

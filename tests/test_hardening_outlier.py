@@ -58,6 +58,23 @@ def test_the_backoff_doubles_while_the_replica_keeps_failing_up_to_the_cap() -> 
     assert replica.outlier.ejected_until - now == 10.0
 
 
+def test_a_replica_failing_for_days_stays_ejected_for_the_longest_ejection() -> None:
+    """Each ejection doubles the last up to the cap: a count of them doubled on past a thousand
+    (three and a half days at the defaults) would overflow, and the replica never be ejected
+    again."""
+    outliers, _ = detector()
+    p = pool(4)
+    replica = next(iter(p.replicas.values()))
+    now = 0.0
+    for _ in range(1100):
+        for _ in range(3):
+            outliers.failure(p, replica, "timeout", now)
+        now = replica.outlier.ejected_until
+    for _ in range(3):
+        outliers.failure(p, replica, "timeout", now)
+    assert replica.outlier.ejected_until - now == 35.0
+
+
 def test_at_most_the_configured_share_of_a_pool_is_ejected_at_once() -> None:
     outliers, _ = detector(share=0.5)
     p = pool(5)

@@ -66,7 +66,8 @@ class OutlierDetector:
             )  # fmt: skip
             return False
         duration = min(settings.base_ejection_s * 2.0**outlier.ejections, settings.max_ejection_s)
-        outlier.ejections += 1
+        if duration < settings.max_ejection_s:  # counted on at the cap, 2**n would overflow
+            outlier.ejections += 1
         outlier.ejected_until = now + duration
         outlier.consecutive_failures = 0
         self._ejections.labels(pool.name, replica.name).inc()
