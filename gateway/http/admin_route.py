@@ -41,7 +41,8 @@ async def admin_route(request: web.Request) -> web.Response:
     features = with_client_hints(
         resolution.features, parsed.body, request.headers, pool.policy.session
     )
-    features = await request.app[TOKEN_KEYS].of(resolution, features)
+    if pool.events_on:
+        features = await request.app[TOKEN_KEYS].of(resolution, features)
     decision = pool.decide(features, exclude, explain=True)
     tier = None
     if resolution.verdict is not None:

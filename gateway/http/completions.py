@@ -84,7 +84,8 @@ async def complete(
         if tenant is not None:  # before arrivals: a 429 is not demand the pool must serve
             admission = await limiter.admit_request(tenant, fleet.policy.limits, resolution)
         pool.counts.arrivals += 1
-        features = await app[TOKEN_KEYS].of(resolution, features)
+        if pool.events_on:  # off, it costs nothing
+            features = await app[TOKEN_KEYS].of(resolution, features)
         routed = Routed(
             resolution,
             features,

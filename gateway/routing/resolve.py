@@ -82,7 +82,7 @@ class Resolution:
         return self.route or decided
 
     def response_headers(self) -> dict[str, str]:
-        return tier_headers(self.verdict)
+        return {} if self.verdict is None else tier_headers(self.verdict)
 
 
 def tier_headers(verdict: TierVerdict | None) -> dict[str, str]:

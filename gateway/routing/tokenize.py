@@ -183,10 +183,8 @@ class TokenKeys:
         self.leads = LeadKeys()
 
     async def of(self, resolution: Resolution, features: RequestFeatures) -> RequestFeatures:
-        """``features`` with the token keys where the request's pool routes on KV events, the
-        request read as its replicas read it (a tier model's with its pool's model)."""
-        if not resolution.pool.events_on:
-            return features
+        """``features`` with the token keys, for a pool that routes on KV events: the request
+        read as its replicas read it (a tier model's with its pool's model)."""
         return await self.attach(resolution.pool, resolution.parsed, features)
 
     async def attach(
