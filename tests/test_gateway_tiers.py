@@ -242,7 +242,7 @@ async def test_only_generation_feeds_the_calibration_and_the_conversation_memory
         await gw.stop()
 
 
-async def test_a_request_the_gateway_refuses_feeds_neither_the_calibration_nor_the_memory() -> None:
+async def test_a_request_the_gateway_refuses_is_not_counted_in_the_calibration() -> None:
     """Hard requests refused while the large pool is down (and their clients' retries) served
     no pool: counted, they would raise the threshold for after its outage."""
     calibration = {"target_large_share": 0.0, "window": 10, "min_samples": 1}

@@ -186,22 +186,33 @@ async def test_a_body_as_large_as_the_limit_envoy_buffers_is_picked_for() -> Non
     assert DESTINATION in destination
 
 
+async def destinations(stub: Any, body: dict[str, Any]) -> list[str]:
+    """Envoy's side up to the picker's answer to the body, then its hang-up: the endpoints the
+    answer names, in the order Envoy tries them."""
+    call = stub.Process()
+    await call.write(request_headers())
+    await call.read()
+    await call.write(request_body(orjson.dumps(body)))
+    named = await call.read()
+    await hang_up(call)
+    lb = named.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION]
+    return list(lb.string_value.split(","))
+
+
+def addresses(client: GatewayClient) -> list[str]:
+    """The small pool's replicas as Envoy names them."""
+    assert client.app is not None
+    replicas = client.app[POLICY].fleet.pools["small"].replicas.values()
+    return [r.url.removeprefix("http://") for r in replicas]
+
+
 async def test_envoys_every_try_goes_to_the_pool_even_where_it_has_fewer_replicas() -> None:
     """Past the endpoints named, Envoy's fallback policy picks among every pool's replicas: a
     retry there could reach another model's replica. A pool of one names its replica again."""
     async with picker(tiers=False) as (client, stub):
         body = {"model": "small-model", "messages": [{"role": "user", "content": EASY}]}
-        call = stub.Process()
-        await call.write(request_headers())
-        await call.read()
-        await call.write(request_body(orjson.dumps(body)))
-        named = await call.read()
-        await hang_up(call)
-    app = client.app
-    assert app is not None
-    [replica] = app[POLICY].fleet.pools["small"].replicas.values()
-    lb = named.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION]
-    assert lb.string_value.split(",") == [replica.url.removeprefix("http://")] * (1 + FALLBACKS)
+        named = await destinations(stub, body)
+    assert named == addresses(client) * (1 + FALLBACKS)
 
 
 async def test_an_adapters_fallbacks_are_the_replicas_serve_would_retry_on() -> None:
@@ -209,19 +220,8 @@ async def test_an_adapters_fallbacks_are_the_replicas_serve_would_retry_on() -> 
     in `serve` as through Envoy, to any replica that can load it, not to none."""
     async with picker(tiers=False, replicas=3, adapters=["sql-lora"]) as (client, stub):
         body = {"model": "sql-lora", "messages": [{"role": "user", "content": EASY}]}
-        call = stub.Process()
-        await call.write(request_headers())
-        await call.read()
-        await call.write(request_body(orjson.dumps(body)))
-        named = await call.read()
-        await hang_up(call)
-    app = client.app
-    assert app is not None
-    lb = named.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION]
-    pool = [
-        r.url.removeprefix("http://") for r in app[POLICY].fleet.pools["small"].replicas.values()
-    ]
-    assert sorted(lb.string_value.split(",")) == sorted(pool)
+        named = await destinations(stub, body)
+    assert sorted(named) == sorted(addresses(client))
 
 
 async def test_a_fallback_whose_name_does_not_resolve_is_left_out(
@@ -240,14 +240,8 @@ async def test_a_fallback_whose_name_does_not_resolve_is_left_out(
     monkeypatch.setattr(picker_module, "_resolve", resolver_failing_after_one)
     async with picker(tiers=False, replicas=3) as (_, stub):
         body = {"model": "small-model", "messages": [{"role": "user", "content": EASY}]}
-        call = stub.Process()
-        await call.write(request_headers())
-        await call.read()
-        await call.write(request_body(orjson.dumps(body)))
-        named = await call.read()
-        await hang_up(call)
-    lb = named.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION]
-    assert lb.string_value.split(",") == [resolved[0].removeprefix("http://")] * (1 + FALLBACKS)
+        named = await destinations(stub, body)
+    assert named == [resolved[0].removeprefix("http://")] * (1 + FALLBACKS)
 
 
 STREAM = (

@@ -22,6 +22,7 @@ from gateway.relay.stream_usage import (
 from gateway.relay.usage import PromptUsage, final_usage_part, prompt_usage
 from tests.conftest import (
     MODEL,
+    Handler,
     fake_replica,
     in_process_gateway,
     in_process_sims,
@@ -320,24 +321,32 @@ async def test_only_a_prompts_own_words_teach_the_characters_per_token() -> None
         assert await learned_chars_per_token(url, ADMIN_TOKEN) != untaught
 
 
-@pytest.mark.parametrize("cut", [USAGE.index(b"prompt_tokens") + 4, USAGE.index(b"total")])
-async def test_a_usage_event_split_across_two_reads_teaches_the_pool(cut: int) -> None:
+def split_at(usage: bytes, cut: int) -> Handler:
+    """A replica streaming a token, then ``usage`` in two reads split at ``cut``."""
+
     async def split_usage(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for part in (CHUNK + USAGE[:cut], USAGE[cut:] + DONE):
+        for part in (CHUNK + usage[:cut], usage[cut:] + DONE):
             await response.write(part)
             await asyncio.sleep(0.05)  # each half a read of its own
         return response
 
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 900}], "stream": True}
+    return split_usage
+
+
+LONG_PROMPT = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 900}], "stream": True}
+
+
+@pytest.mark.parametrize("cut", [USAGE.index(b"prompt_tokens") + 4, USAGE.index(b"total")])
+async def test_a_usage_event_split_across_two_reads_teaches_the_pool(cut: int) -> None:
     async with (
-        fake_replica(split_usage) as url,
+        fake_replica(split_at(USAGE, cut)) as url,
         in_process_gateway(pool_policy([url]), admin_token=ADMIN_TOKEN) as gateway,
     ):
         here = str(gateway.make_url("")).rstrip("/")
         untaught = await learned_chars_per_token(here, ADMIN_TOKEN)
-        async with gateway.post("/v1/chat/completions", json=body) as r:
+        async with gateway.post("/v1/chat/completions", json=LONG_PROMPT) as r:
             assert (await r.read()).endswith(DONE)
         assert await learned_chars_per_token(here, ADMIN_TOKEN) != untaught
 
@@ -348,24 +357,13 @@ async def test_a_usage_split_inside_a_figure_is_read_whole(cut: bytes) -> None:
     cut short: it is read once whole (a tenant was charged 1 token of 1,300, or the pool taught
     a prompt of 12 tokens)."""
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":1234,"total_tokens":1300}}\n\n'
-    at = usage.index(cut) + len(cut)
-
-    async def split_usage(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for part in (CHUNK + usage[:at], usage[at:] + DONE):
-            await response.write(part)
-            await asyncio.sleep(0.05)  # each half a read of its own
-        return response
-
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 900}], "stream": True}
     limits = {"tenants": {"acme": tenant(ACME_KEY, tokens_per_minute=100_000)}}
     async with (
-        fake_replica(split_usage) as url,
+        fake_replica(split_at(usage, usage.index(cut) + len(cut))) as url,
         in_process_gateway(limited_policy([url], **limits)) as gateway,
     ):
         key = {"Authorization": f"Bearer {ACME_KEY}"}
-        async with gateway.post("/v1/chat/completions", json=body, headers=key) as r:
+        async with gateway.post("/v1/chat/completions", json=LONG_PROMPT, headers=key) as r:
             assert (await r.read()).endswith(DONE)
         await asyncio.sleep(0.05)
         text = await (await gateway.get("/metrics")).text()
