@@ -9,12 +9,14 @@ import signal
 import time
 from pathlib import Path
 
+import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from bench.launcher import start_gateway
 from replica.processes import ManagedProcess
-from tests.conftest import chat, pool_policy, running_gateway, running_sims
+from tests.conftest import chat, fake_replica, pool_policy, running_gateway, running_sims
 from tests.hardening import (
     long_stream_under_way,
     openai_error,
@@ -48,6 +50,35 @@ async def test_sigterm_readiness_first_then_a_bounded_drain() -> None:
             while gw.returncode is None:  # noqa: ASYNC110 (a child's exit is no Event)
                 await asyncio.sleep(0.05)
         assert gw.returncode == 0
+
+
+async def test_a_request_still_waiting_at_the_drain_deadline_is_refused_as_any_refusal() -> None:
+    """Its 503 names its pool, as the gateway's other refusals once the pool is chosen do."""
+    answered = asyncio.Event()
+
+    async def silent(request: web.Request) -> web.StreamResponse:
+        await answered.wait()  # a prefill that outlasts the drain
+        return web.json_response({})
+
+    env = {"GATEWAY_SHUTDOWN_DELAY_S": "0.2", "GATEWAY_DRAIN_TIMEOUT_S": "0.5"}
+    async with (
+        fake_replica(silent) as url,
+        running_gateway([url], "round-robin", env=env) as gw,
+        aiohttp.ClientSession() as session,
+    ):
+        try:
+            body = orjson.dumps(chat("s", "q", max_tokens=2))
+            waiting = asyncio.create_task(session.post(f"{gw.url}/v1/chat/completions", data=body))
+            await asyncio.sleep(0.3)  # in flight at the replica
+            os.kill(gw.pid, signal.SIGTERM)
+            async with asyncio.timeout(10):
+                refused = await waiting
+                error = await refused.json()
+        finally:
+            answered.set()
+    assert refused.status == 503 and error["error"]["code"] == "shutting_down"
+    assert refused.headers["x-gateway-pool"] == "small"
+    assert refused.headers["x-request-id"]
 
 
 async def test_a_gateway_the_launcher_started_stops_cleanly_without_the_pre_stop_delay() -> None:

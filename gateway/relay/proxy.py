@@ -89,7 +89,7 @@ class Forwarder:
             outcome.status = SHUTTING_DOWN
             if exchange.started:
                 return outcome.wire  # a stream, already ended with an error event
-            return await _refuse(req, {headers.REQUEST_ID: routed.request_id}, shutting_down())
+            return await _refuse(req, routed.refusal_headers(), shutting_down())  # as any refusal
         finally:
             self._metrics.answered(routed.pool.name, outcome.route, outcome.status, routed.started)
             log.debug(
