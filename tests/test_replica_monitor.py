@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gzip
 import logging
 import socket
@@ -62,12 +63,18 @@ async def test_one_pool_failing_its_autoscale_update_leaves_the_others_updated_a
 
 @contextlib.asynccontextmanager
 async def serving_metrics(
-    body: bytes, content_type: str = "text/plain", status: int = 200, *, gzips: bool = False
+    body: bytes,
+    content_type: str = "text/plain",
+    status: int = 200,
+    *,
+    gzips: bool = False,
+    delay_s: float = 0.0,
 ) -> AsyncIterator[str]:
-    """A replica whose /metrics answers ``body``; ``gzips``: compressed for a client accepting
-    gzip, as prometheus_client's exporter (vLLM's /metrics mount) answers."""
+    """A replica whose /metrics answers ``body`` (after ``delay_s``); ``gzips``: compressed for
+    a client accepting gzip, as prometheus_client's exporter (vLLM's /metrics mount) answers."""
 
     async def metrics(request: web.Request) -> web.Response:
+        await asyncio.sleep(delay_s)
         if gzips and "gzip" in request.headers.get("Accept-Encoding", ""):
             return web.Response(body=gzip.compress(body), headers={"Content-Encoding": "gzip"})
         return web.Response(body=body, content_type=content_type, charset="utf-8", status=status)
@@ -117,6 +124,29 @@ async def test_metrics_that_cannot_be_read_are_a_missed_scrape_of_that_replica_l
     assert second.engine.waiting == 50 and fleet.pools["second"].autoscale.desired > 1
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
         f"metrics of replica {first.name} of pool first cannot be read"
+    ]
+
+
+async def test_metrics_slower_than_the_scrape_timeout_are_a_missed_scrape_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Figures kept from the last scrape feed routing and the HPA: one no scrape can renew is
+    said, as unreadable ones are."""
+    async with (
+        serving_metrics(b"vllm:num_requests_running 1\n", delay_s=1.0) as slow,
+        aiohttp.ClientSession() as session,
+    ):
+        fleet = Fleet(parse_policy({"pools": {"first": {"model": "first", "replicas": [slow]}}}))
+        [first] = fleet.pools["first"].replicas.values()
+        first.engine = EngineStats(running=3.0, waiting=4.0)  # the last scrape's
+        probes = dataclasses.replace(PROBES, scrape_interval_s=0.1)  # a timeout of 0.5 s
+        monitor = ReplicaMonitor(lambda: fleet, session, probes)
+        with caplog.at_level(logging.WARNING, logger="gateway.fleet.monitor"):
+            await monitor.scrape_once()
+            await monitor.scrape_once()
+    assert first.engine == EngineStats(running=3.0, waiting=4.0)
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        f"metrics of replica {first.name} of pool first could not be fetched"
     ]
 
 

@@ -169,8 +169,10 @@ class ReplicaMonitor:
                     raise ValueError("an HTML page")
                 text = (await read_at_most(resp)).decode()
             stats = parse_engine_stats(text, replica.engine)
-        except (aiohttp.ClientError, TimeoutError):
-            return  # health checks decide about liveness; a missed scrape keeps the last figures
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # Health checks decide about liveness; a missed scrape keeps the last figures.
+            self._missed(pool, replica, f"could not be fetched ({exc!r:.200})")
+            return
         except ValueError as exc:  # not UTF-8, not Prometheus's format: missed, as above
             self._missed(pool, replica, f"cannot be read ({exc!s:.200})")
             return
