@@ -139,6 +139,14 @@ class OlderReplayPublisher:
         if sent:
             await self._pub.send_multipart((b"", seq, body))
 
+    async def until_joined(self, stream: EventStream) -> None:
+        """Live messages until ``stream`` has read one (ZeroMQ's slow joiner drops the first)."""
+        deadline = time.monotonic() + 10
+        while stream.next_seq is None:
+            assert time.monotonic() < deadline, "the stream never joined"
+            await self.publish(payload())
+            await asyncio.sleep(0.05)
+
     def forget(self, seq: int) -> None:
         """Message ``seq`` leaves the replay's buffer: a replay from before it has a hole."""
         self._buffer = [(n, body) for n, body in self._buffer if n != seq]

@@ -63,11 +63,7 @@ async def test_a_hole_is_filled_from_an_older_vllms_replay() -> None:
     stream = EventStream(publisher.endpoint, publisher.replay)
     task = asyncio.create_task(stream.run("replica"))
     try:
-        deadline = time.monotonic() + 10
-        while stream.next_seq is None:  # ZeroMQ's slow joiner: live messages until one lands
-            assert time.monotonic() < deadline, "the stream never joined"
-            await publisher.publish(payload())
-            await asyncio.sleep(0.05)
+        await publisher.until_joined(stream)
         assert await eventually(lambda: stream.next_seq == publisher.next_seq, every_s=0.01)
         stored = block_stored([1, 2], None, TOKENS[:32], 16, None)
         await publisher.publish(payload(stored), sent=False)  # missed

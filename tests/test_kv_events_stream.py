@@ -184,11 +184,7 @@ async def test_a_join_whose_replay_has_a_hole_is_a_lost_message() -> None:
     publisher.forget(1)  # the eviction's message, dropped from the replay
     task = asyncio.create_task(stream.run("replica"))
     try:
-        deadline = time.monotonic() + 10
-        while stream.next_seq is None:  # ZeroMQ's slow joiner: live messages until one lands
-            assert time.monotonic() < deadline, "the stream never joined"
-            await publisher.publish(payload())
-            await asyncio.sleep(0.05)
+        await publisher.until_joined(stream)
         assert await eventually(lambda: stream.gaps == 1, every_s=0.01)
         assert not stream.exact(time.monotonic())
         assert stream.blocks.match(token_block_keys(TOKENS[:32], 16, ROOT)) == 0
