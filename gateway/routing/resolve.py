@@ -85,10 +85,8 @@ class Resolution:
         return {} if self.verdict is None else tier_headers(self.verdict)
 
 
-def tier_headers(verdict: TierVerdict | None) -> dict[str, str]:
+def tier_headers(verdict: TierVerdict) -> dict[str, str]:
     """What an answer to a classified request says of its tier (a replica's, or an error)."""
-    if verdict is None:
-        return {}
     return {headers.TIER: verdict.tier.value, headers.TIER_SCORE: f"{verdict.score.score:.3f}"}
 
 
