@@ -86,6 +86,24 @@ async def test_a_cached_prefix_shortens_time_to_first_token(
     assert engine.stats.prefix_cache_hits == warm.num_cached_tokens
 
 
+async def test_a_request_scheduled_after_another_hits_the_blocks_that_one_is_computing(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """As vLLM's scheduler: the queue's head joins a step only while its token budget lasts,
+    and a scheduled chunk's blocks are cached at once. Of two requests queued together with
+    a shared prefix, the second, admitted in the next step, prefills only its own part."""
+    engine = make_engine(
+        prefill_s_per_token=1e-5, decode_step_s=0.0, decode_s_per_seq=0.0,
+        max_num_batched_tokens=256,
+    )  # fmt: skip
+    shared = toks(0, 256)
+    first = engine.submit("first", [*shared, *toks(500, 16)], max_tokens=1)
+    second = engine.submit("second", [*shared, *toks(600, 16)], max_tokens=1)
+    await asyncio.gather(drain(first), drain(second))
+    assert (first.num_cached_tokens, second.num_cached_tokens) == (0, 256)
+    assert engine.stats.prefix_cache_hits == 256
+
+
 async def test_abort_frees_blocks_at_once(make_engine: Callable[..., Engine]) -> None:
     engine = make_engine(max_num_seqs=1, decode_step_s=0.005)
     running = engine.submit("running", toks(0, 64), max_tokens=1000)

@@ -1,10 +1,12 @@
 """Continuous batching over the simulated KV cache, with a step-time model.
 
-One asyncio task plays the GPU. Requests wait in a FCFS queue and are admitted while fewer
-than ``max_num_seqs`` run and the KV cache can hold prompt + max_tokens (no preemption, so
-an admitted request always finishes). Each step, prefilling requests share the
-``max_num_batched_tokens`` budget over their uncached tokens (chunked prefill) and every
-decoding request emits one token; the step then takes as long as the timing model says.
+One asyncio task plays the GPU. Each step is planned as vLLM's scheduler plans it: the
+running requests share the ``max_num_batched_tokens`` budget first (a token for each decoding
+one, a chunk of its uncached prompt for each prefilling one: chunked prefill), then requests
+waiting in a FCFS queue are admitted while budget is left, fewer than ``max_num_seqs`` run and
+the KV cache can hold prompt + max_tokens (no preemption, so an admitted request always
+finishes). A scheduled chunk's full blocks are cached at once, as vLLM's are. The step then
+takes as long as the timing model says.
 """
 
 import asyncio
@@ -253,7 +255,7 @@ class Engine:
     async def _loop(self) -> None:
         self._step_end = time.monotonic()
         while True:
-            self._admit()
+            prefill, decode = self._schedule()
             self._publish()
             if not self._running:
                 # Idle (or, impossibly, blocked with nothing running): sleep until submit/abort.
@@ -263,11 +265,30 @@ class Engine:
                 await self._wakeup.wait()
                 self._step_end = time.monotonic()
                 continue
-            await self._step()
+            await self._step(prefill, decode)
             self._publish()
 
-    def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.config.max_num_seqs:
+    def _schedule(self) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]]:
+        """One step's work as vLLM's scheduler plans it: the running requests first (a token of
+        the budget for each decoding one, a chunk of what is left for a prefilling one), then
+        the queue's head while budget, a sequence slot and KV blocks last. A chunk's full blocks
+        are findable once scheduled, as vLLM caches them at allocation: a request scheduled
+        after it, in this step or the next, hits them (the forward pass writes a layer's KV
+        before attention reads it)."""
+        config = self.config
+        budget = config.max_num_batched_tokens
+        prefill: list[tuple[SimRequest, int]] = []
+        decode: list[SimRequest] = []
+        for request in self._running:
+            if budget <= 0:
+                break
+            remaining = request.num_prompt_tokens - request.num_computed_tokens
+            if remaining == 0:
+                decode.append(request)
+                budget -= 1
+            else:
+                budget -= self._chunk(request, min(remaining, budget), prefill)
+        while self._waiting and len(self._running) < config.max_num_seqs and budget > 0:
             request = self._waiting[0]
             allocation = self.kv_cache.lookup_and_allocate(
                 request.prompt_tokens, request.max_tokens, request.salt,
@@ -279,30 +300,30 @@ class Engine:
             request.allocation = allocation
             request.num_computed_tokens = allocation.num_cached_tokens
             self._loading_s += (
-                allocation.loaded_tokens
-                * self.config.prefill_s_per_token
-                * self.config.kv_load_share
+                allocation.loaded_tokens * config.prefill_s_per_token * config.kv_load_share
             )
             self._running.append(request)
             self.stats.prefix_cache_queries += request.num_prompt_tokens
             self.stats.prefix_cache_hits += allocation.num_cached_tokens
             self.stats.prompt_tokens += request.num_prompt_tokens
-
-    async def _step(self) -> None:
-        config = self.config
-        budget = config.max_num_batched_tokens
-        prefill: list[tuple[SimRequest, int]] = []
-        decode: list[SimRequest] = []
-        for request in self._running:
             remaining = request.num_prompt_tokens - request.num_computed_tokens
-            if remaining == 0:
-                decode.append(request)
-            elif budget > 0:
-                chunk = min(remaining, budget)
-                budget -= chunk
-                prefill.append((request, chunk))
-        prefill_tokens = config.max_num_batched_tokens - budget
-        duration = prefill_tokens * config.prefill_s_per_token + self._loading_s
+            budget -= self._chunk(request, min(remaining, budget), prefill)
+        return prefill, decode
+
+    def _chunk(
+        self, request: SimRequest, tokens: int, prefill: list[tuple[SimRequest, int]]
+    ) -> int:
+        """Schedule ``tokens`` more of ``request``'s prompt this step; its full blocks are
+        cached from now on. Returns ``tokens``."""
+        prefill.append((request, tokens))
+        assert request.allocation is not None
+        self.kv_cache.commit(request.allocation, request.num_computed_tokens + tokens)
+        return tokens
+
+    async def _step(self, prefill: list[tuple[SimRequest, int]], decode: list[SimRequest]) -> None:
+        config = self.config
+        duration = sum(chunk for _, chunk in prefill) * config.prefill_s_per_token
+        duration += self._loading_s
         self._loading_s = 0.0
         if decode:
             duration += config.decode_step_s + config.decode_s_per_seq * len(decode)
@@ -315,8 +336,6 @@ class Engine:
             if request.finished:
                 continue
             request.num_computed_tokens += chunk
-            assert request.allocation is not None
-            self.kv_cache.commit(request.allocation, request.num_computed_tokens)
             if request.num_computed_tokens == request.num_prompt_tokens:
                 request.first_token_s = now
                 self._emit(request, now)
@@ -365,36 +384,3 @@ class Engine:
         )
         for listener in self._listeners:
             listener(record)
-
-
-async def merged(requests: list[SimRequest]) -> AsyncIterator[tuple[int, int, str | None]]:
-    """(index in ``requests``, token, finish reason) of several requests (the choices of one
-    HTTP request), in the order the engine produces them."""
-    if len(requests) == 1:
-        async for token, reason in requests[0].stream():
-            yield 0, token, reason
-        return
-    queue: asyncio.Queue[tuple[int, int, str | None] | Exception | None] = asyncio.Queue()
-
-    async def pump(index: int, request: SimRequest) -> None:
-        try:
-            async for token, reason in request.stream():
-                queue.put_nowait((index, token, reason))
-        except Exception as exc:  # EngineFailed: re-raised to the reader below
-            queue.put_nowait(exc)
-        queue.put_nowait(None)
-
-    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
-    try:
-        left = len(tasks)
-        while left:
-            item = await queue.get()
-            if item is None:
-                left -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()

@@ -166,11 +166,10 @@ class KVCache:
         return block_id
 
     def commit(self, allocation: Allocation, num_computed_tokens: int | None = None) -> None:
-        """Make the prompt's full blocks findable once their KV has been computed.
-
-        Registering earlier would let a concurrent request "hit" blocks still being filled.
-        ``num_computed_tokens`` limits this to the blocks done so far (chunked prefill).
-        """
+        """Make the prompt's full blocks findable once their KV is scheduled to be computed,
+        as vLLM caches them at allocation (a request scheduled after them reads them after the
+        forward pass wrote them). ``num_computed_tokens`` limits this to the blocks scheduled
+        so far (chunked prefill)."""
         if allocation.freed:
             return
         done = len(allocation.prompt_hashes)

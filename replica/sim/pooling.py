@@ -22,8 +22,9 @@ import xxhash
 from aiohttp import web
 
 from replica.openai_api import REQUEST_ID, ApiError
+from replica.sim.choices import merged
 from replica.sim.config import SimConfig
-from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest, merged
+from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest
 from replica.sim.errors import VllmError
 from replica.sim.protocol import cache_salt, load_body, render_chat_body
 from replica.sim.tokenizer import adapter_salt, prompt_hash, tokenize

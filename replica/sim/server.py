@@ -17,8 +17,9 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
 from replica.openai_api import REQUEST_ID, ApiError
 from replica.sim import pooling, responses
+from replica.sim.choices import merged
 from replica.sim.config import SimConfig
-from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest, merged
+from replica.sim.engine import Engine, EngineFailed, RequestRejected, SimRequest
 from replica.sim.errors import VllmError
 from replica.sim.metrics import SimMetrics
 from replica.sim.protocol import FORMATS, Kind, ResponseFormat, parse_request, usage
