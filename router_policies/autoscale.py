@@ -13,7 +13,8 @@ Replicas needed by load and by KV pressure, whichever is higher:
   KV:    healthy x mean KV-cache usage / kv_usage_ceiling
 raw = clamp(ceil(max(load, KV)), min_replicas, max_replicas)
 With no healthy replica (an outage) the load term still counts the demand (arrivals go on
-being counted) and raw is at least 1; a term that is not a number >= 0 counts as 0.
+being counted) and raw is at least 1 while there is any (with none, min_replicas 0 lets a pool
+scaled to zero stay there); a term that is not a number >= 0 counts as 0.
 desired = raw when it rises; when it falls, the highest raw value of the last
 scale_down_stabilization_s (the Kubernetes HPA's own scale-down rule), so a brief lull does not
 shed replicas that a cold start would take minutes to bring back.
@@ -57,8 +58,10 @@ def desired_replicas(
     # the quotient inf, which no int can hold; the cap is the answer's own. A term that is
     # NaN or negative (a broken figure) asks for nothing rather than raising.
     wanted = math.ceil(min(max(_term(by_load), _term(by_kv)), settings.max_replicas) - 1e-9)
-    # Nothing serves: at least one replica, so the pool can come back.
-    floor = settings.min_replicas if healthy > 0 else max(settings.min_replicas, 1)
+    # Nothing serves a demand: at least one replica, so the pool can come back. No demand (a
+    # pool scaled to zero, idle): min_replicas, or the signal would wake it up again at once.
+    asked = arrival_rate > 0 or queue_depth > 0
+    floor = max(settings.min_replicas, 1) if healthy == 0 and asked else settings.min_replicas
     return min(max(wanted, floor), settings.max_replicas)
 
 
@@ -72,6 +75,10 @@ class RateMeter:
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self._samples: deque[tuple[float, int]] = deque()
+
+    def retime(self, window_s: float) -> None:
+        """A reload's new window: the samples kept, the next reading trims them to it."""
+        self.window_s = window_s
 
     def rate(self, now: float, count: int) -> float:
         samples = self._samples
@@ -97,6 +104,14 @@ class CapacityMeter:
         self._healthy = 0
         self.value: float | None = None
 
+    def retime(self, window_s: float) -> None:
+        """A reload's new window: the capacity measured is kept; a saturation must last the
+        new window before it is sampled again."""
+        if window_s != self.window_s:
+            self.window_s = window_s
+            self._completions.retime(window_s)
+            self._saturated_since = None
+
     def update(self, now: float, completions: int, healthy: int, queue_depth: float) -> None:
         rate = self._completions.rate(now, completions)
         if healthy <= 0 or queue_depth < healthy or healthy != self._healthy:
@@ -119,6 +134,11 @@ class ScaleDownStabilizer:
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self._history: deque[tuple[float, int]] = deque()
+
+    def retime(self, window_s: float) -> None:
+        """A reload's new window: the history kept, the next recommendation trims it to it (a
+        new history would let the signal fall at once, whichever way the window moved)."""
+        self.window_s = window_s
 
     def forget(self) -> None:
         """Drop the history: recommendations made on a basis since replaced (the queue term,

@@ -81,10 +81,14 @@ def test_an_outage_keeps_asking_for_what_the_demand_needs() -> None:
     assert desired_replicas(0, queue_depth=32, mean_kv_usage=0.0, settings=S) == 8
 
 
-def test_an_outage_with_no_demand_still_asks_for_one_replica_to_come_back() -> None:
-    none_kept = S.model_copy(update={"min_replicas": 0})
-    assert desired_replicas(0, queue_depth=0, mean_kv_usage=0.0, settings=none_kept) == 1
+def test_a_pool_scaled_to_zero_stays_there_until_a_request_comes() -> None:
+    none_kept = RATED.model_copy(update={"min_replicas": 0})
+    assert desired_replicas(0, queue_depth=0, mean_kv_usage=0.0, settings=none_kept) == 0
     assert desired_replicas(3, queue_depth=0, mean_kv_usage=0.0, settings=none_kept) == 0
+    # Any demand while nothing serves asks for one, however little: the pool comes back.
+    for waiting, arriving in ((1, 0.0), (0, 0.01)):
+        wanted = desired_replicas(0, waiting, 0.0, none_kept, arrival_rate=arriving)
+        assert wanted == 1
 
 
 @pytest.mark.parametrize("broken", [math.nan, -5.0, math.inf, -math.inf])
@@ -140,6 +144,25 @@ def test_no_capacity_is_learned_from_a_pool_that_is_not_saturated() -> None:
     for t in range(60):
         meter.update(float(t), completions=t * 6, healthy=2, queue_depth=0)
     assert meter.value is None
+
+
+def test_a_new_window_keeps_what_was_measured_and_trims_it() -> None:
+    stabilizer = ScaleDownStabilizer(window_s=60)
+    stabilizer.recommend(0, 8)
+    stabilizer.retime(300)  # longer: the peak is still held
+    assert stabilizer.recommend(100, 3) == 8
+    stabilizer.retime(60)  # shorter: held no longer than the new window
+    assert stabilizer.recommend(101, 3) == 3
+    rates = RateMeter(window_s=60)
+    for t in range(0, 61, 10):
+        rates.rate(float(t), t * 5)
+    rates.retime(10)
+    assert rates.rate(70.0, 400) == pytest.approx(10.0)  # over the last 10 s alone
+    capacity = CapacityMeter(window_s=10)
+    saturated_pool(capacity, per_replica=9.0, healthy=2, seconds=40)
+    learned = capacity.value
+    capacity.retime(30)
+    assert learned is not None and capacity.value == learned
 
 
 def test_a_change_of_healthy_replicas_restarts_the_window() -> None:

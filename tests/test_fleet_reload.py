@@ -323,7 +323,7 @@ def _scale_up_then_calm(pool: PoolState) -> None:
     replica = pool.replicas[name(A)]
     pool.apply_engine_stats(replica, EngineStats(waiting=40))
     pool.update_desired(1000.0)
-    assert pool.autoscale.desired > 1
+    assert (pool.autoscale.desired or 0) > 1
     pool.apply_engine_stats(replica, EngineStats(waiting=0))
 
 
@@ -347,7 +347,7 @@ def test_the_autoscale_history_carries_over_so_a_reload_does_not_scale_down() ->
 def test_a_lowered_max_replicas_bounds_the_remembered_peak_at_once() -> None:
     old = fleet([A])
     _scale_up_then_calm(small(old))
-    assert small(old).autoscale.desired > 2
+    assert (small(old).autoscale.desired or 0) > 2
 
     new = small(fleet([A], previous=old, autoscale={"max_replicas": 2}))
 
@@ -355,14 +355,45 @@ def test_a_lowered_max_replicas_bounds_the_remembered_peak_at_once() -> None:
     assert new.autoscale.desired == 2  # the peak remembered, within the bound now in force
 
 
-def test_a_changed_stabilisation_window_starts_a_new_history() -> None:
+@pytest.mark.parametrize("window", [60.0, 600.0])
+def test_a_changed_stabilisation_window_keeps_the_history_within_it(window: float) -> None:
+    """A fresh history would let the signal fall at the next round, against an operator who
+    lengthened the window; a shorter one holds the peak no longer than itself."""
     old = fleet([A])
     _scale_up_then_calm(small(old))
+    peak = small(old).autoscale.desired
 
-    new = small(fleet([A], previous=old, autoscale={"scale_down_stabilization_s": 60}))
+    new = small(fleet([A], previous=old, autoscale={"scale_down_stabilization_s": window}))
 
     new.update_desired(1001.0)
+    assert new.autoscale.desired == peak
+    new.update_desired(1000.0 + window + 1)
     assert new.autoscale.desired == new.autoscale.raw_desired == 1
+
+
+def test_the_capacity_measured_is_per_replica_serving_not_per_ejected_one() -> None:
+    """An ejected replica completes next to nothing: counted, it reads the others' capacity
+    low, and the signal asks for too many."""
+    pool = small(fleet([A, B], autoscale={"capacity_window_s": 10}))
+    serving, ejected = pool.replicas.values()
+    ejected.outlier.ejected_until = math.inf
+    pool.apply_engine_stats(serving, EngineStats(waiting=10))  # saturated
+    for t in range(40):
+        pool.counts.completions = 9 * t  # what the one serving completes
+        pool.update_desired(1000.0 + t)
+    assert pool.autoscale.capacity.value == pytest.approx(9.0)
+
+
+def test_a_gateway_just_started_holds_the_pool_at_the_size_it_found() -> None:
+    """No history yet, and no arrival rate over a whole window: for one stabilisation window
+    the signal does not ask for fewer replicas than serve (an HPA would shed them at once)."""
+    pool = small(fleet([A, B, C]))
+    assert pool.autoscale.desired is None  # before the first round: the series is absent
+    window = pool.autoscale.settings.scale_down_stabilization_s
+    pool.update_desired(1000.0)
+    assert pool.autoscale.raw_desired == 1 and pool.autoscale.desired == 3
+    pool.update_desired(1000.0 + window + 1)
+    assert pool.autoscale.desired == 1
 
 
 def tiered(previous: Fleet | None = None, cost: dict[str, Any] | None = None, **tier: Any) -> Fleet:

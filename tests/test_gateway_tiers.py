@@ -247,14 +247,7 @@ async def test_a_request_the_gateway_refuses_is_not_counted_in_the_calibration()
     no pool: counted, they would raise the threshold for after its outage."""
     calibration = {"target_large_share": 0.0, "window": 10, "min_samples": 1}
     async with in_process_sims(1, "small-model") as small:
-        policy = {
-            "pools": {
-                "small": {"model": "small-model", "replicas": small},
-                "large": {"model": "large-model", "replicas": [f"http://127.0.0.1:{free_port()}"]},
-            },
-            "tiers": {"auto": {"small": "small", "large": "large", "calibration": calibration}},
-        }
-        async with in_process_gateway(policy) as gateway:
+        async with in_process_gateway(large_pool_down(small, calibration)) as gateway:
             for _ in range(3):
                 refused = await gateway.post(
                     "/v1/chat/completions", data=orjson.dumps({"model": "auto", **HARD})
@@ -268,6 +261,31 @@ async def test_a_request_the_gateway_refuses_is_not_counted_in_the_calibration()
             assert served.status == 200
             text = await (await gateway.get("/metrics")).text()
     assert metric(text, "gateway_tier_threshold") == float("inf")  # one counted: calibrated
+
+
+async def test_a_conversation_refused_its_large_turn_is_not_remembered_as_large() -> None:
+    """A hard turn refused while the large pool is down never ran there: its conversation's
+    next turn is routed by its own score, not kept large."""
+    async with in_process_sims(1, "small-model") as small:
+        async with in_process_gateway(large_pool_down(small)) as gateway:
+            hard = {"model": "auto", "messages": turns(OPENING, HARD_TEXT), "max_tokens": 1}
+            refused = await gateway.post("/v1/chat/completions", data=orjson.dumps(hard))
+            assert refused.status == 503 and refused.headers[headers.TIER] == "large"
+            later = {**hard, "messages": turns(OPENING, HARD_TEXT, "Thanks! Shorter?")}
+            served = await gateway.post("/v1/chat/completions", data=orjson.dumps(later))
+    assert served.status == 200 and served.headers[headers.TIER] == "small"
+
+
+def large_pool_down(small: list[str], calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Tier `auto` over the ``small`` replicas and a large pool whose one replica is down."""
+    tier = {"small": "small", "large": "large"}
+    return {
+        "pools": {
+            "small": {"model": "small-model", "replicas": small},
+            "large": {"model": "large-model", "replicas": [f"http://127.0.0.1:{free_port()}"]},
+        },
+        "tiers": {"auto": tier if calibration is None else {**tier, "calibration": calibration}},
+    }
 
 
 async def test_overflow_starts_when_the_small_pool_saturates_and_stops_when_it_recovers(

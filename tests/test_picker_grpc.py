@@ -244,6 +244,37 @@ async def test_a_fallback_whose_name_does_not_resolve_is_left_out(
     assert named == [resolved[0].removeprefix("http://")] * (1 + FALLBACKS)
 
 
+async def test_a_request_whose_replica_cannot_be_resolved_was_never_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 502 `replica_unreachable` reached no replica: its conversation's hard turn is not
+    remembered as gone large, and the next turn goes by its own score."""
+    resolving = False
+
+    async def resolver(url: str) -> str:
+        if not resolving:
+            raise OSError("Temporary failure in name resolution")
+        return url.removeprefix("http://")
+
+    monkeypatch.setattr(picker_module, "_resolve", resolver)
+    turns = [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."}]
+    hard = {"model": "auto", "messages": [*turns, {"role": "user", "content": HARD}]}
+    later = [*hard["messages"], {"role": "assistant", "content": "Done."}]
+    async with picker() as (client, stub):
+        call = stub.Process()
+        await call.write(request_headers())
+        await call.read()
+        await call.write(request_body(orjson.dumps(hard)))
+        refused = await call.read()
+        call.cancel()
+        resolving = True
+        named = await destinations(
+            stub, {**hard, "messages": [*later, {"role": "user", "content": "Shorter?"}]}
+        )
+        assert refused.immediate_response.status.code == 502
+        assert named[0] in addresses(client)  # the small pool's
+
+
 STREAM = (
     b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n'
     b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'

@@ -19,7 +19,7 @@ from gateway.relay.stream_usage import (
     WholeEvents,
     asking_usage,
 )
-from gateway.relay.usage import PromptUsage, final_usage_part, prompt_usage
+from gateway.relay.usage import PromptUsage, final_usage_part, prompt_usage, usage_object
 from tests.conftest import (
     MODEL,
     Handler,
@@ -292,6 +292,14 @@ def test_a_streams_usage_is_read_from_its_final_event_only() -> None:
     assert final_usage_part(chunk) is None
     part = final_usage_part(chunk + final)
     assert part is not None and prompt_usage(part) == PromptUsage(16, None)
+
+
+def test_the_usage_of_a_prompt_with_an_image_is_read() -> None:
+    # vLLM 0.32 counts an image's tokens per modality inside the details: two levels deep.
+    details = b'"prompt_tokens_details":{"cached_tokens":16,"multimodal_tokens":{"image":576}}'
+    final = b'data: {"choices":[],"usage":{"prompt_tokens":600,' + details + b"}}\n\n"
+    found = usage_object(final)
+    assert found is not None and prompt_usage(found) == PromptUsage(600, 16)
 
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "iVBO" * 50_000}}

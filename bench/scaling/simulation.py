@@ -178,7 +178,8 @@ class _Simulation:
             return float(sum(len(p.waiting) for p in self.pods if p.healthy))
         if key == "C":
             return float(self.pool.load().queue_depth)
-        return float(self.pool.autoscale.desired)  # A, P: gateway_pool_desired_replicas
+        desired = self.pool.autoscale.desired  # A, P: gateway_pool_desired_replicas
+        return self.scraped if desired is None else float(desired)  # absent: the last sample
 
     def hpa_sync(self, now: float) -> None:
         target = self.hpa.sync(now, self.scraped, len(self.pods))

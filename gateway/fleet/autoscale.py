@@ -2,8 +2,8 @@
 demand (arrivals), capacity (measured at saturation, else estimated from the learned rates)
 and the scale-down stabilisation window; the formula is router_policies/autoscale.py's.
 
-One object per pool, carried over a policy reload with each meter whose window is unchanged,
-so a reload neither forgets a recent peak nor restarts a measurement.
+One object per pool, carried over a policy reload with its meters (a changed window trims
+them), so a reload neither forgets a recent peak nor restarts a measurement.
 """
 
 from __future__ import annotations
@@ -31,26 +31,27 @@ class PoolAutoscale:
     def __init__(self, settings: AutoscaleSettings, previous: PoolAutoscale | None) -> None:
         self.settings = settings
         old = previous
-        window = settings.scale_down_stabilization_s
-        self.stabilizer: ScaleDownStabilizer = (
-            old.stabilizer
-            if old is not None and old.stabilizer.window_s == window
-            else ScaleDownStabilizer(window)
-        )
-        self.raw_desired: int = old.raw_desired if old is not None else settings.min_replicas
-        self.desired: int = old.desired if old is not None else self.raw_desired
-        self.arrival_meter: RateMeter = (
-            old.arrival_meter
-            if old is not None and old.arrival_meter.window_s == settings.rate_window_s
-            else RateMeter(settings.rate_window_s)
-        )
-        self.arrival_rate: float = old.arrival_rate if old is not None else 0.0
         capacity_window = settings.capacity_window_s
-        self.capacity: CapacityMeter = (
-            old.capacity
-            if old is not None and old.capacity.window_s == capacity_window
-            else CapacityMeter(capacity_window)
-        )
+        if old is None:
+            self.stabilizer = ScaleDownStabilizer(settings.scale_down_stabilization_s)
+            self.arrival_meter = RateMeter(settings.rate_window_s)
+            self.capacity = CapacityMeter(capacity_window)
+        else:
+            # A changed window keeps what was measured: a fresh history or meter would read
+            # no peak and no arrivals, and the signal would fall at the next round.
+            self.stabilizer = old.stabilizer
+            self.stabilizer.retime(settings.scale_down_stabilization_s)
+            self.arrival_meter = old.arrival_meter
+            self.arrival_meter.retime(settings.rate_window_s)
+            self.capacity = old.capacity
+            self.capacity.retime(capacity_window)
+        self.raw_desired: int | None = old.raw_desired if old is not None else None
+        self.desired: int | None = old.desired if old is not None else None
+        """None (the series absent, the HPA keeping its count) until the first scrape round."""
+        self._hold: tuple[float, int] | None = old._hold if old is not None else None
+        """(until, replicas): a gateway just started has no history, so for one stabilisation
+        window it holds the pool at the size it found, as the HPA itself would; None: over."""
+        self.arrival_rate: float = old.arrival_rate if old is not None else 0.0
         self.workload: WorkloadMeter = old.workload if old is not None else WorkloadMeter()
         """The pool's mean uncached prompt and decode time per request, for the estimate."""
         self.capacity_estimate: CapacityEstimate = (
@@ -64,17 +65,23 @@ class PoolAutoscale:
         self,
         now: float,
         healthy: Sequence[ReplicaState],
+        serving: int,
         depth: float,
         mean_kv_usage: float,
         arrivals: int,
         completions: int,
     ) -> None:
-        """One scrape round: ``depth`` requests waiting in the pool (gateway and engines),
-        ``arrivals`` and ``completions`` counted so far (every instance's)."""
+        """One scrape round: ``serving`` of the ``healthy`` replicas not ejected, ``depth``
+        requests waiting in the pool (gateway and engines), ``arrivals`` and ``completions``
+        counted so far (every instance's)."""
+        if self.desired is None:  # the first round of a gateway just started
+            self._hold = (now + self.settings.scale_down_stabilization_s, len(healthy))
         self.arrival_rate = self.arrival_meter.rate(now, arrivals)
         blind = self.capacity.value is None and self.capacity_estimate.value is None
         configured = self.settings.target_rate_per_replica is not None
-        self.capacity.update(now, completions, len(healthy), depth)
+        # Per replica serving: an ejected one completes next to nothing, and counted it would
+        # read the others' capacity low.
+        self.capacity.update(now, completions, serving, depth)
         # Measured at saturation wins; until then, estimated from the learned rates.
         capacity = self.capacity.value
         if capacity is None:
@@ -94,6 +101,12 @@ class PoolAutoscale:
         # Within the bounds in force: the history may hold a recommendation made under a larger
         # max_replicas, before a reload lowered it.
         held = self.stabilizer.recommend(now, self.raw_desired)
+        if self._hold is not None:
+            until, found = self._hold
+            if now < until:
+                held = max(held, found)
+            else:
+                self._hold = None
         self.desired = min(max(held, self.settings.min_replicas), self.settings.max_replicas)
 
     def _replica_capacities(self, healthy: Sequence[ReplicaState]) -> list[float]:

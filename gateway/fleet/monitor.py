@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -61,15 +60,18 @@ class ReplicaMonitor:
         """Probes of replicas a reload added, each held until it ends."""
         self._failing: set[str] = set()
         """Pools whose autoscaling update failed last round: logged once, not every round."""
-        self._unread: set[tuple[str, str]] = set()
-        """(pool, replica) whose last scrape could not be read: logged once, not every round."""
+        self._unread: dict[tuple[str, str], int] = {}
+        """(pool, replica) whose last scrapes could not be read: how many in a row (logged once,
+        not every round)."""
 
     async def start(self) -> None:
         # Before the first round: a reload from now on has its new replicas probed at once
         # (reloads hand this on), as the round does for the start-up fleet.
         self._current().probe_now = self.probe_now
-        # One health round before serving, so /ready and routing start from the truth.
+        # One health and scrape round before serving, so /ready, routing and the autoscaling
+        # signal start from the truth (an HPA reading no signal yet keeps its count).
         await self.check_health_once()
+        await self.scrape_once()
         self._tasks = [
             asyncio.create_task(
                 self._every(self._probes.health_interval_s, self.check_health_once),
@@ -124,6 +126,9 @@ class ReplicaMonitor:
         for (pool, replica), outcome in zip(scraped, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 self._missed(pool, replica, "failed", outcome)
+        if self._unread:  # a replica gone (scaled away, removed by a reload) is no longer news
+            present = {(pool.name, replica.name) for pool, replica in fleet.replicas()}
+            self._unread = {key: n for key, n in self._unread.items() if key in present}
         now = time.monotonic()
         for pool in fleet.pools.values():
             # One pool's failure must not freeze the signal of the pools after it.
@@ -150,12 +155,7 @@ class ReplicaMonitor:
         if replica.healthy != was or (first and not ok):
             log_health(replica, pool.name)
         if was and not replica.healthy:
-            # Its last load figures are not its state now (a pod scaled away never comes back
-            # to say so): 0 until a scrape reads it again. Its counters stay, which tell a
-            # restarted engine from the same one.
-            replica.engine = dataclasses.replace(
-                replica.engine, running=0.0, waiting=0.0, kv_usage=0.0
-            )
+            replica.forget_load()
 
     async def _scrape(self, pool: PoolState, replica: ReplicaState) -> None:
         timeout = aiohttp.ClientTimeout(total=max(self._probes.scrape_interval_s, 0.5))
@@ -178,15 +178,21 @@ class ReplicaMonitor:
             return
         if replica.healthy:  # gone unhealthy while the scrape ran: its figures were cleared
             pool.apply_engine_stats(replica, stats)
-        self._unread.discard((pool.name, replica.name))
+        self._unread.pop((pool.name, replica.name), None)
 
     def _missed(
         self, pool: PoolState, replica: ReplicaState, why: str, error: Exception | None = None
     ) -> None:
-        if (pool.name, replica.name) in self._unread:
+        key = (pool.name, replica.name)
+        misses = self._unread[key] = self._unread.get(key, 0) + 1
+        # As many misses as would mark a replica down: its figures are too old to route or
+        # scale on, and kept they would hold the autoscaling signal up for as long.
+        if misses == self._probes.unhealthy_after:
+            replica.forget_load()
+        if misses > 1:
             return
-        self._unread.add((pool.name, replica.name))
         log.warning(
-            "metrics of replica %s of pool %s %s: its last figures are kept until a scrape "
-            "reads them", replica.name, pool.name, why, exc_info=error,
+            "metrics of replica %s of pool %s %s: its last figures stand until %d scrapes in a "
+            "row have missed, then read as 0 until a scrape reads them", replica.name,
+            pool.name, why, self._probes.unhealthy_after, exc_info=error,
         )  # fmt: skip

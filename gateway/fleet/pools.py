@@ -317,6 +317,7 @@ class PoolState:
         self.autoscale.update(
             now,
             self.healthy(),
+            len(self.routable(now)),
             self.queue_depth(),
             self.mean_kv_usage(),
             self.counts.arrivals + remote.arrivals,

@@ -4,7 +4,7 @@ the record of one dispatch there. Plain state, updated by the pool (gateway/flee
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from gateway.fleet.kv_event_stream import EventStream
@@ -169,6 +169,13 @@ class ReplicaState:
         self.consecutive_successes = 0
         if was:  # once: every request still on its way here is refused too
             log_health(self, self.pool)
+            self.forget_load()
+
+    def forget_load(self) -> None:
+        """Its last load figures are no longer its state (it went down, or its scrapes keep
+        failing; a pod scaled away never comes back to say so): 0 until a scrape reads it
+        again. Its counters stay, which tell a restarted engine from the same one."""
+        self.engine = replace(self.engine, running=0.0, waiting=0.0, kv_usage=0.0)
 
     def load(self) -> ReplicaLoad:
         inflight = float(self.inflight + self.remote_inflight)

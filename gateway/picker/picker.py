@@ -88,7 +88,6 @@ class Picker:
             outcome.status = outcome.wire = error.status
             await exchange.refuse(WithHeaders(error, routed.refusal_headers()))  # as serve's
             return
-        routed.dispatched()
         answer = _Answer(self._metrics, self._outliers, routed, dispatch)
         try:
             answer_headers = routed.answer_headers(dispatch.replica.name, dispatch.decision.route)
@@ -105,6 +104,7 @@ class Picker:
                 outcome.status = outcome.wire = error.status
                 await exchange.refuse(WithHeaders(error, routed.refusal_headers()))
                 return
+            routed.dispatched()  # only now: a replica with no address was never sent it
             for fallback in fallbacks:
                 with contextlib.suppress(OSError):  # Envoy tries those that resolve
                     address = await self._addresses.of(fallback.url)

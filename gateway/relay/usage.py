@@ -36,8 +36,9 @@ def prompt_usage(data: bytes) -> PromptUsage | None:
     return PromptUsage(int(prompt.group(1)), int(cached.group(1)) if cached else None)
 
 
-_USAGE = re.compile(rb'"usage"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
-"""A `usage` member whose object is whole (vLLM's nests one level: the tokens' details)."""
+_USAGE = re.compile(rb'"usage"\s*:\s*(\{(?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*\})')
+"""A `usage` member whose object is whole. vLLM's nests two levels: the tokens' details, and
+in them an image prompt's `multimodal_tokens` per modality."""
 
 
 def usage_object(data: bytes) -> bytes | None:
