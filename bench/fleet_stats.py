@@ -16,11 +16,21 @@ from typing import TypeVar
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from replica.vllm_metrics import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, total
+from replica.vllm_metrics import (
+    EXTERNAL_PREFIX_CACHE_HITS,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
+    total,
+)
 
 QUERIES = total(PREFIX_CACHE_QUERIES)
 HITS = total(PREFIX_CACHE_HITS)
+EXTERNAL_HITS = total(EXTERNAL_PREFIX_CACHE_HITS)
+"""Tokens a CPU tier loaded back: vLLM counts them apart from the GPU cache's hits; here they
+are hits of the query all the same (not computed again)."""
+CACHE_SERIES = (QUERIES, HITS, EXTERNAL_HITS)
 _TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+_JSON = "application/json"
 T = TypeVar("T")
 
 
@@ -59,13 +69,13 @@ def sum_samples(text: str, names: Collection[str]) -> dict[str, float]:
 
 
 def cache_counters(sums: Mapping[str, float]) -> CacheCounters:
-    """The prefix-cache counters out of ``sum_samples`` taken over (at least) QUERIES and HITS."""
-    return CacheCounters(sums[QUERIES], sums[HITS])
+    """The prefix-cache counters out of ``sum_samples`` taken over (at least) CACHE_SERIES."""
+    return CacheCounters(sums[QUERIES], sums[HITS] + sums[EXTERNAL_HITS])
 
 
 def parse_cache_counters(text: str) -> CacheCounters:
-    """The two counters from a Prometheus text exposition, summed over label sets."""
-    return cache_counters(sum_samples(text, (QUERIES, HITS)))
+    """The counters from a Prometheus text exposition, summed over label sets."""
+    return cache_counters(sum_samples(text, CACHE_SERIES))
 
 
 async def scrape_all(urls: Sequence[str], parse: Callable[[str], T]) -> dict[str, T]:
@@ -86,13 +96,30 @@ async def snapshot(urls: Sequence[str]) -> Snapshot:
     return await scrape_all(urls, parse_cache_counters)
 
 
+RESET = "/reset_prefix_cache?reset_external=true"
+"""A CPU tier (vLLM's KV connector) is emptied only when asked: kept, it would count hits for
+the next target that no routing of its earned."""
+RESET_TRIES = 20
+"""A refused reset is tried again this many times, 0.25 s apart: vLLM refuses while a request
+still holds blocks (a straggler finishing, an offload transfer in flight)."""
+
+
 async def reset_prefix_caches(urls: Sequence[str]) -> None:
-    """Empty every replica's prefix cache (vLLM's POST /reset_prefix_cache); counters stay."""
+    """Empty every replica's prefix cache (vLLM's POST /reset_prefix_cache); counters stay.
+    Raises when one keeps refusing: its 200 says `{"success": false}`, and a run measured on
+    a cache left warm would count hits no routing earned."""
     async with aiohttp.ClientSession() as session:
 
         async def reset(url: str) -> None:
-            async with session.post(f"{url}/reset_prefix_cache", timeout=_TIMEOUT) as response:
-                response.raise_for_status()
+            for _ in range(RESET_TRIES):
+                async with session.post(f"{url}{RESET}", timeout=_TIMEOUT) as answer:
+                    answer.raise_for_status()
+                    said = await answer.json() if answer.content_type == _JSON else None
+                # Older vLLMs answer with no body: taken at their word.
+                if not isinstance(said, dict) or said.get("success") is not False:
+                    return
+                await asyncio.sleep(0.25)
+            raise RuntimeError(f"{url} refused to reset its prefix cache {RESET_TRIES} times")
 
         await asyncio.gather(*(reset(url) for url in urls))
 

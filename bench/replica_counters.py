@@ -15,8 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bench.fleet_stats import (
-    HITS,
-    QUERIES,
+    CACHE_SERIES,
     CacheCounters,
     cache_counters,
     fleet_counters,
@@ -61,7 +60,7 @@ class ReplicaCounters:
 def parse_replica_counters(text: str) -> ReplicaCounters:
     """A replica's counters from its Prometheus text exposition (parsed once), summed over
     label sets."""
-    sums = sum_samples(text, (REQUESTS, RUNNING, WAITING, QUERIES, HITS))
+    sums = sum_samples(text, (REQUESTS, RUNNING, WAITING, *CACHE_SERIES))
     return ReplicaCounters(sums[REQUESTS], cache_counters(sums), sums[RUNNING], sums[WAITING])
 
 

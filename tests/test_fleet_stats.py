@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Awaitable, Callable
 
+import pytest
+from aiohttp import web
+
+from bench import fleet_stats
 from bench.fleet_stats import (
     CacheCounters,
     delta,
     fleet_counters,
     fleet_hit_rate,
     parse_cache_counters,
+    reset_prefix_caches,
 )
 from replica.sim.config import SimConfig
 from replica.sim.engine import Engine
 from replica.sim.metrics import SimMetrics
+from tests.conftest import fake_replica
 
 VLLM_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -49,6 +55,21 @@ vllm:prefix_cache_hits_total{model_name="base"} 40.0
 vllm:prefix_cache_hits_total{model_name="lora-a"} 20.0
 """
     assert parse_cache_counters(text) == CacheCounters(queries=150.0, hits=60.0)
+
+
+def test_tokens_a_cpu_tier_loaded_back_are_hits_of_the_query() -> None:
+    # vLLM's own reading: vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.
+    text = """\
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{model_name="m"} 100.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{model_name="m"} 40.0
+# TYPE vllm:external_prefix_cache_queries counter
+vllm:external_prefix_cache_queries_total{model_name="m"} 60.0
+# TYPE vllm:external_prefix_cache_hits counter
+vllm:external_prefix_cache_hits_total{model_name="m"} 32.0
+"""
+    assert parse_cache_counters(text) == CacheCounters(queries=100.0, hits=72.0)
 
 
 def test_missing_series_mean_no_rate_rather_than_zero() -> None:
@@ -87,3 +108,33 @@ def test_fleet_rate_weighs_replicas_by_their_queries() -> None:
 def test_fleet_with_no_queries_has_no_rate() -> None:
     assert fleet_hit_rate({}) is None
     assert fleet_hit_rate({"a": CacheCounters()}) is None
+
+
+def refusing(times: int) -> tuple[list[int], Callable[[web.Request], Awaitable[web.Response]]]:
+    """A replica's /reset_prefix_cache that answers vLLM's refusal ``times`` times, then
+    resets; and the list its calls are counted in."""
+    calls: list[int] = []
+
+    async def reset(request: web.Request) -> web.Response:
+        calls.append(1)
+        return web.json_response({"success": len(calls) > times})
+
+    return calls, reset
+
+
+async def test_a_refused_reset_is_tried_again_until_the_replica_resets() -> None:
+    calls, reset = refusing(2)
+    async with fake_replica(reset, "/reset_prefix_cache") as url:
+        await reset_prefix_caches([url])
+    assert len(calls) == 3
+
+
+async def test_a_replica_that_keeps_refusing_to_reset_stops_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Measured on a cache left warm, a target would count hits no routing earned."""
+    monkeypatch.setattr(fleet_stats, "RESET_TRIES", 2)
+    _, reset = refusing(5)
+    async with fake_replica(reset, "/reset_prefix_cache") as url:
+        with pytest.raises(RuntimeError, match="refused to reset"):
+            await reset_prefix_caches([url])

@@ -135,7 +135,7 @@ async def test_repeated_long_prompt_reports_cached_tokens(serve: Serve) -> None:
         )
         async with aiohttp.ClientSession() as session:
             async with session.post(base_url(server) + "/reset_prefix_cache") as response:
-                assert response.status == 200
+                assert response.status == 200 and await response.json() == {"success": True}
         after_reset = await client.chat.completions.create(
             model="sim-model", messages=messages, max_tokens=2
         )
@@ -303,6 +303,15 @@ async def test_the_limits_vllm_checks_are_refused_in_its_words(serve: Serve) -> 
     ]:
         status, error = await _error(server, "/v1/responses", {"input": "hi", **body})
         assert (status, error["param"], error["type"]) == (400, param, "BadRequestError")
+    asked: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/chat/completions", {"messages": hi}),
+        ("/v1/completions", {"prompt": "hi"}),
+    ]
+    for path, prompt in asked:
+        usage = {**prompt, "stream_options": {"include_usage": True}}
+        status, error = await _error(server, path, usage)
+        assert (status, error["param"]) == (400, "stream_options"), path
+        assert error["message"] == "Stream options can only be defined when `stream=True`."
     # A prompt that fills the whole context leaves max_tokens nothing.
     status, error = await _error(server, "/v1/completions", {"prompt": [7] * 64})
     assert status == 400 and error["message"] == (

@@ -104,6 +104,23 @@ async def test_a_request_scheduled_after_another_hits_the_blocks_that_one_is_com
     assert engine.stats.prefix_cache_hits == 256
 
 
+async def test_tokens_loaded_from_the_cpu_tier_are_external_hits_as_vllm_counts_them(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """vLLM counts a KV connector's loads under vllm:external_prefix_cache_hits, not among the
+    GPU cache's hits; the usage's cached tokens count both."""
+    engine = make_engine(
+        num_blocks=4, block_size=4, kv_offload_blocks=8, max_num_seqs=1,
+        prefill_s_per_token=0.0, decode_step_s=0.0, decode_s_per_seq=0.0,
+    )  # fmt: skip
+    a = toks(0, 8)
+    for prompt in (a, toks(100, 15), [*a, 1]):  # the second evicts A from the GPU cache
+        await drain(engine.submit(str(prompt[0]), prompt, max_tokens=1))
+    stats = engine.stats
+    assert (stats.prefix_cache_hits, stats.external_hits) == (0, 8)
+    assert stats.external_queries == 8 + 15 + 9
+
+
 async def test_abort_frees_blocks_at_once(make_engine: Callable[..., Engine]) -> None:
     engine = make_engine(max_num_seqs=1, decode_step_s=0.005)
     running = engine.submit("running", toks(0, 64), max_tokens=1000)

@@ -161,19 +161,30 @@ def test_a_refused_allocation_leaves_the_cpu_tiers_order_alone() -> None:
     assert removed == [cpu[0]["block_hashes"][:1]], "A's first block, still the least recent"
 
 
-def test_reset_drops_cached_blocks() -> None:
+def test_reset_drops_cached_blocks_once_no_request_holds_any() -> None:
     cache = KVCache(num_blocks=4, block_size=4)
     _cache_and_release(cache, toks(0, 8))
     running = cache.lookup_and_allocate(toks(100, 8), extra_tokens=0)
     assert running is not None
     cache.commit(running)
 
+    assert cache.reset() is None, "refused while a request holds blocks, as vLLM's"
+    assert cache.cached_prefix_tokens([*toks(0, 8), 1]) == 8
+    cache.free(running)
     assert cache.reset() == 4
     assert cache.cached_prefix_tokens([*toks(0, 8), 1]) == 0
     assert cache.cached_prefix_tokens([*toks(100, 8), 1]) == 0
-    assert cache.usage() == 0.5, "the running request keeps its blocks"
-    cache.free(running)
     assert cache.lookup_and_allocate(toks(200, 16), extra_tokens=0) is not None
+
+
+def test_reset_empties_the_cpu_tier_only_when_asked_as_vllms_reset_external() -> None:
+    a = toks(0, 8)
+    for external, loaded in ((False, 8), (True, 0)):
+        cache = KVCache(num_blocks=4, block_size=4, offload_blocks=6)
+        _cache_and_release(cache, a)
+        assert cache.reset(external) == 2
+        again = cache.lookup_and_allocate([*a, 1], extra_tokens=0)
+        assert again is not None and again.loaded_tokens == loaded
 
 
 def test_a_cache_salt_keeps_blocks_apart_as_vllms_first_block_hash_does() -> None:

@@ -104,6 +104,9 @@ class EngineStats:
 
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    """The GPU cache's; tokens loaded from the CPU tier are the external ones, as vLLM's."""
+    external_queries: int = 0
+    external_hits: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
     aborted: int = 0
@@ -206,8 +209,8 @@ class Engine:
         self.stats.aborted += 1
         self._wakeup.set()  # freed blocks may let the head of the queue in
 
-    def reset_prefix_cache(self) -> int:
-        dropped = self.kv_cache.reset()
+    def reset_prefix_cache(self, external: bool = False) -> int | None:
+        dropped = self.kv_cache.reset(external)
         self._publish()
         return dropped
 
@@ -303,8 +306,12 @@ class Engine:
                 allocation.loaded_tokens * config.prefill_s_per_token * config.kv_load_share
             )
             self._running.append(request)
+            local = allocation.num_cached_tokens - allocation.loaded_tokens
             self.stats.prefix_cache_queries += request.num_prompt_tokens
-            self.stats.prefix_cache_hits += allocation.num_cached_tokens
+            self.stats.prefix_cache_hits += local
+            if self.kv_cache.offload is not None:
+                self.stats.external_queries += request.num_prompt_tokens - local
+                self.stats.external_hits += allocation.loaded_tokens
             self.stats.prompt_tokens += request.num_prompt_tokens
             remaining = request.num_prompt_tokens - request.num_computed_tokens
             budget -= self._chunk(request, min(remaining, budget), prefill)

@@ -232,16 +232,16 @@ class KVCache:
         free = len(self._empty) + len(self._evictable)
         return (self.num_blocks - free) / self.num_blocks
 
-    def reset(self) -> int:
-        """Forget every cached block, the CPU tier's too (vLLM's /reset_prefix_cache); returns
-        how many the GPU cache held.
-
-        Pinned blocks stay allocated to their requests but are no longer findable, and
-        return to the empty pool when freed.
-        """
-        dropped = len(self._cached)
-        if self.offload is not None:
+    def reset(self, external: bool = False) -> int | None:
+        """Forget every cached block, and with ``external`` the CPU tier's too (vLLM's
+        /reset_prefix_cache, whose `reset_external=true` resets its KV connector's); returns
+        how many the GPU cache held, or None, keeping it, while a request holds blocks: vLLM
+        refuses then (`{"success": false}`), and its caller may retry."""
+        if self.offload is not None and external:  # vLLM resets its connector's either way
             self.offload.clear()
+        if any(self._ref):
+            return None
+        dropped = len(self._cached)
         for block_id in self._cached.values():
             self._hash[block_id] = None
         self._cached.clear()

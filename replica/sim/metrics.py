@@ -54,6 +54,12 @@ class _EngineCollector(Collector):
             (vm.PROMPT_TOKENS, "Number of prefill tokens processed.", stats.prompt_tokens),
             (vm.GENERATION_TOKENS, "Number of generation tokens processed.",
              stats.generation_tokens),
+            # vLLM registers these with or without a KV connector (0 without).
+            (vm.EXTERNAL_PREFIX_CACHE_QUERIES,
+             "Prompt tokens looked up in the CPU tier (those the GPU cache missed).",
+             stats.external_queries),
+            (vm.EXTERNAL_PREFIX_CACHE_HITS, "Prompt tokens loaded back from the CPU tier.",
+             stats.external_hits),
             ("sim_requests_aborted", "Requests aborted because the client went away.",
              stats.aborted),
         )  # fmt: skip

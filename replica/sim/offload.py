@@ -1,9 +1,11 @@
 """A CPU tier behind the simulated KV cache, as vLLM's CPU offloading (its OffloadingConnector,
 ``--kv-offloading-size``) keeps one: every block the engine computes is written to it, it
 evicts its least recently used block when full, and the blocks of a prompt that the GPU cache
-lost but the tier holds are loaded back rather than computed. Loaded tokens count among the
-replica's prefix-cache hits (``vllm:prefix_cache_hits_total``) and its answers' cached tokens:
-a fleet's hit rate is then the prompt tokens it did not compute.
+lost but the tier holds are loaded back rather than computed. Loaded tokens count, as vLLM
+counts a KV connector's, among the replica's external prefix-cache hits
+(``vllm:external_prefix_cache_hits_total``, not ``vllm:prefix_cache_hits_total``) and its
+answers' cached tokens: the benchmarks' fleet hit rate adds the two, the prompt tokens the
+fleet did not compute.
 
 Its KV-cache events are the connector's: ``BlockStored`` with medium "CPU" and no token ids
 (a subscriber knows the blocks by their hashes from the GPU's events) for each block written,

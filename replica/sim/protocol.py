@@ -228,6 +228,8 @@ def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> Parsed
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, Mapping):
         raise _bad("'stream_options' must be an object", "stream_options")
+    if stream_options and not body.get("stream"):  # vLLM's check, on the values as sent
+        raise _bad("Stream options can only be defined when `stream=True`.", "stream_options")
     # vLLM 0.32's StreamOptions has `include_usage: bool | None = False`: only true asks
     include_usage = (
         stream

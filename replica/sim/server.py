@@ -202,8 +202,10 @@ class _Handlers:
         return _json({"object": "list", "data": [card, *adapters]}, {})
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
-        self.engine.reset_prefix_cache()
-        return web.Response(status=200)
+        # vLLM's answer: 200 either way, whether it did in the body.
+        external = request.query.get("reset_external", "").lower() in ("1", "true", "yes", "on")
+        done = self.engine.reset_prefix_cache(external) is not None
+        return _json({"success": done}, {})
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(
