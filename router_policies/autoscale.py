@@ -92,8 +92,8 @@ class RateMeter:
 
 class CapacityMeter:
     """A replica's capacity in requests/s, learned from the pool's completions: their rate
-    per healthy replica, sampled only once the pool has stayed saturated (a request waiting
-    per healthy replica) with the same healthy replicas for a whole window, when replicas
+    per replica serving, sampled only once the pool has stayed saturated (a request waiting
+    per replica serving) with the same number serving for a whole window, when replicas
     complete as fast as they can."""
 
     def __init__(self, window_s: float, weight: float = 0.3) -> None:

@@ -161,7 +161,11 @@ def test_a_new_window_keeps_what_was_measured_and_trims_it() -> None:
     capacity = CapacityMeter(window_s=10)
     saturated_pool(capacity, per_replica=9.0, healthy=2, seconds=40)
     learned = capacity.value
-    capacity.retime(30)
+    capacity.retime(30)  # the capacity kept; a saturation must last the new window again
+    completions = 40 * 18
+    for t in range(40, 60):
+        completions += 2 * 3  # slower now: no sample of it yet
+        capacity.update(float(t), completions, 2, queue_depth=6)
     assert learned is not None and capacity.value == learned
 
 

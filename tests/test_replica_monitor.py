@@ -28,8 +28,6 @@ PROBES = ProbeSettings(
 )  # fmt: skip
 MONITOR = "gateway.fleet.monitor"
 """Its logger: a line another test's leftovers log meanwhile (asyncio's) is not its."""
-MISSES_3 = dataclasses.replace(PROBES, unhealthy_after=3)
-"""A replica's scraped figures stand through two missed scrapes."""
 
 
 def two_pools() -> Fleet:
@@ -119,21 +117,34 @@ async def test_metrics_that_cannot_be_read_are_a_missed_scrape_of_that_replica_l
         pools = {"first": [unreadable], "second": [readable]}
         fleet = Fleet(parse_policy({"pools": {n: {"model": n, "replicas": r} for n, r in pools.items()}}))  # fmt: skip
         (first,), (second,) = (pool.replicas.values() for pool in fleet.pools.values())
-        first.engine = EngineStats(running=3.0, waiting=4.0, kv_usage=0.9)  # the last scrape's
-        monitor = ReplicaMonitor(lambda: fleet, session, MISSES_3)
+        first.engine = EngineStats(running=3.0, waiting=4.0)  # the last scrape's
+        monitor = ReplicaMonitor(lambda: fleet, session, PROBES)
         with caplog.at_level(logging.WARNING, logger=MONITOR):
             await monitor.scrape_once()
             await monitor.scrape_once()
-            kept = first.engine
-            await monitor.scrape_once()
-    assert kept == EngineStats(running=3.0, waiting=4.0, kv_usage=0.9)
-    # As many misses as would mark it down: too old to route or scale on (a frozen KV use or
-    # queue would hold the autoscaling signal up for as long as the scrapes fail).
-    assert first.engine == EngineStats() and first.healthy
+    assert first.engine == EngineStats(running=3.0, waiting=4.0)
     assert second.engine.waiting == 50 and (fleet.pools["second"].autoscale.desired or 0) > 1
     assert [r.getMessage().split(" (")[0] for r in caplog.records if r.name == MONITOR] == [
         f"metrics of replica {first.name} of pool first cannot be read"
     ]
+
+
+async def test_a_replica_a_reload_removed_is_forgotten_and_news_again_if_it_comes_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Replicas come and go with the HPA: the scrapes once missed are not kept for ever."""
+    async with (
+        serving_metrics(b"<html>Bad gateway</html>", "text/html") as unreadable,
+        serving_metrics(b"vllm:num_requests_waiting 1\n") as readable,
+        aiohttp.ClientSession() as session,
+    ):
+        fleets = [Fleet(parse_policy(one_pool([unreadable])))]
+        monitor = ReplicaMonitor(lambda: fleets[-1], session, PROBES)
+        with caplog.at_level(logging.WARNING, logger=MONITOR):
+            for replicas in ([unreadable], [readable], [unreadable]):
+                fleets.append(Fleet(parse_policy(one_pool(replicas))))
+                await monitor.scrape_once()
+    assert len([r for r in caplog.records if r.name == MONITOR]) == 2
 
 
 async def test_metrics_slower_than_the_scrape_timeout_are_a_missed_scrape_logged_once(
@@ -148,7 +159,7 @@ async def test_metrics_slower_than_the_scrape_timeout_are_a_missed_scrape_logged
         fleet = Fleet(parse_policy({"pools": {"first": {"model": "first", "replicas": [slow]}}}))
         [first] = fleet.pools["first"].replicas.values()
         first.engine = EngineStats(running=3.0, waiting=4.0)  # the last scrape's
-        probes = dataclasses.replace(MISSES_3, scrape_interval_s=0.1)  # a timeout of 0.5 s
+        probes = dataclasses.replace(PROBES, scrape_interval_s=0.1)  # a timeout of 0.5 s
         monitor = ReplicaMonitor(lambda: fleet, session, probes)
         with caplog.at_level(logging.WARNING, logger=MONITOR):
             await monitor.scrape_once()

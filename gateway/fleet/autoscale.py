@@ -74,7 +74,7 @@ class PoolAutoscale:
         """One scrape round: ``serving`` of the ``healthy`` replicas not ejected, ``depth``
         requests waiting in the pool (gateway and engines), ``arrivals`` and ``completions``
         counted so far (every instance's)."""
-        if self.desired is None:  # the first round of a gateway just started
+        if self.desired is None and self._hold is None:  # a gateway just started
             self._hold = (now + self.settings.scale_down_stabilization_s, len(healthy))
         self.arrival_rate = self.arrival_meter.rate(now, arrivals)
         blind = self.capacity.value is None and self.capacity_estimate.value is None

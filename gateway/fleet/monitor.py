@@ -60,9 +60,8 @@ class ReplicaMonitor:
         """Probes of replicas a reload added, each held until it ends."""
         self._failing: set[str] = set()
         """Pools whose autoscaling update failed last round: logged once, not every round."""
-        self._unread: dict[tuple[str, str], int] = {}
-        """(pool, replica) whose last scrapes could not be read: how many in a row (logged once,
-        not every round)."""
+        self._unread: set[tuple[str, str]] = set()
+        """(pool, replica) whose last scrape could not be read: logged once, not every round."""
 
     async def start(self) -> None:
         # Before the first round: a reload from now on has its new replicas probed at once
@@ -128,7 +127,7 @@ class ReplicaMonitor:
                 self._missed(pool, replica, "failed", outcome)
         if self._unread:  # a replica gone (scaled away, removed by a reload) is no longer news
             present = {(pool.name, replica.name) for pool, replica in fleet.replicas()}
-            self._unread = {key: n for key, n in self._unread.items() if key in present}
+            self._unread &= present
         now = time.monotonic()
         for pool in fleet.pools.values():
             # One pool's failure must not freeze the signal of the pools after it.
@@ -178,21 +177,17 @@ class ReplicaMonitor:
             return
         if replica.healthy:  # gone unhealthy while the scrape ran: its figures were cleared
             pool.apply_engine_stats(replica, stats)
-        self._unread.pop((pool.name, replica.name), None)
+        self._unread.discard((pool.name, replica.name))
 
     def _missed(
         self, pool: PoolState, replica: ReplicaState, why: str, error: Exception | None = None
     ) -> None:
-        key = (pool.name, replica.name)
-        misses = self._unread[key] = self._unread.get(key, 0) + 1
-        # As many misses as would mark a replica down: its figures are too old to route or
-        # scale on, and kept they would hold the autoscaling signal up for as long.
-        if misses == self._probes.unhealthy_after:
-            replica.forget_load()
-        if misses > 1:
+        # Kept, not zeroed: a /metrics too slow to answer is most often an engine under load,
+        # whose queue the autoscaling signal must go on counting.
+        if (pool.name, replica.name) in self._unread:
             return
+        self._unread.add((pool.name, replica.name))
         log.warning(
-            "metrics of replica %s of pool %s %s: its last figures stand until %d scrapes in a "
-            "row have missed, then read as 0 until a scrape reads them", replica.name,
-            pool.name, why, self._probes.unhealthy_after, exc_info=error,
+            "metrics of replica %s of pool %s %s: its last figures are kept until a scrape "
+            "reads them", replica.name, pool.name, why, exc_info=error,
         )  # fmt: skip
