@@ -17,7 +17,7 @@ from bench.compare.results import (
     merge_routes,
 )
 from bench.compare.seeds import Figures, Spread, all_figures, figures, mean
-from bench.fleet_stats import HITS, QUERIES
+from bench.fleet_stats import EXTERNAL_HITS, HITS, QUERIES
 from bench.replica_counters import REQUESTS
 
 METHOD = [
@@ -33,7 +33,8 @@ METHOD = [
     "no check. Every other value is the default. The peers run with the flags of TOOLS.md "
     "and their own defaults (bench/peers/); neither reads KV events.",
     "- Before each target: wait until no replica runs or queues a request and two scrapes "
-    "0.3 s apart agree, POST /reset_prefix_cache to every replica, then check again that the "
+    "0.3 s apart agree, POST /reset_prefix_cache?reset_external=true to every replica (again "
+    "while one refuses, as vLLM does while a request holds blocks), then check again that the "
     "counters stand still. No target inherits a warm cache.",
     "- Load: streaming chat completions with usage, open loop: requests (or, in multi-round "
     "QA, users) arrive on a seeded Poisson schedule, the same for every target, whatever the "
@@ -56,7 +57,8 @@ METHOD = [
     "(end-to-end - TTFT) / (output tokens - 1) per request; E2E = until the end of the "
     "stream; output tokens/s = tokens received / the run's wall time.",
     "- Replica-side figures, the same for every target (peers send no x-gateway-* headers): "
-    f"fleet hit rate = sum of `{HITS}` deltas / sum of `{QUERIES}` deltas; requests per "
+    f"fleet hit rate = sum of `{HITS}` (plus `{EXTERNAL_HITS}`, a CPU tier's loads) deltas / "
+    f"sum of `{QUERIES}` deltas; requests per "
     f"replica = each replica's `{REQUESTS}` delta.",
     "- Affinity bound = 1 - (prompt tokens in KV blocks no earlier prompt had) / (all prompt "
     "tokens), over the prompts actually sent: the hit rate of one replica with an unbounded "
