@@ -148,6 +148,27 @@ async def test_when_no_replica_can_be_reached_envoys_503_is_in_the_openai_shape(
         assert error["message"].startswith("No replica could serve the request")
 
 
+async def test_envoy_tries_no_replica_twice_as_serve_retries_none_it_tried() -> None:
+    """A pool of one names its replica for every try Envoy may make (past the list, Envoy's
+    fallback picks from every pool), yet a replica failing before its first byte is tried
+    once: three tries were three times its load."""
+    tried: list[int] = []
+
+    async def counts_and_resets(request: web.Request) -> web.Response:
+        tried.append(1)
+        return await resets(request)
+
+    async with (
+        fake_replica(counts_and_resets) as replica,
+        behind_envoy(0, more=[replica]) as (_, envoy, _),
+        aiohttp.ClientSession() as session,
+    ):
+        url, body = f"{envoy.listen_url}{CHAT}", chat(SYSTEM, "hello", max_tokens=2)
+        async with session.post(url, json=body) as answer:
+            assert answer.status == 503
+    assert len(tried) == 1
+
+
 async def test_an_answer_the_picker_lets_through_carries_the_request_id() -> None:
     """As `serve`'s: the client's own id where it sent one, else one made for the request."""
     async with behind_envoy(1) as (_, envoy, _), aiohttp.ClientSession() as session:

@@ -27,6 +27,9 @@ SUBSET = "x-gateway-destination-endpoint-subset"
 """Where the proxy may name the endpoints (ip:port) the picker must choose among: a list under
 this key of the request's filter metadata, in this namespace (the endpoint-picker protocol's
 subset; the printed bootstrap forwards the namespace to the picker when a filter sets it)."""
+MAX_RETRIES = "x-envoy-max-retries"
+"""Envoy's header that cuts a request's retries below the route's (the picker sets it: the
+ext_proc filter of the printed bootstrap allows it to change `x-envoy-` headers)."""
 FALLBACKS = 2
 """Replicas the picker names after its choice, and so Envoy's retries: a replica failing before
 its first byte (refused, reset, a 5xx) is retried on the next, as `serve` retries it."""
@@ -210,6 +213,9 @@ def bootstrap(
         "@type": _TYPES + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": timeout},
         "failure_mode_allow": fail_open,
+        # The picker's MAX_RETRIES: Envoy lets no filter change an `x-envoy-` header unless
+        # told (it would drop the change and count it in `rejected_header_mutations`).
+        "mutation_rules": {"allow_envoy": True},
         "message_timeout": timeout,
         "max_message_timeout": timeout,
         # The picker reads the whole body (model, prompt) before it can name a replica, and

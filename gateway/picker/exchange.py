@@ -22,6 +22,7 @@ from gateway.http.errors import ApiError
 from gateway.picker.envoy_config import (
     DESTINATION,
     LB_NAMESPACE,
+    MAX_RETRIES,
     SERVED,
     SUBSET,
     SUBSET_NAMESPACE,
@@ -67,13 +68,17 @@ def _headers_set(values: Mapping[str, str], remove: Sequence[str] = ()) -> Any:
     )
 
 
-def _destination(endpoints: Sequence[str]) -> tuple[str, Any]:
-    """The endpoints as the header's value, and as Envoy's `envoy.lb` dynamic metadata (which
-    its override_host policy reads)."""
+def _destination(endpoints: Sequence[str]) -> tuple[dict[str, str], Any]:
+    """The endpoints as the request's headers, and as Envoy's `envoy.lb` dynamic metadata
+    (which its override_host policy reads). The list names the chosen replica again where
+    the pool has too few (past it Envoy's fallback policy picks from every pool's replicas);
+    Envoy's retries are cut to the distinct ones, as `serve` never retries a replica it tried
+    (where Envoy refuses the header, it tries the chosen one again)."""
     value = ",".join(endpoints)
     metadata = struct_pb2.Struct()
     metadata.update({LB_NAMESPACE: {DESTINATION: value}})
-    return value, metadata
+    retries = str(len(set(endpoints)) - 1)
+    return {DESTINATION: value, MAX_RETRIES: retries}, metadata
 
 
 class Envoy:
@@ -190,8 +195,7 @@ class PickerExchange:
         """Sends the request to ``endpoints[0]`` (ip:port), the others its fallbacks in turn,
         with ``body``, what `serve` would send (the body decoded, its model a tier's pool's,
         asking for a stream's usage); its answer will carry ``answer_headers``."""
-        value, metadata = _destination(endpoints)
-        mutated = {DESTINATION: value}
+        mutated, metadata = _destination(endpoints)
         # Envoy forwards the body it holds unless told otherwise: only a changed one travels
         # back (in the common case the same bytes object, which compares at no cost).
         replaced = body != self.held
@@ -215,8 +219,8 @@ class PickerExchange:
         to ``endpoints`` in turn: named in the answer to the request's headers, which is where
         the pick of a request without a body must be (Envoy sends no body message then), and
         which Envoy's load balancer reads as well after a body, if one comes."""
-        value, metadata = _destination(endpoints)
-        common = pb.CommonResponse(header_mutation=_mutation({DESTINATION: value}))
+        mutated, metadata = _destination(endpoints)
+        common = pb.CommonResponse(header_mutation=_mutation(mutated))
         await self._envoy.write(
             pb.ProcessingResponse(
                 request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
