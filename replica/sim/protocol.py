@@ -219,9 +219,7 @@ def parse_request(raw: bytes, kind: Kind, config: SimConfig) -> ParsedRequest:
 def parse_body(body: Mapping[str, Any], kind: Kind, config: SimConfig) -> ParsedRequest:
     """``parse_request`` for a body already loaded by ``load_body``."""
     salt = cache_salt(body)
-    n = body.get("n")
-    if n is None:
-        n = 1
+    n = 1 if body.get("n") is None else body["n"]
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 128:
         raise _bad("'n' must be an integer from 1 to 128", "n")
     stream = flag(body, "stream", False)
