@@ -172,9 +172,9 @@ class ReplicaState:
             self.forget_load()
 
     def forget_load(self) -> None:
-        """Its last load figures are no longer its state (it went down, or its scrapes keep
-        failing; a pod scaled away never comes back to say so): 0 until a scrape reads it
-        again. Its counters stay, which tell a restarted engine from the same one."""
+        """Its last load figures are no longer its state (it went down; a pod scaled away never
+        comes back to say so): 0 until a scrape reads it again. Its counters stay, which tell
+        a restarted engine from the same one."""
         self.engine = replace(self.engine, running=0.0, waiting=0.0, kv_usage=0.0)
 
     def load(self) -> ReplicaLoad:

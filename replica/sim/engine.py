@@ -290,7 +290,7 @@ class Engine:
                 decode.append(request)
                 budget -= 1
             else:
-                budget -= self._chunk(request, min(remaining, budget), prefill)
+                budget -= self._chunk(request, budget, prefill)
         while self._waiting and len(self._running) < config.max_num_seqs and budget > 0:
             request = self._waiting[0]
             allocation = self.kv_cache.lookup_and_allocate(
@@ -313,15 +313,15 @@ class Engine:
                 self.stats.external_queries += request.num_prompt_tokens - local
                 self.stats.external_hits += allocation.loaded_tokens
             self.stats.prompt_tokens += request.num_prompt_tokens
-            remaining = request.num_prompt_tokens - request.num_computed_tokens
-            budget -= self._chunk(request, min(remaining, budget), prefill)
+            budget -= self._chunk(request, budget, prefill)
         return prefill, decode
 
     def _chunk(
-        self, request: SimRequest, tokens: int, prefill: list[tuple[SimRequest, int]]
+        self, request: SimRequest, budget: int, prefill: list[tuple[SimRequest, int]]
     ) -> int:
-        """Schedule ``tokens`` more of ``request``'s prompt this step; its full blocks are
-        cached from now on. Returns ``tokens``."""
+        """Schedule as much of ``request``'s uncached prompt as ``budget`` allows this step;
+        its full blocks are cached from now on. Returns the tokens scheduled."""
+        tokens = min(request.num_prompt_tokens - request.num_computed_tokens, budget)
         prefill.append((request, tokens))
         assert request.allocation is not None
         self.kv_cache.commit(request.allocation, request.num_computed_tokens + tokens)
